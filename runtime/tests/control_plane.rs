@@ -1,0 +1,311 @@
+//! The local control plane (deploy/local/cluster.sh) is a real one: Deployments get Pods,
+//! deleted Pods are replaced, garbage is collected, RBAC holds for ServiceAccounts, two
+//! control planes run side by side, and none outlives the process that started it.
+
+mod support;
+
+use std::{
+    collections::BTreeSet,
+    path::Path,
+    time::Duration,
+};
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::{
+    apps::v1::Deployment,
+    core::v1::{ConfigMap, Namespace, Pod, ServiceAccount},
+    rbac::v1::{Role, RoleBinding},
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, ListParams, PostParams},
+};
+use support::{ControlPlane, eventually};
+
+/// Long enough for kube-controller-manager on a busy 2-core machine.
+const WAIT: Duration = Duration::from_secs(60);
+
+/// The tutorial's frontend: a Deployment in `test-space` whose Pods mount `frontend-config`.
+/// (Each test run uses a fresh `test-space-<random>` namespace instead of `test-space`.)
+const FRONTEND: &str = r#"
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: frontend-config
+data:
+  greeting: Hello from the frontend
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: frontend
+  labels:
+    app: frontend
+spec:
+  replicas: 2
+  selector:
+    matchLabels:
+      app: frontend
+  template:
+    metadata:
+      labels:
+        app: frontend
+    spec:
+      containers:
+        - name: frontend
+          image: nginx:1.25
+          volumeMounts:
+            - name: config
+              mountPath: /etc/frontend
+      volumes:
+        - name: config
+          configMap:
+            name: frontend-config
+"#;
+
+/// Skips (returns true) where no kube-controller-manager runs, e.g. with envtest binaries.
+fn without_controller_manager(control_plane: &ControlPlane) -> bool {
+    let missing = !control_plane.has_controller_manager();
+    if missing {
+        eprintln!("skipped: no kube-controller-manager in this control plane");
+    }
+    missing
+}
+
+/// Names of the Pods matching `selector` that are not being deleted.
+async fn live_pods(pods: &Api<Pod>, selector: &str) -> Result<BTreeSet<String>> {
+    let list = pods.list(&ListParams::default().labels(selector)).await?;
+    Ok(list
+        .into_iter()
+        .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+        .map(|pod| pod.name_any())
+        .collect())
+}
+
+#[tokio::test]
+async fn tutorial_frontend_deployment_gets_pods_and_deleted_pods_are_replaced() -> Result<()> {
+    let control_plane = ControlPlane::shared();
+    if without_controller_manager(control_plane) {
+        return Ok(());
+    }
+    let client = control_plane.client().await?;
+    let namespace = control_plane.namespace("test-space").await?;
+    let mut documents = FRONTEND.split("\n---\n");
+    let config: ConfigMap = serde_yaml::from_str(documents.next().context("no ConfigMap")?)?;
+    let deployment: Deployment = serde_yaml::from_str(documents.next().context("no Deployment")?)?;
+    Api::<ConfigMap>::namespaced(client.clone(), &namespace)
+        .create(&PostParams::default(), &config)
+        .await?;
+    Api::<Deployment>::namespaced(client.clone(), &namespace)
+        .create(&PostParams::default(), &deployment)
+        .await?;
+
+    let pods: Api<Pod> = Api::namespaced(client, &namespace);
+    let first = eventually("the frontend Deployment has 2 Pods", WAIT, || async {
+        let names = live_pods(&pods, "app=frontend").await?;
+        if names.len() != 2 {
+            bail!("{} Pods: {names:?}", names.len());
+        }
+        Ok(Some(names))
+    })
+    .await?;
+    let pod = pods.get(first.first().context("no Pod")?).await?;
+    let volumes = pod.spec.context("Pod without spec")?.volumes.unwrap_or_default();
+    ensure!(
+        volumes.iter().any(|v| {
+            v.config_map.as_ref().map(|c| c.name.as_str()) == Some("frontend-config")
+        }),
+        "the frontend Pod does not mount ConfigMap frontend-config: {volumes:?}"
+    );
+
+    pods.delete_collection(&DeleteParams::default(), &ListParams::default().labels("app=frontend"))
+        .await?;
+    eventually("the deleted frontend Pods are replaced by 2 new ones", WAIT, || async {
+        let names = live_pods(&pods, "app=frontend").await?;
+        if names.len() != 2 || !names.is_disjoint(&first) {
+            bail!("Pods {names:?}, deleted were {first:?}");
+        }
+        Ok(Some(()))
+    })
+    .await?;
+    control_plane.delete_namespace(&namespace).await
+}
+
+#[tokio::test]
+async fn a_child_of_a_deleted_parent_is_garbage_collected() -> Result<()> {
+    let control_plane = ControlPlane::shared();
+    if without_controller_manager(control_plane) {
+        return Ok(());
+    }
+    let client = control_plane.client().await?;
+    let namespace = control_plane.namespace("gc").await?;
+    let parents: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    let parent: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "parent" }
+    }))?;
+    let parent = parents.create(&PostParams::default(), &parent).await?;
+    let child: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": "child",
+            "ownerReferences": [{
+                "apiVersion": "v1", "kind": "ConfigMap", "name": "parent", "uid": parent.uid(),
+            }],
+        },
+        "spec": { "containers": [{ "name": "main", "image": "nginx:1.25" }] },
+    }))?;
+    let pods: Api<Pod> = Api::namespaced(client, &namespace);
+    pods.create(&PostParams::default(), &child).await?;
+
+    parents.delete("parent", &DeleteParams::default()).await?;
+    eventually("Pod child of the deleted ConfigMap parent is garbage-collected", WAIT, || async {
+        match pods.get_opt("child").await? {
+            None => Ok(Some(())),
+            Some(pod) => bail!("Pod child still there (deletion {:?})", pod.metadata.deletion_timestamp),
+        }
+    })
+    .await?;
+    control_plane.delete_namespace(&namespace).await
+}
+
+#[tokio::test]
+async fn a_service_account_may_list_pods_only_once_rbac_allows_it() -> Result<()> {
+    let control_plane = ControlPlane::shared();
+    let admin = control_plane.client().await?;
+    let namespace = control_plane.namespace("rbac").await?;
+    let account: ServiceAccount =
+        serde_json::from_value(serde_json::json!({ "metadata": { "name": "reader" } }))?;
+    Api::<ServiceAccount>::namespaced(admin.clone(), &namespace)
+        .create(&PostParams::default(), &account)
+        .await?;
+    let reader = control_plane.client_for_service_account(&namespace, "reader").await?;
+    let pods: Api<Pod> = Api::namespaced(reader.clone(), &namespace);
+    expect_forbidden(pods.list(&ListParams::default()).await, "listing Pods without a Role")?;
+
+    let role: Role = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "pod-reader" },
+        "rules": [{ "apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"] }],
+    }))?;
+    let binding: RoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "reader-reads-pods" },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-reader" },
+        "subjects": [{ "kind": "ServiceAccount", "name": "reader", "namespace": namespace }],
+    }))?;
+    Api::<Role>::namespaced(admin.clone(), &namespace).create(&PostParams::default(), &role).await?;
+    Api::<RoleBinding>::namespaced(admin, &namespace)
+        .create(&PostParams::default(), &binding)
+        .await?;
+
+    eventually("ServiceAccount reader may list Pods after the RoleBinding", WAIT, || async {
+        pods.list(&ListParams::default()).await?;
+        Ok(Some(()))
+    })
+    .await?;
+    // The Role grants this namespace only.
+    let elsewhere: Api<Pod> = Api::namespaced(reader.clone(), "default");
+    expect_forbidden(elsewhere.list(&ListParams::default()).await, "listing Pods in default")?;
+    let namespaces: Api<Namespace> = Api::all(reader);
+    expect_forbidden(namespaces.list(&ListParams::default()).await, "listing Namespaces")?;
+    control_plane.delete_namespace(&namespace).await
+}
+
+fn expect_forbidden<T: std::fmt::Debug>(result: kube::Result<T>, what: &str) -> Result<()> {
+    match result {
+        Err(kube::Error::Api(status)) if status.code == 403 => Ok(()),
+        other => bail!("{what} as ServiceAccount reader: want 403 Forbidden, got {other:?}"),
+    }
+}
+
+/// Whether a process runs (a zombie does not: nobody may reap orphans here).
+fn process_runs(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+        .unwrap_or(false)
+}
+
+fn port_free(port: u16) -> bool {
+    std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+}
+
+/// Starts a control plane of its own in `dir`, off the test's runtime (it blocks for seconds).
+async fn start_own(dir: &Path, watch_pid: u32) -> Result<ControlPlane> {
+    let dir = dir.to_owned();
+    tokio::task::spawn_blocking(move || ControlPlane::start(&dir, Some(watch_pid))).await?
+}
+
+/// Waits until every recorded process of `control_plane` has exited and its ports are free.
+async fn wait_gone(control_plane: &ControlPlane, pids: &[u32], ports: &[u16], why: &str) -> Result<()> {
+    let what = format!("the control plane in {:?} is gone {why}", control_plane.state_dir());
+    eventually(&what, Duration::from_secs(40), || async {
+        let running: Vec<_> = pids.iter().filter(|pid| process_runs(**pid)).collect();
+        let busy: Vec<_> = ports.iter().filter(|port| !port_free(**port)).collect();
+        if !running.is_empty() || !busy.is_empty() {
+            bail!("pids {running:?} still run, ports {busy:?} still taken");
+        }
+        Ok(Some(()))
+    })
+    .await
+}
+
+async fn namespace_names(client: Client) -> Result<BTreeSet<String>> {
+    let list = Api::<Namespace>::all(client).list(&ListParams::default()).await?;
+    Ok(list.into_iter().map(|ns| ns.name_any()).collect())
+}
+
+#[tokio::test]
+async fn two_control_planes_run_side_by_side() -> Result<()> {
+    let first = ControlPlane::shared();
+    if first.state_dir().is_none() {
+        eprintln!("skipped: the tests run against an existing cluster, which starts no others");
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let second = start_own(dir.path(), std::process::id()).await?;
+    let (pids, ports) = (second.recorded_pids(), second.ports());
+    let result = async {
+        ensure!(ports.len() == 3, "want 3 ports in cluster.env, got {ports:?}");
+        ensure!(
+            ports.iter().all(|port| !first.ports().contains(port)),
+            "both control planes use a port of {ports:?}"
+        );
+        let marker: Namespace = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "only-in-the-second" }
+        }))?;
+        Api::<Namespace>::all(second.client().await?).create(&PostParams::default(), &marker).await?;
+        let in_second = namespace_names(second.client().await?).await?;
+        let in_first = namespace_names(first.client().await?).await?;
+        ensure!(in_second.contains("only-in-the-second"), "second lists {in_second:?}");
+        ensure!(!in_first.contains("only-in-the-second"), "first lists {in_first:?}");
+        Ok(())
+    }
+    .await;
+    second.stop()?;
+    result?;
+    wait_gone(&second, &pids, &ports, "after cluster.sh down").await
+}
+
+#[tokio::test]
+async fn killing_the_starter_stops_the_control_plane() -> Result<()> {
+    if ControlPlane::shared().state_dir().is_none() {
+        eprintln!("skipped: the tests run against an existing cluster, which starts no others");
+        return Ok(());
+    }
+    let mut starter = std::process::Command::new("sleep").arg("1000").spawn()?;
+    let dir = tempfile::tempdir()?;
+    let control_plane = match start_own(dir.path(), starter.id()).await {
+        Ok(control_plane) => control_plane,
+        Err(error) => {
+            starter.kill()?;
+            starter.wait()?;
+            return Err(error);
+        }
+    };
+    let (pids, ports) = (control_plane.recorded_pids(), control_plane.ports());
+    ensure!(pids.len() == 4, "want etcd, apiserver, controller-manager and watchdog pids: {pids:?}");
+    ensure!(pids.iter().all(|pid| process_runs(*pid)), "not all of {pids:?} run");
+    namespace_names(control_plane.client().await?).await?;
+
+    starter.kill()?; // SIGKILL: the starter gets no chance to clean up
+    starter.wait()?;
+    wait_gone(&control_plane, &pids, &ports, "after its starter was killed").await
+}
