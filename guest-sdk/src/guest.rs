@@ -1,0 +1,161 @@
+//! The wasm side of the SDK: WIT bindings, conversions between WIT and SDK types, and the
+//! [`Cluster`] implemented over the host imports. Only [`crate::export_reconciler!`] uses it.
+
+// The generated glue's `unsafe` comes from wit-bindgen's macro, which the workspace's
+// `forbid(unsafe_code)` does not look into; missing docs and clippy style are its business.
+#[allow(missing_docs, clippy::all)]
+pub mod bindings {
+    wit_bindgen::generate!({
+        path: "wit",
+        world: "controller",
+        pub_export_macro: true,
+        export_macro_name: "__kubewasm_export_controller",
+        default_bindings_module: "kubewasm_guest_sdk::__private::bindings",
+        runtime_path: "kubewasm_guest_sdk::__private::wit_bindgen::rt",
+    });
+}
+
+pub use wit_bindgen;
+
+use bindings::kubewasm::controller::{host, types as wit};
+use serde_json::Value;
+
+use crate::{Action, Cluster, Error, EventType, LogLevel, ObjectRef, Request, Response};
+
+/// The request type of the WIT export.
+pub type WitRequest = wit::Request;
+/// The response type of the WIT export.
+pub type WitResponse = wit::Response;
+/// The error type of the WIT export.
+pub type WitError = wit::Error;
+
+/// The signature of a guest's reconcile function.
+pub type ReconcileFn = fn(&Request, &dyn Cluster) -> Result<Response, Error>;
+
+/// Run one reconcile: convert the WIT request, call the guest, convert its answer back.
+pub fn run(request: WitRequest, reconcile: ReconcileFn) -> Result<WitResponse, WitError> {
+    let request = from_wit_request(request).map_err(to_wit_error)?;
+    let response = reconcile(&request, &HostCluster).map_err(to_wit_error)?;
+    to_wit_response(response).map_err(to_wit_error)
+}
+
+/// The cluster as the host's imports offer it.
+struct HostCluster;
+
+impl Cluster for HostCluster {
+    fn get(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<Value>, Error> {
+        match host::get(api_version, kind, namespace, name) {
+            Ok(Some(json)) => Ok(Some(serde_json::from_str(&json)?)),
+            Ok(None) => Ok(None),
+            Err(refused) => Err(Error::retryable(refused)),
+        }
+    }
+
+    fn list(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: Option<&str>,
+        label_selector: Option<&str>,
+    ) -> Result<Vec<Value>, Error> {
+        host::list(api_version, kind, namespace, label_selector)
+            .map_err(Error::retryable)?
+            .iter()
+            .map(|json| serde_json::from_str(json).map_err(Error::from))
+            .collect()
+    }
+
+    fn log(&self, level: LogLevel, message: &str) {
+        let level = match level {
+            LogLevel::Trace => wit::LogLevel::Trace,
+            LogLevel::Debug => wit::LogLevel::Debug,
+            LogLevel::Info => wit::LogLevel::Info,
+            LogLevel::Warn => wit::LogLevel::Warn,
+            LogLevel::Error => wit::LogLevel::Error,
+        };
+        host::log(level, message);
+    }
+}
+
+fn from_wit_request(request: WitRequest) -> Result<Request, Error> {
+    let target = request.target;
+    Ok(Request {
+        controller: request.controller,
+        target: ObjectRef {
+            api_version: target.api_version,
+            kind: target.kind,
+            namespace: target.namespace,
+            name: target.name,
+        },
+        parent: request
+            .parent
+            .map(|json| serde_json::from_str(&json))
+            .transpose()?,
+        children: request
+            .children
+            .iter()
+            .map(|json| serde_json::from_str(json))
+            .collect::<Result<_, _>>()?,
+    })
+}
+
+fn to_wit_response(response: Response) -> Result<WitResponse, Error> {
+    let actions = response
+        .actions
+        .into_iter()
+        .map(to_wit_action)
+        .collect::<Result<_, _>>()?;
+    Ok(WitResponse { actions })
+}
+
+fn to_wit_action(action: Action) -> Result<wit::Action, Error> {
+    Ok(match action {
+        Action::Apply(object) => wit::Action::Apply(serde_json::to_string(&object)?),
+        Action::Delete(target) => wit::Action::Delete(wit::ObjectRef {
+            api_version: target.api_version,
+            kind: target.kind,
+            namespace: target.namespace,
+            name: target.name,
+        }),
+        Action::DeleteAllOf {
+            api_version,
+            kind,
+            namespace,
+            label_selector,
+        } => wit::Action::DeleteAllOf(wit::DeleteSelector {
+            api_version,
+            kind,
+            namespace,
+            label_selector,
+        }),
+        Action::SetStatus(status) => wit::Action::SetStatus(serde_json::to_string(&status)?),
+        Action::Event {
+            event_type,
+            reason,
+            message,
+        } => wit::Action::EmitEvent(wit::Event {
+            event_type: match event_type {
+                EventType::Normal => wit::EventType::Normal,
+                EventType::Warning => wit::EventType::Warning,
+            },
+            reason,
+            message,
+        }),
+        Action::RequeueAfter(delay) => {
+            wit::Action::RequeueAfter(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX))
+        }
+    })
+}
+
+fn to_wit_error(error: Error) -> WitError {
+    WitError {
+        message: error.message,
+        retryable: error.retryable,
+    }
+}

@@ -1,0 +1,121 @@
+//! What one call to `reconcile` is about: the target object, its observed state and children.
+
+use serde_json::Value;
+
+use crate::Error;
+use crate::object;
+
+/// Names one object: what it is (`api_version`, `kind`) and which one (`namespace`, `name`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ObjectRef {
+    /// `apiVersion`, e.g. `v1` or `example.com/v1`.
+    pub api_version: String,
+    /// `kind`, e.g. `Pod`.
+    pub kind: String,
+    /// `metadata.namespace`; `None` for cluster-scoped objects.
+    pub namespace: Option<String>,
+    /// `metadata.name`.
+    pub name: String,
+}
+
+impl ObjectRef {
+    /// A reference from its four parts.
+    pub fn new(
+        api_version: impl Into<String>,
+        kind: impl Into<String>,
+        namespace: Option<&str>,
+        name: impl Into<String>,
+    ) -> Self {
+        ObjectRef {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            namespace: namespace.map(str::to_string),
+            name: name.into(),
+        }
+    }
+
+    /// The reference to a Kubernetes object given as JSON. Fails (permanently) when the
+    /// object lacks `apiVersion`, `kind` or `metadata.name`.
+    pub fn of(obj: &Value) -> Result<Self, Error> {
+        let field = |value: Option<&str>, what: &str| {
+            value
+                .map(str::to_string)
+                .ok_or_else(|| Error::permanent(format!("object has no {what}: {obj}")))
+        };
+        Ok(ObjectRef {
+            api_version: field(object::api_version(obj), "apiVersion")?,
+            kind: field(object::kind(obj), "kind")?,
+            namespace: object::namespace(obj).map(str::to_string),
+            name: field(object::name(obj), "metadata.name")?,
+        })
+    }
+
+    /// Whether `obj` is the object this reference names.
+    pub fn refers_to(&self, obj: &Value) -> bool {
+        object::api_version(obj) == Some(self.api_version.as_str())
+            && object::kind(obj) == Some(self.kind.as_str())
+            && object::namespace(obj) == self.namespace.as_deref()
+            && object::name(obj) == Some(self.name.as_str())
+    }
+}
+
+/// The input of one reconcile.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    /// The controller being run, as `namespace/name` of its WasmController.
+    pub controller: String,
+    /// The object this call is about (set even when the object is gone).
+    pub target: ObjectRef,
+    /// The object as last observed, or `None` when it no longer exists.
+    pub parent: Option<Value>,
+    /// For composite controllers: the observed children owned by the parent.
+    pub children: Vec<Value>,
+}
+
+impl Request {
+    /// A request about an existing object, with no children, as a host would send it when
+    /// the object was last seen like `parent`. Fails when `parent` is not a named object.
+    pub fn for_object(parent: Value) -> Result<Self, Error> {
+        Ok(Request {
+            controller: String::new(),
+            target: ObjectRef::of(&parent)?,
+            parent: Some(parent),
+            children: Vec::new(),
+        })
+    }
+
+    /// A request about an object that no longer exists.
+    pub fn gone(target: ObjectRef) -> Self {
+        Request {
+            controller: String::new(),
+            target,
+            parent: None,
+            children: Vec::new(),
+        }
+    }
+
+    /// The same request with these observed children.
+    #[must_use]
+    pub fn with_children(mut self, children: Vec<Value>) -> Self {
+        self.children = children;
+        self
+    }
+
+    /// The same request naming this controller (`namespace/name`).
+    #[must_use]
+    pub fn with_controller(mut self, controller: impl Into<String>) -> Self {
+        self.controller = controller.into();
+        self
+    }
+
+    /// The observed children of one kind, e.g. `children_of("v1", "Pod")`.
+    pub fn children_of<'a>(
+        &'a self,
+        api_version: &'a str,
+        kind: &'a str,
+    ) -> impl Iterator<Item = &'a Value> + 'a {
+        self.children.iter().filter(move |child| {
+            object::api_version(child) == Some(api_version) && object::kind(child) == Some(kind)
+        })
+    }
+}

@@ -1,0 +1,197 @@
+//! What a reconcile wants done: an ordered list of actions, built with `Response`'s methods.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::ObjectRef;
+
+/// Whether an Event reports something normal or something to look at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventType {
+    /// Routine progress.
+    Normal,
+    /// Something went wrong or needs attention.
+    Warning,
+}
+
+/// One thing the guest wants done. The host checks each against the controller's declaration
+/// and carries them out in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Create or update an object with server-side apply. A partial object (only the fields
+    /// this controller manages) touches only those fields.
+    Apply(Value),
+    /// Delete one object.
+    Delete(ObjectRef),
+    /// Delete every object of a kind whose labels match a selector.
+    DeleteAllOf {
+        /// `apiVersion` of the objects to delete.
+        api_version: String,
+        /// `kind` of the objects to delete.
+        kind: String,
+        /// Namespace to delete in; `None` means the target's namespace.
+        namespace: Option<String>,
+        /// A label selector such as `app=web,tier!=db` (see [`crate::selector`]).
+        label_selector: String,
+    },
+    /// Replace the target's `status` with this JSON object.
+    SetStatus(Value),
+    /// Record an Event on the target.
+    Event {
+        /// Normal or Warning.
+        event_type: EventType,
+        /// A short CamelCase reason, e.g. `PodsRestarted`.
+        reason: String,
+        /// A sentence a person can read.
+        message: String,
+    },
+    /// Reconcile the target again after this delay (millisecond precision).
+    RequeueAfter(Duration),
+}
+
+impl Action {
+    /// Delete every `api_version`/`kind` object in `namespace` (`None`: the target's) whose
+    /// labels match `label_selector`.
+    pub fn delete_all_of(
+        api_version: impl Into<String>,
+        kind: impl Into<String>,
+        namespace: Option<&str>,
+        label_selector: impl Into<String>,
+    ) -> Self {
+        Action::DeleteAllOf {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            namespace: namespace.map(str::to_string),
+            label_selector: label_selector.into(),
+        }
+    }
+}
+
+/// The output of one reconcile: actions carried out in order. An empty response means
+/// "nothing to do".
+///
+/// ```
+/// use kubewasm_guest_sdk::{EventType, Response};
+/// use serde_json::json;
+///
+/// let response = Response::new()
+///     .apply(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}))
+///     .set_status(json!({"ready": true}))
+///     .event(EventType::Normal, "Configured", "wrote ConfigMap c");
+/// assert_eq!(response.actions.len(), 3);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Response {
+    /// The actions, carried out in order.
+    pub actions: Vec<Action>,
+}
+
+impl Response {
+    /// A response with no actions.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Append any action.
+    #[must_use]
+    pub fn push(mut self, action: Action) -> Self {
+        self.actions.push(action);
+        self
+    }
+
+    /// Apply an object (server-side apply); takes JSON or an [`crate::object::ObjectBuilder`].
+    #[must_use]
+    pub fn apply(self, object: impl Into<Value>) -> Self {
+        self.push(Action::Apply(object.into()))
+    }
+
+    /// Delete one object.
+    #[must_use]
+    pub fn delete(self, object: ObjectRef) -> Self {
+        self.push(Action::Delete(object))
+    }
+
+    /// Delete every object of a kind matching a label selector (see [`Action::delete_all_of`]).
+    #[must_use]
+    pub fn delete_all_of(
+        self,
+        api_version: impl Into<String>,
+        kind: impl Into<String>,
+        namespace: Option<&str>,
+        label_selector: impl Into<String>,
+    ) -> Self {
+        self.push(Action::delete_all_of(
+            api_version,
+            kind,
+            namespace,
+            label_selector,
+        ))
+    }
+
+    /// Replace the target's status.
+    #[must_use]
+    pub fn set_status(self, status: Value) -> Self {
+        self.push(Action::SetStatus(status))
+    }
+
+    /// Record an Event on the target.
+    #[must_use]
+    pub fn event(
+        self,
+        event_type: EventType,
+        reason: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        self.push(Action::Event {
+            event_type,
+            reason: reason.into(),
+            message: message.into(),
+        })
+    }
+
+    /// Reconcile the target again after `delay`.
+    #[must_use]
+    pub fn requeue_after(self, delay: Duration) -> Self {
+        self.push(Action::RequeueAfter(delay))
+    }
+
+    /// Whether there is nothing to do.
+    pub fn is_empty(&self) -> bool {
+        self.actions.is_empty()
+    }
+
+    /// The objects this response applies, in order.
+    pub fn applied(&self) -> Vec<&Value> {
+        self.actions
+            .iter()
+            .filter_map(|action| match action {
+                Action::Apply(object) => Some(object),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The status this response sets (the last one, if several).
+    pub fn status(&self) -> Option<&Value> {
+        self.actions.iter().rev().find_map(|action| match action {
+            Action::SetStatus(status) => Some(status),
+            _ => None,
+        })
+    }
+
+    /// The events this response records, as `(type, reason, message)`.
+    pub fn events(&self) -> Vec<(EventType, &str, &str)> {
+        self.actions
+            .iter()
+            .filter_map(|action| match action {
+                Action::Event {
+                    event_type,
+                    reason,
+                    message,
+                } => Some((*event_type, reason.as_str(), message.as_str())),
+                _ => None,
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,754 @@
+//! Kubernetes label selectors: parse the string form (`app=web,tier!=db,env in (a,b)`) and
+//! match it against an object's labels.
+//!
+//! The grammar and matching rules follow the API server's `labels.Parse`, so that a guest's
+//! fake cluster, the runtime's shared cache and the API server agree on which objects a
+//! selector picks. The module is plain Rust so the runtime can reuse it natively.
+//!
+//! | form | matches when |
+//! | --- | --- |
+//! | `a=b`, `a==b` | label `a` is present with value `b` |
+//! | `a!=b` | label `a` is absent or has another value |
+//! | `a` | label `a` is present |
+//! | `!a` | label `a` is absent |
+//! | `a in (x,y)` | label `a` is present with value `x` or `y` |
+//! | `a notin (x,y)` | label `a` is absent or has neither value |
+//! | `a>1`, `a<1` | label `a` is present, an integer, and greater/less than the bound |
+//!
+//! Requirements are joined with `,` and must all hold; the empty selector matches everything.
+//!
+//! ```
+//! use kubewasm_guest_sdk::selector::Selector;
+//! use std::collections::BTreeMap;
+//!
+//! let selector: Selector = "app=web, env in (prod,staging), !legacy".parse().unwrap();
+//! let labels = BTreeMap::from([("app".to_string(), "web".to_string()),
+//!                              ("env".to_string(), "prod".to_string())]);
+//! assert!(selector.matches(&labels));
+//! assert!("app in ()".parse::<Selector>().is_err());
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::str::FromStr;
+
+/// Where a selector can look up label values: a map from key to value.
+pub trait Labels {
+    /// The value of label `key`, or `None` when the object has no such label.
+    fn label(&self, key: &str) -> Option<&str>;
+}
+
+impl Labels for BTreeMap<String, String> {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.get(key).map(String::as_str)
+    }
+}
+
+impl<S: std::hash::BuildHasher> Labels for HashMap<String, String, S> {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.get(key).map(String::as_str)
+    }
+}
+
+/// A JSON object such as `metadata.labels`; entries whose value is not a string are ignored.
+impl Labels for serde_json::Map<String, serde_json::Value> {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.get(key).and_then(serde_json::Value::as_str)
+    }
+}
+
+/// Absent labels (e.g. `metadata.labels` not set) behave like an empty map.
+impl<L: Labels> Labels for Option<L> {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.as_ref().and_then(|labels| labels.label(key))
+    }
+}
+
+impl<L: Labels + ?Sized> Labels for &L {
+    fn label(&self, key: &str) -> Option<&str> {
+        (**self).label(key)
+    }
+}
+
+/// How one requirement compares a label with its values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Operator {
+    /// `key=value` or `key==value`.
+    Equals,
+    /// `key!=value`.
+    NotEquals,
+    /// `key in (v1,v2)`.
+    In,
+    /// `key notin (v1,v2)`.
+    NotIn,
+    /// `key`: the label is present, whatever its value.
+    Exists,
+    /// `!key`: the label is absent.
+    DoesNotExist,
+    /// `key>n`: the label is an integer greater than `n`.
+    GreaterThan,
+    /// `key<n`: the label is an integer less than `n`.
+    LessThan,
+}
+
+/// One condition of a selector: a label key, an operator and the values it compares with.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Requirement {
+    key: String,
+    operator: Operator,
+    values: Vec<String>,
+}
+
+impl Requirement {
+    /// The label key this requirement looks at.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// How the label is compared.
+    pub fn operator(&self) -> Operator {
+        self.operator
+    }
+
+    /// The values compared with (empty for `Exists`/`DoesNotExist`).
+    pub fn values(&self) -> &[String] {
+        &self.values
+    }
+
+    /// Whether `labels` satisfy this requirement.
+    pub fn matches<L: Labels + ?Sized>(&self, labels: &L) -> bool {
+        let value = labels.label(&self.key);
+        let in_values = |v: &str| self.values.iter().any(|want| want == v);
+        match self.operator {
+            Operator::Equals | Operator::In => value.is_some_and(in_values),
+            Operator::NotEquals | Operator::NotIn => !value.is_some_and(in_values),
+            Operator::Exists => value.is_some(),
+            Operator::DoesNotExist => value.is_none(),
+            Operator::GreaterThan | Operator::LessThan => {
+                let (Some(have), Some(bound)) = (
+                    value.and_then(|v| v.parse::<i64>().ok()),
+                    self.values.first().and_then(|v| v.parse::<i64>().ok()),
+                ) else {
+                    return false;
+                };
+                if self.operator == Operator::GreaterThan {
+                    have > bound
+                } else {
+                    have < bound
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Display for Requirement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let key = &self.key;
+        match self.operator {
+            Operator::Equals => write!(f, "{key}={}", self.values[0]),
+            Operator::NotEquals => write!(f, "{key}!={}", self.values[0]),
+            Operator::In => write!(f, "{key} in ({})", self.values.join(",")),
+            Operator::NotIn => write!(f, "{key} notin ({})", self.values.join(",")),
+            Operator::Exists => write!(f, "{key}"),
+            Operator::DoesNotExist => write!(f, "!{key}"),
+            Operator::GreaterThan => write!(f, "{key}>{}", self.values[0]),
+            Operator::LessThan => write!(f, "{key}<{}", self.values[0]),
+        }
+    }
+}
+
+/// A parsed label selector: every requirement must hold. The default (empty) selector
+/// matches everything.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Selector {
+    requirements: Vec<Requirement>,
+}
+
+impl Selector {
+    /// Parse the string form of a label selector, as `kubectl -l` and the API server take it.
+    pub fn parse(selector: &str) -> Result<Self, ParseError> {
+        Parser::new(selector).parse()
+    }
+
+    /// The requirements, in the order written.
+    pub fn requirements(&self) -> &[Requirement] {
+        &self.requirements
+    }
+
+    /// Whether the selector has no requirements (and so matches everything).
+    pub fn is_empty(&self) -> bool {
+        self.requirements.is_empty()
+    }
+
+    /// Whether `labels` satisfy every requirement.
+    pub fn matches<L: Labels + ?Sized>(&self, labels: &L) -> bool {
+        self.requirements.iter().all(|r| r.matches(labels))
+    }
+
+    /// Whether a Kubernetes object (JSON) has labels (`metadata.labels`) that satisfy the
+    /// selector. An object without labels matches only selectors that need no label.
+    pub fn matches_object(&self, object: &serde_json::Value) -> bool {
+        let labels = object
+            .pointer("/metadata/labels")
+            .and_then(serde_json::Value::as_object);
+        self.matches(&labels)
+    }
+}
+
+impl FromStr for Selector {
+    type Err = ParseError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::parse(s)
+    }
+}
+
+/// The canonical string form, e.g. `app=web,env in (a,b)`; it parses back to the same selector.
+impl fmt::Display for Selector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, requirement) in self.requirements.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{requirement}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A selector that could not be parsed: what was expected and where (a byte offset).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseError {
+    selector: String,
+    position: usize,
+    message: String,
+}
+
+impl ParseError {
+    /// Byte offset in the selector where the problem was found.
+    pub fn position(&self) -> usize {
+        self.position
+    }
+
+    /// What is wrong, without the selector itself.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid label selector {:?}: {} (at position {})",
+            self.selector, self.message, self.position
+        )
+    }
+}
+
+impl std::error::Error for ParseError {}
+
+/// The lexical pieces of a selector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Token {
+    Ident(String),
+    Bang,
+    Equals,
+    DoubleEquals,
+    NotEquals,
+    GreaterThan,
+    LessThan,
+    In,
+    NotIn,
+    Comma,
+    OpenParen,
+    CloseParen,
+    End,
+}
+
+impl Token {
+    fn describe(&self) -> String {
+        match self {
+            Token::Ident(s) => format!("{s:?}"),
+            Token::Bang => "\"!\"".into(),
+            Token::Equals => "\"=\"".into(),
+            Token::DoubleEquals => "\"==\"".into(),
+            Token::NotEquals => "\"!=\"".into(),
+            Token::GreaterThan => "\">\"".into(),
+            Token::LessThan => "\"<\"".into(),
+            Token::In => "\"in\"".into(),
+            Token::NotIn => "\"notin\"".into(),
+            Token::Comma => "\",\"".into(),
+            Token::OpenParen => "\"(\"".into(),
+            Token::CloseParen => "\")\"".into(),
+            Token::End => "the end of the selector".into(),
+        }
+    }
+}
+
+/// A recursive-descent parser over a pre-lexed token list.
+struct Parser<'a> {
+    input: &'a str,
+    tokens: Vec<(usize, Token)>,
+    next: usize,
+}
+
+impl<'a> Parser<'a> {
+    fn new(input: &'a str) -> Self {
+        Parser {
+            input,
+            tokens: lex(input),
+            next: 0,
+        }
+    }
+
+    fn error(&self, position: usize, message: impl Into<String>) -> ParseError {
+        ParseError {
+            selector: self.input.to_string(),
+            position,
+            message: message.into(),
+        }
+    }
+
+    fn peek(&self) -> &(usize, Token) {
+        &self.tokens[self.next.min(self.tokens.len() - 1)]
+    }
+
+    fn advance(&mut self) -> (usize, Token) {
+        let token = self.peek().clone();
+        self.next += 1;
+        token
+    }
+
+    fn parse(mut self) -> Result<Selector, ParseError> {
+        let mut requirements = Vec::new();
+        if self.peek().1 == Token::End {
+            return Ok(Selector { requirements });
+        }
+        loop {
+            requirements.push(self.requirement()?);
+            match self.advance() {
+                (_, Token::End) => return Ok(Selector { requirements }),
+                (_, Token::Comma) => {}
+                (pos, other) => {
+                    return Err(self.error(
+                        pos,
+                        format!("expected \",\" or the end, found {}", other.describe()),
+                    ));
+                }
+            }
+        }
+    }
+
+    fn requirement(&mut self) -> Result<Requirement, ParseError> {
+        let negated = self.peek().1 == Token::Bang;
+        if negated {
+            self.advance();
+        }
+        let key = self.key()?;
+        if negated {
+            return Ok(Requirement {
+                key,
+                operator: Operator::DoesNotExist,
+                values: Vec::new(),
+            });
+        }
+        let (pos, token) = self.peek().clone();
+        let operator = match token {
+            Token::Comma | Token::End => {
+                return Ok(Requirement {
+                    key,
+                    operator: Operator::Exists,
+                    values: Vec::new(),
+                });
+            }
+            Token::Equals | Token::DoubleEquals => Operator::Equals,
+            Token::NotEquals => Operator::NotEquals,
+            Token::In => Operator::In,
+            Token::NotIn => Operator::NotIn,
+            Token::GreaterThan => Operator::GreaterThan,
+            Token::LessThan => Operator::LessThan,
+            other => {
+                return Err(self.error(
+                    pos,
+                    format!(
+                        "expected an operator (=, ==, !=, in, notin, >, <), \",\" or the end after key {key:?}, found {}",
+                        other.describe()
+                    ),
+                ));
+            }
+        };
+        self.advance();
+        let values = match operator {
+            Operator::In | Operator::NotIn => self.value_set(operator)?,
+            Operator::GreaterThan | Operator::LessThan => vec![self.integer()?],
+            _ => vec![self.single_value()?],
+        };
+        Ok(Requirement {
+            key,
+            operator,
+            values,
+        })
+    }
+
+    fn key(&mut self) -> Result<String, ParseError> {
+        match self.advance() {
+            (pos, Token::Ident(key)) => {
+                validate_key(&key).map_err(|m| self.error(pos, m))?;
+                Ok(key)
+            }
+            (pos, other) => Err(self.error(
+                pos,
+                format!("expected a label key, found {}", other.describe()),
+            )),
+        }
+    }
+
+    /// The value after `=`, `==` or `!=`; it may be empty (`a=` matches an empty value).
+    fn single_value(&mut self) -> Result<String, ParseError> {
+        match self.peek().clone() {
+            (_, Token::Comma | Token::End) => Ok(String::new()),
+            (pos, Token::Ident(value)) => {
+                self.advance();
+                validate_value(&value).map_err(|m| self.error(pos, m))?;
+                Ok(value)
+            }
+            (pos, other) => Err(self.error(
+                pos,
+                format!("expected a label value, found {}", other.describe()),
+            )),
+        }
+    }
+
+    fn integer(&mut self) -> Result<String, ParseError> {
+        match self.advance() {
+            (pos, Token::Ident(value)) => match value.parse::<i64>() {
+                Ok(_) => Ok(value),
+                Err(_) => Err(self.error(
+                    pos,
+                    format!("expected an integer after \">\" or \"<\", found {value:?}"),
+                )),
+            },
+            (pos, other) => Err(self.error(
+                pos,
+                format!("expected an integer, found {}", other.describe()),
+            )),
+        }
+    }
+
+    /// `(v1, v2, ...)` after `in`/`notin`; at least one value, empty entries allowed.
+    fn value_set(&mut self, operator: Operator) -> Result<Vec<String>, ParseError> {
+        let name = if operator == Operator::In {
+            "in"
+        } else {
+            "notin"
+        };
+        match self.advance() {
+            (_, Token::OpenParen) => {}
+            (pos, other) => {
+                return Err(self.error(
+                    pos,
+                    format!(
+                        "expected \"(\" after \"{name}\", found {}",
+                        other.describe()
+                    ),
+                ));
+            }
+        }
+        if let (pos, Token::CloseParen) = self.peek().clone() {
+            return Err(self.error(
+                pos,
+                format!("\"{name}\" needs at least one value in its parentheses"),
+            ));
+        }
+        let mut values = Vec::new();
+        loop {
+            // A value, or nothing (an empty value) before "," or ")".
+            let value = match self.peek().clone() {
+                (pos, Token::Ident(value)) => {
+                    self.advance();
+                    validate_value(&value).map_err(|m| self.error(pos, m))?;
+                    value
+                }
+                _ => String::new(),
+            };
+            if !values.contains(&value) {
+                values.push(value);
+            }
+            match self.advance() {
+                (_, Token::Comma) => {}
+                (_, Token::CloseParen) => return Ok(values),
+                (pos, other) => {
+                    return Err(self.error(
+                        pos,
+                        format!(
+                            "expected \",\" or \")\" in the values of \"{name}\", found {}",
+                            other.describe()
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// Characters that end an identifier (besides whitespace).
+fn is_special(c: char) -> bool {
+    matches!(c, '!' | '=' | ',' | '(' | ')' | '<' | '>')
+}
+
+fn lex(input: &str) -> Vec<(usize, Token)> {
+    let mut tokens = Vec::new();
+    let mut chars = input.char_indices().peekable();
+    while let Some(&(pos, c)) = chars.peek() {
+        if c.is_whitespace() {
+            chars.next();
+            continue;
+        }
+        chars.next();
+        let next_is_eq = chars.peek().is_some_and(|&(_, c)| c == '=');
+        let token = match c {
+            '!' if next_is_eq => {
+                chars.next();
+                Token::NotEquals
+            }
+            '!' => Token::Bang,
+            '=' if next_is_eq => {
+                chars.next();
+                Token::DoubleEquals
+            }
+            '=' => Token::Equals,
+            '>' => Token::GreaterThan,
+            '<' => Token::LessThan,
+            ',' => Token::Comma,
+            '(' => Token::OpenParen,
+            ')' => Token::CloseParen,
+            _ => {
+                let mut ident = String::from(c);
+                while let Some(&(_, c)) = chars.peek() {
+                    if c.is_whitespace() || is_special(c) {
+                        break;
+                    }
+                    ident.push(c);
+                    chars.next();
+                }
+                match ident.as_str() {
+                    "in" => Token::In,
+                    "notin" => Token::NotIn,
+                    _ => Token::Ident(ident),
+                }
+            }
+        };
+        tokens.push((pos, token));
+    }
+    tokens.push((input.len(), Token::End));
+    tokens
+}
+
+/// A label key: an optional DNS-subdomain prefix and `/`, then a name of at most 63
+/// characters.
+fn validate_key(key: &str) -> Result<(), String> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    if let Some(prefix) = prefix {
+        let valid_prefix = !prefix.is_empty()
+            && prefix.len() <= 253
+            && prefix.split('.').all(|part| {
+                !part.is_empty()
+                    && part
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                    && !part.starts_with('-')
+                    && !part.ends_with('-')
+            });
+        if !valid_prefix {
+            return Err(format!(
+                "invalid label key {key:?}: the prefix before \"/\" must be a DNS subdomain (lowercase letters, digits, \"-\" and \".\")"
+            ));
+        }
+    }
+    if name.is_empty() {
+        return Err(format!("invalid label key {key:?}: the name part is empty"));
+    }
+    check_name(name).map_err(|why| format!("invalid label key {key:?}: {why}"))
+}
+
+/// A label value: empty, or at most 63 characters of the same shape as a key's name.
+fn validate_value(value: &str) -> Result<(), String> {
+    if value.is_empty() {
+        return Ok(());
+    }
+    check_name(value).map_err(|why| format!("invalid label value {value:?}: {why}"))
+}
+
+fn check_name(name: &str) -> Result<(), &'static str> {
+    if name.len() > 63 {
+        return Err("it must be at most 63 characters");
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        return Err("it may contain only letters, digits, \"-\", \"_\" and \".\"");
+    }
+    let first_last_ok = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    if !first_last_ok(name.chars().next()) || !first_last_ok(name.chars().last()) {
+        return Err("it must start and end with a letter or digit");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn check(selector: &str, pairs: &[(&str, &str)]) -> bool {
+        Selector::parse(selector)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .matches(&labels(pairs))
+    }
+
+    #[test]
+    fn equality_forms() {
+        assert!(check("a=b", &[("a", "b")]));
+        assert!(check("a==b", &[("a", "b")]));
+        assert!(check(" a = b ", &[("a", "b")]));
+        assert!(!check("a=b", &[("a", "c")]));
+        assert!(!check("a=b", &[]));
+        assert!(check("a!=b", &[("a", "c")]));
+        assert!(check("a!=b", &[]));
+        assert!(!check("a!=b", &[("a", "b")]));
+    }
+
+    #[test]
+    fn existence_forms() {
+        assert!(check("a", &[("a", "")]));
+        assert!(!check("a", &[("b", "x")]));
+        assert!(check("!a", &[("b", "x")]));
+        assert!(!check("!a", &[("a", "x")]));
+    }
+
+    #[test]
+    fn set_forms() {
+        assert!(check("a in (x,y)", &[("a", "y")]));
+        assert!(check("a in (x, y)", &[("a", "x")]));
+        assert!(!check("a in (x,y)", &[("a", "z")]));
+        assert!(!check("a in (x,y)", &[]));
+        assert!(check("a notin (x)", &[("a", "y")]));
+        assert!(check("a notin (x)", &[]));
+        assert!(!check("a notin (x)", &[("a", "x")]));
+    }
+
+    #[test]
+    fn comparison_forms() {
+        assert!(check("a>1", &[("a", "2")]));
+        assert!(!check("a>1", &[("a", "1")]));
+        assert!(!check("a>1", &[("a", "x")]));
+        assert!(check("a<1", &[("a", "0")]));
+        assert!(Selector::parse("a>x").is_err());
+    }
+
+    #[test]
+    fn conjunction_and_everything() {
+        let sel = "app=web,tier in (front,back), !legacy,env";
+        assert!(check(
+            sel,
+            &[("app", "web"), ("tier", "back"), ("env", "p")]
+        ));
+        assert!(!check(sel, &[("app", "web"), ("tier", "back")]));
+        assert!(!check(
+            sel,
+            &[
+                ("app", "web"),
+                ("tier", "back"),
+                ("env", "p"),
+                ("legacy", "1")
+            ]
+        ));
+        assert!(check("", &[]));
+        assert!(check("  ", &[("a", "b")]));
+        assert!(Selector::parse("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn empty_values() {
+        assert!(check("a=", &[("a", "")]));
+        assert!(!check("a=", &[("a", "x")]));
+        assert!(check("a=,b", &[("a", ""), ("b", "1")]));
+        assert!(check("a in (x,)", &[("a", "")]));
+    }
+
+    #[test]
+    fn prefixed_keys() {
+        assert!(check(
+            "app.kubernetes.io/name=web",
+            &[("app.kubernetes.io/name", "web")]
+        ));
+        assert!(Selector::parse("Bad_Prefix/name=x").is_err());
+        assert!(Selector::parse("/name").is_err());
+        assert!(Selector::parse("example.com/").is_err());
+    }
+
+    #[test]
+    fn invalid_selectors_say_why() {
+        for (selector, needle) in [
+            ("a in x", "expected \"(\" after \"in\""),
+            ("a in ()", "at least one value"),
+            ("a in (x", "expected \",\" or \")\""),
+            ("a b", "expected an operator"),
+            ("a=b c", "expected \",\" or the end"),
+            ("=b", "expected a label key"),
+            ("a,", "expected a label key"),
+            ("a=-b", "must start and end"),
+            ("a=b=c", "expected \",\" or the end"),
+            ("a=b*", "may contain only"),
+            ("!a=b", "expected \",\" or the end"),
+            ("a==(x)", "expected a label value"),
+        ] {
+            let err = Selector::parse(selector).expect_err(selector);
+            let text = err.to_string();
+            assert!(text.contains(needle), "{selector}: {text}");
+            assert!(text.contains(&format!("{selector:?}")), "{text}");
+        }
+        let long = format!("a={}", "x".repeat(64));
+        assert!(Selector::parse(&long).unwrap_err().message().contains("63"));
+    }
+
+    #[test]
+    fn display_round_trips() {
+        for selector in ["a=b,c!=d,e in (x,y),f notin (z),g,!h,i>3,j<4", "a="] {
+            let parsed = Selector::parse(selector).unwrap();
+            assert_eq!(parsed.to_string(), selector);
+            assert_eq!(Selector::parse(&parsed.to_string()).unwrap(), parsed);
+        }
+        assert_eq!(Selector::parse("a==b").unwrap().to_string(), "a=b");
+    }
+
+    #[test]
+    fn matches_objects() {
+        let sel = Selector::parse("app=web").unwrap();
+        let pod = serde_json::json!({"metadata": {"name": "p", "labels": {"app": "web"}}});
+        assert!(sel.matches_object(&pod));
+        let bare = serde_json::json!({"metadata": {"name": "p"}});
+        assert!(!sel.matches_object(&bare));
+        assert!(Selector::parse("!app").unwrap().matches_object(&bare));
+    }
+
+    #[test]
+    fn requirement_accessors() {
+        let sel = Selector::parse("a in (x,y,x)").unwrap();
+        let req = &sel.requirements()[0];
+        assert_eq!(req.key(), "a");
+        assert_eq!(req.operator(), Operator::In);
+        assert_eq!(req.values(), ["x", "y"]);
+    }
+}
