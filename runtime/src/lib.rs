@@ -1,1 +1,9 @@
-//! placeholder
+//! kubewasm: runs Kubernetes controllers as sandboxed WebAssembly components.
+//!
+//! - [`sandbox`] knows wasmtime only: compiles guests, runs one reconcile per fresh Store.
+//! - [`api`] is the `kubewasm.dev/v1alpha1` API (`WasmController`, `ClusterWasmController`).
+//! - [`host`] joins them: grants, guest reads, actions turned into API calls.
+
+pub mod api;
+pub mod host;
+pub mod sandbox;

@@ -1,1 +1,48 @@
-fn main() {}
+//! The `kubewasm` command: run WebAssembly controllers live, or one reconcile offline.
+
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Runs Kubernetes controllers as sandboxed WebAssembly components.
+#[derive(Debug, Parser)]
+#[command(name = "kubewasm", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// Log format on stderr.
+    #[arg(long, global = true, env = "KUBEWASM_LOG_FORMAT", value_enum, default_value_t = cli::LogFormat::Text)]
+    log_format: cli::LogFormat,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run one reconcile of a guest in the sandbox, offline, and print the actions as YAML.
+    Reconcile(cli::reconcile::Args),
+    /// Compile and validate a guest module and print its digest.
+    Check(cli::check::Args),
+    /// Print the CustomResourceDefinitions of the kubewasm.dev API.
+    Crds,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    cli::init_logging(cli.log_format);
+    let result = match cli.command {
+        Command::Reconcile(args) => cli::reconcile::run(args),
+        Command::Check(args) => cli::check::run(args),
+        Command::Crds => {
+            print!("{}", kubewasm::api::crds_yaml());
+            Ok(())
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

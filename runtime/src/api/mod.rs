@@ -1,0 +1,245 @@
+//! The `kubewasm.dev/v1alpha1` API: `WasmController` and `ClusterWasmController`.
+//!
+//! The CRD manifests in `deploy/crds/` are generated from these types
+//! (`kubewasm crds > deploy/crds/kubewasm.dev.yaml`); a test fails when they drift.
+
+mod quantity;
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub use quantity::parse_bytes;
+
+/// A controller whose reconcile function is a WebAssembly component, in one namespace.
+#[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "kubewasm.dev",
+    version = "v1alpha1",
+    kind = "WasmController",
+    namespaced,
+    status = "WasmControllerStatus",
+    shortname = "wc",
+    printcolumn = r#"{"name":"Parent","type":"string","jsonPath":".spec.parent.kind"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Module","type":"string","jsonPath":".status.moduleDigest","priority":1}"#,
+    printcolumn = r#"{"name":"Reconciles","type":"integer","jsonPath":".status.reconciles"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[kube(derive = "PartialEq")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WasmControllerSpec {
+    /// Where the guest's `.wasm` component comes from.
+    pub module: ModuleSource,
+    /// The kind this controller reconciles: one reconcile per object of this kind.
+    pub parent: ParentResource,
+    /// Kinds this controller creates and owns (composite controllers). Children get a
+    /// controller ownerReference to their parent and are deleted when no longer desired.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub children: Vec<ChildResource>,
+    /// Other kinds the guest may read or act on, and how. Anything not granted here (or as
+    /// parent/children) is denied before it reaches the API server.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub grants: Vec<Grant>,
+    /// The ServiceAccount (in this namespace) whose identity every write uses; Kubernetes
+    /// RBAC for that account is the final judge. Defaults to `default`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_name: Option<String>,
+    /// Resource limits for each reconcile call.
+    #[serde(default)]
+    pub limits: ControllerLimits,
+    /// Reconcile every parent at least this often, even without changes. Default 300.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resync_period_seconds: Option<u32>,
+}
+
+/// A cluster-wide controller, declared by an administrator. Same spec; parents in every
+/// namespace are watched and the module's ConfigMap must name its namespace.
+#[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "kubewasm.dev",
+    version = "v1alpha1",
+    kind = "ClusterWasmController",
+    status = "WasmControllerStatus",
+    shortname = "cwc",
+    printcolumn = r#"{"name":"Parent","type":"string","jsonPath":".spec.parent.kind"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[kube(derive = "PartialEq")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterWasmControllerSpec {
+    /// The same fields as a WasmController's spec.
+    #[serde(flatten)]
+    pub controller: WasmControllerSpec,
+}
+
+/// Where a module comes from: exactly one of `configMap` or `path`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ModuleSource {
+    /// A key of a ConfigMap's `binaryData` (or `data`) holding the component, optionally gzipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map: Option<ConfigMapKey>,
+    /// A file inside the runtime's filesystem, e.g. a ConfigMap mounted as a volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// If set, the module is only loaded when its sha256 (hex, after gunzip) matches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+}
+
+/// One key of one ConfigMap.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ConfigMapKey {
+    /// ConfigMap name.
+    pub name: String,
+    /// Key inside `binaryData` or `data`.
+    pub key: String,
+    /// Namespace of the ConfigMap; only for ClusterWasmControllers (a WasmController always
+    /// reads from its own namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
+
+/// The watched kind.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ParentResource {
+    /// e.g. `example.com/v1`.
+    pub api_version: String,
+    /// e.g. `HelloWorld`.
+    pub kind: String,
+    /// Only parents whose labels match, e.g. `tier=web`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_selector: Option<String>,
+}
+
+/// An owned child kind.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ChildResource {
+    /// e.g. `v1`.
+    pub api_version: String,
+    /// e.g. `Pod`.
+    pub kind: String,
+    /// What to do when an existing child differs from the desired one.
+    #[serde(default)]
+    pub update_strategy: UpdateStrategy,
+}
+
+/// How a changed child is updated (as in Metacontroller).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum UpdateStrategy {
+    /// Leave existing children alone; only create missing ones.
+    OnDelete,
+    /// Delete a changed child and create it anew (for immutable kinds such as Pods).
+    Recreate,
+    /// Update the child in place with server-side apply.
+    #[default]
+    InPlace,
+}
+
+/// Permission for the guest to use a kind beyond its parent and children.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Grant {
+    /// e.g. `v1`.
+    pub api_version: String,
+    /// e.g. `Pod`.
+    pub kind: String,
+    /// Any of `get`, `list`, `apply`, `delete`.
+    pub verbs: Vec<Verb>,
+}
+
+/// What a grant allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Verb {
+    /// Read one object.
+    Get,
+    /// List objects.
+    List,
+    /// Create or update with server-side apply.
+    Apply,
+    /// Delete one object or all matching a selector.
+    Delete,
+}
+
+/// Per-call limits. Unset fields take the runtime's defaults (64Mi, 1000 ms, 1).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ControllerLimits {
+    /// Memory per reconcile, as a Kubernetes quantity (`64Mi`, `128M`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<String>,
+    /// Time per reconcile in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_millis: Option<u32>,
+    /// Reconciles of this controller that may run at once (different objects).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u32>,
+}
+
+/// What the runtime observed about a controller.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WasmControllerStatus {
+    /// `ModuleReady`, `Ready` and `Degraded`, with reasons a person can act on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Digest of the module now running (`sha256:…`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module_digest: Option<String>,
+    /// The spec generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Reconcile calls made since the runtime started.
+    #[serde(default)]
+    pub reconciles: u64,
+    /// Reconcile calls that failed since the runtime started.
+    #[serde(default)]
+    pub failures: u64,
+    /// The last failure, if the last call failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+impl ControllerLimits {
+    /// The limits to run with: these values, defaults where unset.
+    pub fn resolve(&self) -> Result<crate::sandbox::Limits, String> {
+        let mut limits = crate::sandbox::Limits::default();
+        if let Some(memory) = &self.memory {
+            limits.memory_bytes =
+                parse_bytes(memory).map_err(|e| format!("spec.limits.memory: {e}"))?;
+        }
+        if let Some(ms) = self.timeout_millis {
+            if ms == 0 {
+                return Err("spec.limits.timeoutMillis: must be at least 1".into());
+            }
+            limits.timeout = Duration::from_millis(ms.into());
+        }
+        Ok(limits)
+    }
+}
+
+impl WasmControllerSpec {
+    /// Resync period, default five minutes.
+    pub fn resync_period(&self) -> Duration {
+        Duration::from_secs(self.resync_period_seconds.unwrap_or(300).max(1).into())
+    }
+}
+
+/// All CRDs of the API as one multi-document YAML stream.
+pub fn crds_yaml() -> String {
+    use kube::CustomResourceExt;
+    [WasmController::crd(), ClusterWasmController::crd()]
+        .iter()
+        .map(|crd| serde_yaml::to_string(crd).expect("CRDs serialise"))
+        .collect::<Vec<_>>()
+        .join("---\n")
+}

@@ -1,0 +1,270 @@
+//! `kubewasm reconcile`: one reconcile, offline, with the state given in files.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use kubewasm::api::WasmControllerSpec;
+use kubewasm::host::{GrantedReads, ObjectSet, Permissions, module};
+use kubewasm::sandbox::{Action, Limits, ObjectRef, Request, Sandbox, SandboxConfig};
+use serde_json::Value;
+
+use super::yaml::{read_object, read_objects};
+
+/// Arguments of `kubewasm reconcile`.
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["module", "controller"])))]
+pub struct Args {
+    /// The guest component to run.
+    #[arg(long)]
+    module: Option<PathBuf>,
+    /// A WasmController YAML: its module (path, or a ConfigMap given in --state), grants and
+    /// limits are used exactly as the live runtime would.
+    #[arg(long)]
+    controller: Option<PathBuf>,
+    /// The parent object to reconcile (YAML).
+    #[arg(long)]
+    object: PathBuf,
+    /// More objects the guest can read, and observed children (YAML, repeatable).
+    #[arg(long)]
+    state: Vec<PathBuf>,
+}
+
+struct Declared {
+    name: String,
+    spec: Option<WasmControllerSpec>,
+    namespace: Option<String>,
+}
+
+/// Runs the reconcile and prints the actions.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let parent = read_object(&args.object)?;
+    let target =
+        ObjectRef::of(&parent).map_err(|e| anyhow::anyhow!("`{}`: {e}", args.object.display()))?;
+    let mut state = Vec::new();
+    for path in &args.state {
+        state.extend(read_objects(path)?);
+    }
+    let declared = match &args.controller {
+        Some(path) => read_controller(path)?,
+        None => Declared {
+            name: "offline/reconcile".into(),
+            spec: None,
+            namespace: None,
+        },
+    };
+    let bytes = module_bytes(&args, &declared, &state)?;
+    let limits = match &declared.spec {
+        Some(spec) => spec.limits.resolve().map_err(anyhow::Error::msg)?,
+        None => Limits::default(),
+    };
+    let permissions = match &declared.spec {
+        Some(spec) => Permissions::from_spec(&declared.name, declared.namespace.as_deref(), spec),
+        None => Permissions::allow_all(&declared.name),
+    };
+
+    let sandbox = Sandbox::new(SandboxConfig::default())?;
+    let guest = sandbox
+        .load(&bytes)
+        .context("the module is not a usable guest")?;
+    let children = observed_children(&parent, &state, declared.spec.as_ref());
+    let request = Request {
+        controller: declared.name.clone(),
+        target: target.clone(),
+        parent: Some(parent),
+        children,
+    };
+    let reads = Arc::new(GrantedReads::new(
+        Arc::new(ObjectSet::new(state)),
+        Arc::new(permissions),
+        target.namespace.clone(),
+    ));
+    let outcome = guest
+        .call(&request, reads, &limits)
+        .with_context(|| format!("reconcile of {target} failed"))?;
+    print!("{}", render(&target, &outcome.response.actions)?);
+    eprintln!(
+        "reconciled {target} with {} in {:.2} ms: {} action(s)",
+        guest.digest(),
+        outcome.elapsed.as_secs_f64() * 1e3,
+        outcome.response.actions.len()
+    );
+    Ok(())
+}
+
+fn read_controller(path: &Path) -> anyhow::Result<Declared> {
+    let object = read_object(path)?;
+    let kind = object
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    if !matches!(kind, "WasmController" | "ClusterWasmController") {
+        bail!(
+            "`{}` is a `{kind}`, not a WasmController or ClusterWasmController",
+            path.display()
+        );
+    }
+    let spec = object.get("spec").cloned().unwrap_or(Value::Null);
+    let spec: WasmControllerSpec = serde_json::from_value(spec)
+        .with_context(|| format!("`{}`: spec is not a valid {kind} spec", path.display()))?;
+    let name = object
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("unnamed");
+    let namespace = match kind {
+        "WasmController" => Some(
+            object
+                .pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                .unwrap_or("default")
+                .to_owned(),
+        ),
+        _ => None,
+    };
+    let name = match &namespace {
+        Some(ns) => format!("{ns}/{name}"),
+        None => name.to_owned(),
+    };
+    let mut spec = spec;
+    // A module path in the file is relative to the file, as a person reading it expects.
+    if let Some(p) = &spec.module.path
+        && Path::new(p).is_relative()
+    {
+        let base = path.parent().unwrap_or(Path::new("."));
+        spec.module.path = Some(base.join(p).to_string_lossy().into_owned());
+    }
+    Ok(Declared {
+        name,
+        spec: Some(spec),
+        namespace,
+    })
+}
+
+fn module_bytes(args: &Args, declared: &Declared, state: &[Value]) -> anyhow::Result<Vec<u8>> {
+    if let Some(path) = &args.module {
+        let raw = std::fs::read(path)
+            .with_context(|| format!("cannot read module `{}`", path.display()))?;
+        let pin = declared
+            .spec
+            .as_ref()
+            .and_then(|s| s.module.sha256.as_deref());
+        return Ok(module::unpack(raw, pin)?);
+    }
+    let spec = declared
+        .spec
+        .as_ref()
+        .context("no module: give --module or --controller")?;
+    let raw = match (&spec.module.path, &spec.module.config_map) {
+        (Some(path), _) => module::bytes_from_file(path)?,
+        (None, Some(cm)) => {
+            let found = state.iter().find(|o| {
+                o.get("kind").and_then(Value::as_str) == Some("ConfigMap")
+                    && o.pointer("/metadata/name").and_then(Value::as_str) == Some(cm.name.as_str())
+            });
+            let found = found.with_context(|| {
+                format!(
+                    "the controller's module is in ConfigMap `{}`; pass that ConfigMap with --state \
+                     (e.g. `kubectl create configmap {} --from-file={}=guest.wasm --dry-run=client -o yaml`) or use --module",
+                    cm.name, cm.name, cm.key
+                )
+            })?;
+            module::bytes_from_configmap(found, &cm.key)?
+        }
+        (None, None) => bail!("spec.module names neither configMap nor path"),
+    };
+    Ok(module::unpack(raw, spec.module.sha256.as_deref())?)
+}
+
+/// Objects in the state that the parent owns (ownerReference by kind and name, or by uid),
+/// restricted to the declared child kinds when there is a declaration.
+fn observed_children(
+    parent: &Value,
+    state: &[Value],
+    spec: Option<&WasmControllerSpec>,
+) -> Vec<Value> {
+    let kind = parent.get("kind").and_then(Value::as_str);
+    let name = parent.pointer("/metadata/name").and_then(Value::as_str);
+    let uid = parent.pointer("/metadata/uid").and_then(Value::as_str);
+    let owned = |o: &&Value| {
+        o.pointer("/metadata/ownerReferences")
+            .and_then(Value::as_array)
+            .is_some_and(|refs| {
+                refs.iter().any(|r| {
+                    (uid.is_some() && r.get("uid").and_then(Value::as_str) == uid)
+                        || (r.get("kind").and_then(Value::as_str) == kind
+                            && r.get("name").and_then(Value::as_str) == name)
+                })
+            })
+    };
+    let declared_kind = |o: &&Value| match spec {
+        None => true,
+        Some(spec) => spec.children.iter().any(|c| {
+            o.get("apiVersion").and_then(Value::as_str) == Some(c.api_version.as_str())
+                && o.get("kind").and_then(Value::as_str) == Some(c.kind.as_str())
+        }),
+    };
+    state
+        .iter()
+        .filter(owned)
+        .filter(declared_kind)
+        .cloned()
+        .collect()
+}
+
+/// Objects to apply become YAML documents `kubectl apply -f -` accepts; every other action
+/// is written as a comment so the stream stays appliable.
+fn render(target: &ObjectRef, actions: &[Action]) -> anyhow::Result<String> {
+    let mut out = String::new();
+    if actions.is_empty() {
+        out.push_str(&format!("# {target}: nothing to do\n"));
+    }
+    for (i, action) in actions.iter().enumerate() {
+        if i > 0 {
+            out.push_str("---\n");
+        }
+        let n = i + 1;
+        match action {
+            Action::Apply(object) => {
+                let mut object = object.clone();
+                if object.pointer("/metadata/namespace").is_none()
+                    && let (Some(ns), Some(meta)) = (&target.namespace, object.get_mut("metadata"))
+                {
+                    meta["namespace"] = Value::String(ns.clone());
+                }
+                let what = ObjectRef::of(&object)
+                    .map(|r| r.to_string())
+                    .unwrap_or_default();
+                out.push_str(&format!("# action {n}: apply {what}\n"));
+                out.push_str(&serde_yaml::to_string(&object)?);
+            }
+            Action::Delete(r) => out.push_str(&format!("# action {n}: delete {r}\n")),
+            Action::DeleteAllOf(d) => {
+                let ns = d
+                    .namespace
+                    .as_deref()
+                    .or(target.namespace.as_deref())
+                    .unwrap_or("(cluster)");
+                out.push_str(&format!(
+                    "# action {n}: delete every {} ({}) in namespace {ns} matching `{}`\n",
+                    d.kind, d.api_version, d.label_selector
+                ));
+            }
+            Action::SetStatus(status) => {
+                out.push_str(&format!("# action {n}: set status of {target} to:\n"));
+                out.push_str(&comment(&serde_yaml::to_string(status)?));
+            }
+            Action::Event(e) => out.push_str(&format!(
+                "# action {n}: record {:?} Event on {target}: {}: {}\n",
+                e.event_type, e.reason, e.message
+            )),
+            Action::RequeueAfter(d) => out.push_str(&format!(
+                "# action {n}: reconcile {target} again in {d:?}\n"
+            )),
+        }
+    }
+    Ok(out)
+}
+
+fn comment(text: &str) -> String {
+    text.lines().map(|l| format!("#   {l}\n")).collect()
+}

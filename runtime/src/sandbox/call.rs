@@ -1,0 +1,288 @@
+//! One reconcile: a fresh Store with limits and a deadline, the host imports, trap mapping.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wasmtime::component::{HasSelf, Linker, ResourceTable};
+use wasmtime::{Engine, Store, Trap};
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+use super::bindings::{Controller, ControllerPre, kubewasm::controller as wit_if, wit};
+use super::error::{CallError, HostCallLimitHit};
+use super::limits::{Limits, MemoryLimiter};
+use super::output::{BoundedOutput, Captured};
+use super::types::{ObjectRef, Reads, Request, Response};
+
+/// What a successful call produced, besides the response.
+#[derive(Debug)]
+pub struct CallOutcome {
+    /// The checked response.
+    pub response: Response,
+    /// What the guest wrote to stdout.
+    pub stdout: Captured,
+    /// What the guest wrote to stderr.
+    pub stderr: Captured,
+    /// Host reads the guest made.
+    pub host_calls: u32,
+    /// Wall-clock time of instantiation plus the call.
+    pub elapsed: Duration,
+}
+
+/// Everything one Store owns. Created per call, dropped with the Store.
+pub(crate) struct CallState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limiter: MemoryLimiter,
+    reads: Arc<dyn Reads>,
+    host_calls: u32,
+    host_call_limit: u32,
+    controller: String,
+    object: String,
+}
+
+impl WasiView for CallState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl CallState {
+    fn count_host_call(&mut self) -> wasmtime::Result<()> {
+        self.host_calls += 1;
+        if self.host_calls > self.host_call_limit {
+            return Err(wasmtime::Error::new(HostCallLimitHit(self.host_call_limit)));
+        }
+        Ok(())
+    }
+}
+
+impl wit::Host for CallState {}
+
+impl wit_if::host::Host for CallState {
+    fn log(&mut self, level: wit::LogLevel, message: String) -> wasmtime::Result<()> {
+        let (controller, object) = (&self.controller, &self.object);
+        match level {
+            wit::LogLevel::Trace => tracing::trace!(controller, object, "{message}"),
+            wit::LogLevel::Debug => tracing::debug!(controller, object, "{message}"),
+            wit::LogLevel::Info => tracing::info!(controller, object, "{message}"),
+            wit::LogLevel::Warn => tracing::warn!(controller, object, "{message}"),
+            wit::LogLevel::Error => tracing::error!(controller, object, "{message}"),
+        }
+        Ok(())
+    }
+
+    fn get(
+        &mut self,
+        api_version: String,
+        kind: String,
+        namespace: Option<String>,
+        name: String,
+    ) -> wasmtime::Result<Result<Option<String>, String>> {
+        self.count_host_call()?;
+        let object = ObjectRef {
+            api_version,
+            kind,
+            namespace,
+            name,
+        };
+        Ok(self.reads.get(&object).map(|o| o.map(|v| v.to_string())))
+    }
+
+    fn list(
+        &mut self,
+        api_version: String,
+        kind: String,
+        namespace: Option<String>,
+        label_selector: Option<String>,
+    ) -> wasmtime::Result<Result<Vec<String>, String>> {
+        self.count_host_call()?;
+        let found = self.reads.list(
+            &api_version,
+            &kind,
+            namespace.as_deref(),
+            label_selector.as_deref(),
+        );
+        Ok(found.map(|objects| objects.iter().map(|v| v.to_string()).collect()))
+    }
+}
+
+/// Adds WASI 0.2 (with nothing granted per call) and the kubewasm host imports.
+pub(crate) fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
+    wasmtime_wasi::p2::add_to_linker_sync(linker)?;
+    Controller::add_to_linker::<CallState, HasSelf<CallState>>(linker, |s| s)
+}
+
+pub(crate) fn run(
+    engine: &Engine,
+    pre: &ControllerPre<CallState>,
+    tick: Duration,
+    request: &Request,
+    reads: Arc<dyn Reads>,
+    limits: &Limits,
+) -> Result<CallOutcome, CallError> {
+    let stdout = BoundedOutput::new(limits.output_bytes);
+    let stderr = BoundedOutput::new(limits.output_bytes);
+    // No preopened dirs, no env, no args, no network: only captured stdout/stderr.
+    let wasi = WasiCtxBuilder::new()
+        .stdout(stdout.clone())
+        .stderr(stderr.clone())
+        .build();
+    let state = CallState {
+        wasi,
+        table: ResourceTable::new(),
+        limiter: MemoryLimiter {
+            limit: limits.memory_bytes,
+            exceeded: false,
+        },
+        reads,
+        host_calls: 0,
+        host_call_limit: limits.host_calls,
+        controller: request.controller.clone(),
+        object: request.target.to_string(),
+    };
+    let mut store = Store::new(engine, state);
+    store.limiter(|s| &mut s.limiter);
+    store.set_epoch_deadline(deadline_ticks(limits.timeout, tick));
+    store.epoch_deadline_trap();
+
+    let started = Instant::now();
+    let result = pre
+        .instantiate(&mut store)
+        .and_then(|guest| guest.call_reconcile(&mut store, &request.to_wit()));
+    let elapsed = started.elapsed();
+    let (stdout, stderr) = (stdout.take(), stderr.take());
+    log_output(request, "stdout", &stdout);
+    log_output(request, "stderr", &stderr);
+    let state = store.into_data();
+
+    let response = match result {
+        Ok(Ok(response)) => response,
+        Ok(Err(e)) => {
+            return Err(CallError::Guest {
+                message: e.message,
+                retryable: e.retryable,
+            });
+        }
+        Err(err) => return Err(classify(err, &state, &stderr, limits)),
+    };
+    let response =
+        Response::from_wit(response, limits.response_bytes).map_err(CallError::InvalidResponse)?;
+    Ok(CallOutcome {
+        response,
+        stdout,
+        stderr,
+        host_calls: state.host_calls,
+        elapsed,
+    })
+}
+
+fn deadline_ticks(timeout: Duration, tick: Duration) -> u64 {
+    let ticks = timeout.as_nanos().div_ceil(tick.as_nanos().max(1));
+    // One extra tick: the deadline may land just after an increment.
+    u64::try_from(ticks).unwrap_or(u64::MAX - 1) + 1
+}
+
+fn classify(
+    err: wasmtime::Error,
+    state: &CallState,
+    stderr: &Captured,
+    limits: &Limits,
+) -> CallError {
+    if state.limiter.exceeded {
+        return CallError::MemoryLimitExceeded {
+            limit: limits.memory_bytes,
+        };
+    }
+    if let Some(HostCallLimitHit(limit)) = err.downcast_ref::<HostCallLimitHit>() {
+        return CallError::HostCallLimit { limit: *limit };
+    }
+    match err.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => CallError::Timeout {
+            limit: limits.timeout,
+        },
+        Some(Trap::StackOverflow) => CallError::StackOverflow,
+        Some(Trap::UnreachableCodeReached) => match panic_message(&stderr.text()) {
+            Some(message) => CallError::Panicked {
+                message: Some(message),
+            },
+            None => CallError::Trap(format!("{err:#}")),
+        },
+        _ => CallError::Trap(format!("{err:#}")),
+    }
+}
+
+/// Pulls the panic message out of what Rust's default panic hook printed:
+/// `thread '<unnamed>' panicked at src/lib.rs:5:9:\n<message>\nnote: ...`.
+fn panic_message(stderr: &str) -> Option<String> {
+    let at = stderr.find("panicked at ")?;
+    let rest = &stderr[at + "panicked at ".len()..];
+    let (location, message) = rest.split_once('\n').unwrap_or((rest, ""));
+    let message: Vec<&str> = message
+        .lines()
+        .take_while(|l| !l.starts_with("note: "))
+        .collect();
+    let location = location.trim_end_matches(':');
+    Some(format!("{} (at {location})", message.join("\n").trim()))
+}
+
+fn log_output(request: &Request, stream: &str, captured: &Captured) {
+    let controller = request.controller.as_str();
+    let object = request.target.to_string();
+    for line in captured.text().lines().filter(|l| !l.is_empty()) {
+        if stream == "stderr" {
+            tracing::warn!(
+                controller,
+                object = object.as_str(),
+                stream,
+                "guest: {line}"
+            );
+        } else {
+            tracing::info!(
+                controller,
+                object = object.as_str(),
+                stream,
+                "guest: {line}"
+            );
+        }
+    }
+    if captured.dropped > 0 {
+        tracing::warn!(
+            controller,
+            object = object.as_str(),
+            stream,
+            dropped_bytes = captured.dropped,
+            "guest output over the limit of {} bytes was dropped",
+            captured.kept.len()
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn panic_message_is_extracted() {
+        let stderr = "\nthread '<unnamed>' panicked at src/lib.rs:5:9:\nboom went the guest\nnote: run with `RUST_BACKTRACE=1`\n";
+        assert_eq!(
+            panic_message(stderr).as_deref(),
+            Some("boom went the guest (at src/lib.rs:5:9)")
+        );
+        assert_eq!(panic_message("nothing here"), None);
+    }
+
+    #[test]
+    fn deadline_rounds_up_and_adds_a_tick() {
+        assert_eq!(
+            deadline_ticks(Duration::from_secs(1), Duration::from_millis(10)),
+            101
+        );
+        assert_eq!(
+            deadline_ticks(Duration::from_millis(15), Duration::from_millis(10)),
+            3
+        );
+    }
+}

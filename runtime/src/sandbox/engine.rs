@@ -1,0 +1,265 @@
+//! One Engine for the process, a cache of compiled guests by digest, and the epoch ticker.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sha2::{Digest as _, Sha256};
+use wasmtime::component::{Component, Linker};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+use super::bindings::ControllerPre;
+use super::call::{self, CallOutcome, CallState};
+use super::error::{CallError, LoadError};
+use super::limits::Limits;
+use super::types::{Reads, Request};
+
+/// Engine-wide settings. Per-call limits live in [`Limits`].
+#[derive(Debug, Clone)]
+pub struct SandboxConfig {
+    /// Guest instances that may exist at once (the pooling allocator's size); calls beyond
+    /// this wait for a free slot.
+    pub max_instances: u32,
+    /// The largest per-call memory limit any controller may ask for (pool slot size).
+    pub max_memory_bytes: usize,
+    /// The largest module accepted.
+    pub max_module_bytes: usize,
+    /// How often the epoch advances; deadlines are counted in these ticks.
+    pub epoch_tick: Duration,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            max_instances: 32,
+            max_memory_bytes: 512 << 20,
+            max_module_bytes: 16 << 20,
+            epoch_tick: Duration::from_millis(10),
+        }
+    }
+}
+
+/// sha256 of a module's bytes; modules are compiled once per digest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Digest(pub [u8; 32]);
+
+impl Digest {
+    /// Digest of these bytes.
+    pub fn of(bytes: &[u8]) -> Digest {
+        Digest(Sha256::digest(bytes).into())
+    }
+
+    /// Lowercase hex, without prefix.
+    pub fn hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+impl std::fmt::Display for Digest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "sha256:{}", self.hex())
+    }
+}
+
+/// A compiled, pre-instantiated guest: cheap to call many times, each call in a fresh Store.
+pub struct GuestPre {
+    digest: Digest,
+    size: usize,
+    pre: ControllerPre<CallState>,
+    engine: Engine,
+    epoch_tick: Duration,
+}
+
+impl std::fmt::Debug for GuestPre {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuestPre")
+            .field("digest", &self.digest)
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+impl GuestPre {
+    /// The module's digest.
+    pub fn digest(&self) -> Digest {
+        self.digest
+    }
+
+    /// The module's size in bytes.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Runs one reconcile on this thread, in a fresh Store with `limits`.
+    pub fn call(
+        &self,
+        request: &Request,
+        reads: Arc<dyn Reads>,
+        limits: &Limits,
+    ) -> Result<CallOutcome, CallError> {
+        call::run(
+            &self.engine,
+            &self.pre,
+            self.epoch_tick,
+            request,
+            reads,
+            limits,
+        )
+    }
+}
+
+struct Inner {
+    engine: Engine,
+    linker: Linker<CallState>,
+    modules: Mutex<HashMap<Digest, Arc<GuestPre>>>,
+    permits: Arc<tokio::sync::Semaphore>,
+    config: SandboxConfig,
+}
+
+/// The process-wide sandbox. Cloning is cheap and shares everything.
+#[derive(Clone)]
+pub struct Sandbox {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Sandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sandbox")
+            .field("config", &self.inner.config)
+            .finish()
+    }
+}
+
+impl Sandbox {
+    /// Builds the Engine (epoch interruption, pooling allocator) and starts its epoch ticker.
+    pub fn new(config: SandboxConfig) -> Result<Sandbox, LoadError> {
+        let engine = Engine::new(&engine_config(&config)).map_err(LoadError::Engine)?;
+        let mut linker = Linker::new(&engine);
+        call::add_to_linker(&mut linker).map_err(LoadError::Engine)?;
+        start_epoch_ticker(&engine, config.epoch_tick);
+        Ok(Sandbox {
+            inner: Arc::new(Inner {
+                engine,
+                linker,
+                modules: Mutex::new(HashMap::new()),
+                permits: Arc::new(tokio::sync::Semaphore::new(config.max_instances as usize)),
+                config,
+            }),
+        })
+    }
+
+    /// Compiles and validates a module, or returns the cached guest with the same digest.
+    pub fn load(&self, bytes: &[u8]) -> Result<Arc<GuestPre>, LoadError> {
+        let digest = Digest::of(bytes);
+        if let Some(guest) = self.lock_modules().get(&digest) {
+            return Ok(guest.clone());
+        }
+        let guest = Arc::new(self.compile(bytes, digest)?);
+        self.lock_modules().insert(digest, guest.clone());
+        Ok(guest)
+    }
+
+    /// Drops compiled modules no longer in `keep` (e.g. after a hot reload).
+    pub fn retain(&self, keep: &[Digest]) {
+        self.lock_modules().retain(|d, _| keep.contains(d));
+    }
+
+    /// Runs one reconcile on a blocking thread, waiting for a free instance slot first.
+    /// The epoch deadline stops guest code; the outer timeout also covers time spent in the host.
+    pub async fn reconcile(
+        &self,
+        guest: Arc<GuestPre>,
+        request: Request,
+        reads: Arc<dyn Reads>,
+        limits: Limits,
+    ) -> Result<CallOutcome, CallError> {
+        let permit = self
+            .inner
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| CallError::Internal("sandbox is shutting down".into()))?;
+        let task = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            guest.call(&request, reads, &limits)
+        });
+        let grace = limits.timeout + Duration::from_secs(1);
+        match tokio::time::timeout(grace, task).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(join)) => Err(CallError::Internal(format!(
+                "guest call thread failed: {join}"
+            ))),
+            Err(_) => Err(CallError::Timeout {
+                limit: limits.timeout,
+            }),
+        }
+    }
+
+    fn compile(&self, bytes: &[u8], digest: Digest) -> Result<GuestPre, LoadError> {
+        let limit = self.inner.config.max_module_bytes;
+        if bytes.len() > limit {
+            return Err(LoadError::TooLarge {
+                size: bytes.len(),
+                limit,
+            });
+        }
+        match bytes.get(..8) {
+            Some([0, b'a', b's', b'm', 1, 0, 0, 0]) => return Err(LoadError::NotAComponent),
+            Some([0, b'a', b's', b'm', ..]) => {}
+            _ => return Err(LoadError::NotWasm),
+        }
+        let component = Component::new(&self.inner.engine, bytes).map_err(LoadError::Compile)?;
+        let instance_pre = self
+            .inner
+            .linker
+            .instantiate_pre(&component)
+            .map_err(LoadError::WrongWorld)?;
+        let pre = ControllerPre::new(instance_pre).map_err(LoadError::WrongWorld)?;
+        Ok(GuestPre {
+            digest,
+            size: bytes.len(),
+            pre,
+            engine: self.inner.engine.clone(),
+            epoch_tick: self.inner.config.epoch_tick,
+        })
+    }
+
+    fn lock_modules(&self) -> std::sync::MutexGuard<'_, HashMap<Digest, Arc<GuestPre>>> {
+        self.inner.modules.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn engine_config(config: &SandboxConfig) -> Config {
+    let mut pool = PoolingAllocationConfig::new();
+    let n = config.max_instances;
+    pool.total_component_instances(n)
+        .total_core_instances(n * 16)
+        .max_core_instances_per_component(16)
+        .total_memories(n * 2)
+        .max_memories_per_component(2)
+        .total_tables(n * 8)
+        .max_tables_per_component(8)
+        .max_memory_size(config.max_memory_bytes);
+    let mut cfg = Config::new();
+    cfg.wasm_component_model(true)
+        .epoch_interruption(true)
+        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    cfg
+}
+
+/// Advances the epoch every `tick` for as long as the Engine lives. The thread holds only a
+/// weak reference, so it ends when the last Engine clone is dropped.
+fn start_epoch_ticker(engine: &Engine, tick: Duration) {
+    let weak = engine.weak();
+    std::thread::Builder::new()
+        .name("kubewasm-epoch".into())
+        .spawn(move || {
+            while let Some(engine) = weak.upgrade() {
+                engine.increment_epoch();
+                drop(engine);
+                std::thread::sleep(tick);
+            }
+        })
+        .expect("spawning the epoch ticker thread");
+}

@@ -1,0 +1,20 @@
+//! The WebAssembly sandbox: compiles guests, runs one reconcile per fresh Store, maps traps.
+//!
+//! Knows wasmtime and serde only; Kubernetes reaches it as JSON through [`Reads`].
+
+mod bindings;
+mod call;
+mod engine;
+mod error;
+mod limits;
+mod output;
+mod types;
+
+pub use call::CallOutcome;
+pub use engine::{Digest, GuestPre, Sandbox, SandboxConfig};
+pub use error::{CallError, LoadError};
+pub use limits::Limits;
+pub use output::Captured;
+pub use types::{
+    Action, DeleteSelector, Event, EventType, NoReads, ObjectRef, Reads, Request, Response,
+};
