@@ -1,5 +1,5 @@
 //! Reads and logging a guest may use while reconciling, behind a trait so that native tests
-//! can hand the guest a fake cluster ([`crate::testing::FakeCluster`]).
+//! can hand the guest a fake cluster (`testing::FakeCluster`, native only).
 
 use serde_json::Value;
 

@@ -4,7 +4,7 @@
 //! children) to a typed [`Response`] (actions for the host to carry out), with read access to
 //! the cluster through the [`Cluster`] trait. [`export_reconciler!`] turns it into the
 //! `reconcile` export of the `kubewasm:controller` WIT world when built for `wasm32-wasip2`;
-//! on the host the same function runs in ordinary tests against [`testing::FakeCluster`].
+//! on the host the same function runs in ordinary tests against `testing::FakeCluster`.
 //!
 //! ```no_run
 //! use kubewasm_guest_sdk::{Cluster, Error, Request, Response, object};

@@ -1,1 +1,130 @@
-//! placeholder
+//! A hostile guest for the runtime's sandbox tests: one build, the misbehaviour chosen by the
+//! parent object's `spec.mode`.
+//!
+//! | `spec.mode` | behaviour |
+//! | --- | --- |
+//! | `ok` (or no parent, or no mode) | Apply ConfigMap `<target name>` with `data.mode: ok`, SetStatus `{"ok": true}` |
+//! | `loop` | computes forever, no host calls |
+//! | `alloc` | allocates 1 MiB chunks filled with data, forever |
+//! | `panic` | panics with `hostile guest panicked on purpose` |
+//! | `recurse` | unbounded recursion on wasm locals: a wasm stack overflow trap |
+//! | `flood` | writes 8 MiB of `hostile guest flooding stdout` lines to stdout, then behaves like `ok` |
+//! | `huge-response` | Applies a ConfigMap whose `data.big` is a 100 MiB string |
+//! | `get-loop` | calls `get("v1", "ConfigMap", None, "x")` forever |
+//! | `error` | returns the permanent error `hostile guest refuses` |
+//! | `bad-object` | Applies the JSON number `42` |
+//! | `read` | lists ConfigMaps once and sets status `{"seen": <count>}` |
+//!
+//! Any other mode is a permanent error naming the mode.
+
+use std::hint::black_box;
+use std::io::Write as _;
+
+use kubewasm_guest_sdk::{Cluster, Error, Request, Response, object};
+use serde_json::json;
+
+/// The line `flood` writes, so tests can recognise it in captured output.
+pub const FLOOD_LINE: &str = "hostile guest flooding stdout";
+
+/// How much `flood` writes.
+pub const FLOOD_BYTES: usize = 8 << 20;
+
+/// Do whatever `spec.mode` asks for.
+pub fn reconcile(req: &Request, cluster: &dyn Cluster) -> Result<Response, Error> {
+    let mode = req
+        .parent
+        .as_ref()
+        .and_then(|parent| object::spec_str(parent, "mode"))
+        .unwrap_or("ok");
+    match mode {
+        "ok" => Ok(well_behaved(req)),
+        "loop" => spin(),
+        "alloc" => hoard(),
+        "panic" => panic!("hostile guest panicked on purpose"),
+        "recurse" => {
+            let result = recurse(black_box(1));
+            Ok(Response::new().set_status(json!({ "unreachable": result })))
+        }
+        "flood" => {
+            flood();
+            Ok(well_behaved(req))
+        }
+        "huge-response" => Ok(huge_response(req)),
+        "get-loop" => loop {
+            let _ = black_box(cluster.get("v1", "ConfigMap", None, "x"));
+        },
+        "error" => Err(Error::permanent("hostile guest refuses")),
+        "bad-object" => Ok(Response::new().apply(json!(42))),
+        "read" => {
+            let seen = cluster.list("v1", "ConfigMap", None, None)?.len();
+            Ok(Response::new().set_status(json!({ "seen": seen })))
+        }
+        other => Err(Error::permanent(format!("unknown hostile mode {other:?}"))),
+    }
+}
+
+fn well_behaved(req: &Request) -> Response {
+    let config_map = object::object(
+        "v1",
+        "ConfigMap",
+        req.target.namespace.as_deref(),
+        &req.target.name,
+    )
+    .data(json!({ "mode": "ok" }));
+    Response::new()
+        .apply(config_map)
+        .set_status(json!({ "ok": true }))
+}
+
+fn spin() -> ! {
+    let mut counter: u64 = 0;
+    loop {
+        counter = black_box(counter.wrapping_add(1));
+    }
+}
+
+fn hoard() -> ! {
+    let mut chunks: Vec<Vec<u8>> = Vec::new();
+    loop {
+        chunks.push(vec![0xA5; 1 << 20]);
+        black_box(&chunks);
+    }
+}
+
+/// Each frame holds only wasm locals (no address taken, so nothing on the shadow stack in
+/// linear memory), and the work after the call keeps LLVM from turning it into a loop.
+#[inline(never)]
+fn recurse(n: u64) -> u64 {
+    if n == 0 {
+        return 0;
+    }
+    recurse(n.wrapping_add(1)).rotate_left(1) ^ n
+}
+
+fn flood() {
+    let mut stdout = std::io::stdout().lock();
+    let mut written = 0;
+    let mut line = 0u64;
+    while written < FLOOD_BYTES {
+        let text = format!("{FLOOD_LINE} {line:08}\n");
+        // A host that stops taking output must not turn the flood into a panic.
+        let _ = stdout.write_all(text.as_bytes());
+        written += text.len();
+        line += 1;
+    }
+    let _ = stdout.flush();
+}
+
+fn huge_response(req: &Request) -> Response {
+    let big = "x".repeat(100 << 20);
+    let config_map = object::object(
+        "v1",
+        "ConfigMap",
+        req.target.namespace.as_deref(),
+        &req.target.name,
+    )
+    .data(json!({ "big": big }));
+    Response::new().apply(config_map)
+}
+
+kubewasm_guest_sdk::export_reconciler!(reconcile);
