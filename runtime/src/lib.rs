@@ -5,5 +5,7 @@
 //! - [`host`] joins them: grants, guest reads, actions turned into API calls.
 
 pub mod api;
+pub mod controller;
 pub mod host;
+pub mod manager;
 pub mod sandbox;

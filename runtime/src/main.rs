@@ -23,6 +23,8 @@ enum Command {
     Reconcile(cli::reconcile::Args),
     /// Compile and validate a guest module and print its digest.
     Check(cli::check::Args),
+    /// Host the cluster's WasmControllers (kubeconfig or in-cluster config) until SIGTERM.
+    Run(cli::run::Args),
     /// Print the CustomResourceDefinitions of the kubewasm.dev API.
     Crds,
 }
@@ -33,6 +35,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Reconcile(args) => cli::reconcile::run(args),
         Command::Check(args) => cli::check::run(args),
+        Command::Run(args) => cli::run::run(args),
         Command::Crds => {
             print!("{}", kubewasm::api::crds_yaml());
             Ok(())

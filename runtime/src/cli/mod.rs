@@ -2,6 +2,7 @@
 
 pub mod check;
 pub mod reconcile;
+pub mod run;
 mod yaml;
 
 use tracing_subscriber::EnvFilter;

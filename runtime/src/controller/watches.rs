@@ -1,0 +1,190 @@
+//! Shared watches: one watch and one cache per kind, for every controller that needs it.
+//!
+//! A hundred controllers of ConfigMaps cost one ConfigMap watch. Each watch relists on
+//! disconnects and `410 Gone` (kube-runtime's watcher with backoff) and, after every
+//! (re)list, announces every object it had or has, so subscribers catch up on whatever
+//! happened while the connection was down.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::Client;
+use kube::api::DynamicObject;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::broadcast;
+
+use super::discovery::Kind;
+
+/// Namespace and name of an object.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectKey {
+    /// Namespace, `None` for cluster-scoped objects.
+    pub namespace: Option<String>,
+    /// Name.
+    pub name: String,
+}
+
+impl ObjectKey {
+    /// The key of an object.
+    pub fn of(object: &DynamicObject) -> ObjectKey {
+        ObjectKey {
+            namespace: object.metadata.namespace.clone(),
+            name: object.metadata.name.clone().unwrap_or_default(),
+        }
+    }
+}
+
+impl std::fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{ns}/{}", self.name),
+            None => f.write_str(&self.name),
+        }
+    }
+}
+
+/// Something about an object may have changed.
+#[derive(Debug, Clone)]
+pub struct Change {
+    /// Which object.
+    pub key: ObjectKey,
+    /// Its owners as last seen (to find the parent of a child).
+    pub owners: Vec<OwnerReference>,
+}
+
+/// One running watch of one kind, with its cache.
+pub struct Watch {
+    kind: Kind,
+    store: Store<DynamicObject>,
+    changes: broadcast::Sender<Arc<Change>>,
+}
+
+impl Watch {
+    /// The cache. Empty until [`Watch::ready`].
+    pub fn store(&self) -> &Store<DynamicObject> {
+        &self.store
+    }
+
+    /// The kind watched.
+    pub fn kind(&self) -> &Kind {
+        &self.kind
+    }
+
+    /// Changes from now on. A receiver that lags must treat everything as changed.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Change>> {
+        self.changes.subscribe()
+    }
+
+    /// Waits until the first list has filled the cache.
+    pub async fn ready(&self) {
+        // The writer lives as long as the watch task, which lives as long as the process.
+        let _ = self.store.wait_until_ready().await;
+    }
+}
+
+/// All watches of the process, by kind.
+#[derive(Clone)]
+pub struct SharedWatches {
+    client: Client,
+    watches: Arc<Mutex<HashMap<(String, String), Arc<Watch>>>>,
+}
+
+impl SharedWatches {
+    /// No watches yet; they start on first use.
+    pub fn new(client: Client) -> Self {
+        SharedWatches {
+            client,
+            watches: Arc::default(),
+        }
+    }
+
+    /// The watch of a kind, started on first request and shared afterwards.
+    pub fn watch(&self, kind: &Kind) -> Arc<Watch> {
+        let key = (
+            kind.resource.api_version.clone(),
+            kind.resource.kind.clone(),
+        );
+        let mut watches = self.watches.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(w) = watches.get(&key) {
+            return w.clone();
+        }
+        let watch = start(self.client.clone(), kind.clone());
+        watches.insert(key, watch.clone());
+        watch
+    }
+
+    /// How many watches run (one per kind).
+    pub fn len(&self) -> usize {
+        self.watches.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Whether no watch runs.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn start(client: Client, kind: Kind) -> Arc<Watch> {
+    let writer = reflector::store::Writer::<DynamicObject>::new(kind.resource.clone());
+    let store = writer.as_reader();
+    let (changes, _) = broadcast::channel(4096);
+    let watch = Arc::new(Watch {
+        kind: kind.clone(),
+        store: store.clone(),
+        changes: changes.clone(),
+    });
+    let api = kind.api(client, None);
+    let what = format!("{} ({})", kind.resource.kind, kind.resource.api_version);
+    tokio::spawn(async move {
+        tracing::info!(kind = what.as_str(), "starting shared watch");
+        let stream = reflector::reflector(
+            writer,
+            watcher(api, watcher::Config::default()).default_backoff(),
+        );
+        let mut stream = std::pin::pin!(stream);
+        let mut before_relist: HashSet<ObjectKey> = HashSet::new();
+        while let Some(event) = stream.next().await {
+            let send = |object: &DynamicObject| {
+                let owners = object.metadata.owner_references.clone().unwrap_or_default();
+                let _ = changes.send(Arc::new(Change {
+                    key: ObjectKey::of(object),
+                    owners,
+                }));
+            };
+            match event {
+                Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o)) => send(&o),
+                Ok(watcher::Event::Init) => {
+                    // Remember what we had, to announce objects that vanished while we were away.
+                    before_relist = store.state().iter().map(|o| ObjectKey::of(o)).collect();
+                }
+                Ok(watcher::Event::InitApply(_)) => {}
+                Ok(watcher::Event::InitDone) => {
+                    let now = store.state();
+                    tracing::debug!(
+                        kind = what.as_str(),
+                        objects = now.len(),
+                        "watch (re)listed"
+                    );
+                    for object in &now {
+                        before_relist.remove(&ObjectKey::of(object));
+                        send(object);
+                    }
+                    for key in before_relist.drain() {
+                        let _ = changes.send(Arc::new(Change {
+                            key,
+                            owners: Vec::new(),
+                        }));
+                    }
+                }
+                Err(err) => tracing::warn!(
+                    kind = what.as_str(),
+                    "watch failed, retrying with backoff: {err}"
+                ),
+            }
+        }
+    });
+    watch
+}

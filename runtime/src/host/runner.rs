@@ -1,0 +1,339 @@
+//! One live controller: feeds its work queue from the shared watches, calls the guest for each
+//! key, carries out the actions, and keeps the counters its status reports.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use kube::Client;
+use kube::api::DynamicObject;
+use kubewasm_guest_sdk::selector::Selector;
+use serde_json::Value;
+use tokio::sync::{Semaphore, broadcast};
+use tracing::Instrument;
+
+use crate::controller::{Backoff, Change, ObjectKey, Resolver, Watch, WorkQueue};
+use crate::sandbox::{GuestPre, Limits, ObjectRef, Request, Sandbox};
+
+use super::actions::{ChildKind, Executor};
+use super::cache::{CacheSource, find, to_json};
+use super::grants::Permissions;
+use super::reads::GrantedReads;
+
+/// Counters and the last error, for the controller's status.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Reconcile calls made.
+    pub reconciles: AtomicU64,
+    /// Reconcile calls that failed.
+    pub failures: AtomicU64,
+    /// The last failure, cleared by the next success.
+    pub last_error: Mutex<Option<(String, String)>>,
+}
+
+/// Everything a running controller needs; built by the manager from a WasmController.
+pub struct ControllerSetup {
+    /// `namespace/name` (or `name` for cluster controllers).
+    pub id: String,
+    /// The namespace a WasmController is confined to; `None` for cluster controllers.
+    pub namespace: Option<String>,
+    /// The parent kind's watch.
+    pub parent: Arc<Watch>,
+    /// Only parents matching this selector.
+    pub parent_selector: Option<Selector>,
+    /// Owned kinds and their watches.
+    pub children: Vec<(ChildKind, Arc<Watch>)>,
+    /// Caches the guest may read from.
+    pub reads: CacheSource,
+    /// Declared permissions.
+    pub permissions: Arc<Permissions>,
+    /// Per-call limits.
+    pub limits: Limits,
+    /// Reconciles of this controller at once.
+    pub concurrency: usize,
+    /// Reconcile every parent at least this often.
+    pub resync: Duration,
+    /// Client impersonating the controller's ServiceAccount.
+    pub client: Client,
+    /// Kind lookups.
+    pub resolver: Resolver,
+    /// The shared sandbox.
+    pub sandbox: Sandbox,
+}
+
+/// A running controller.
+pub struct Runner {
+    setup: ControllerSetup,
+    guest: RwLock<Arc<GuestPre>>,
+    queue: WorkQueue<ObjectKey>,
+    backoff: Backoff<ObjectKey>,
+    stats: Stats,
+}
+
+impl Runner {
+    /// A controller running `guest`; call [`Runner::run`] to start it.
+    pub fn new(setup: ControllerSetup, guest: Arc<GuestPre>) -> Arc<Runner> {
+        Arc::new(Runner {
+            setup,
+            guest: RwLock::new(guest),
+            queue: WorkQueue::default(),
+            backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(300)),
+            stats: Stats::default(),
+        })
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// The module now running.
+    pub fn guest(&self) -> Arc<GuestPre> {
+        self.guest.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Swaps in a new module (hot reload) and reconciles every parent with it.
+    pub fn swap_guest(&self, guest: Arc<GuestPre>) {
+        *self.guest.write().unwrap_or_else(|e| e.into_inner()) = guest;
+        self.enqueue_all();
+    }
+
+    /// Stops handing out work; running reconciles finish.
+    pub fn stop(&self) {
+        self.queue.close();
+    }
+
+    fn in_scope(&self, key: &ObjectKey) -> bool {
+        match &self.setup.namespace {
+            Some(ns) => key.namespace.as_deref() == Some(ns.as_str()),
+            None => true,
+        }
+    }
+
+    fn enqueue_all(&self) {
+        for parent in self.setup.parent.store().state() {
+            let key = ObjectKey::of(&parent);
+            if self.in_scope(&key) {
+                self.queue.add(key);
+            }
+        }
+    }
+
+    /// Runs until [`Runner::stop`]: waits for the caches, then reconciles.
+    pub async fn run(self: Arc<Self>) {
+        let parent_changes = self.setup.parent.subscribe();
+        let child_changes: Vec<_> = self
+            .setup
+            .children
+            .iter()
+            .map(|(_, w)| w.subscribe())
+            .collect();
+        self.setup.parent.ready().await;
+        for (_, w) in &self.setup.children {
+            w.ready().await;
+        }
+        tracing::info!(
+            controller = self.setup.id.as_str(),
+            "caches synced, starting to reconcile"
+        );
+        self.enqueue_all();
+
+        let mut feeders = vec![tokio::spawn(self.clone().feed(parent_changes, None))];
+        for rx in child_changes {
+            feeders.push(tokio::spawn(self.clone().feed(rx, Some(()))));
+        }
+        feeders.push(tokio::spawn(self.clone().resync()));
+
+        let permits = Arc::new(Semaphore::new(self.setup.concurrency.max(1)));
+        while let Some(key) = self.queue.next().await {
+            let Ok(permit) = permits.clone().acquire_owned().await else {
+                break;
+            };
+            let this = self.clone();
+            tokio::spawn(async move {
+                this.reconcile(&key).await;
+                this.queue.done(&key);
+                drop(permit);
+            });
+        }
+        for f in feeders {
+            f.abort();
+        }
+        // Let running reconciles finish.
+        let _ = permits
+            .acquire_many(self.setup.concurrency.max(1) as u32)
+            .await;
+    }
+
+    async fn feed(self: Arc<Self>, mut rx: broadcast::Receiver<Arc<Change>>, child: Option<()>) {
+        let parent = &self.setup.parent.kind().resource;
+        loop {
+            match rx.recv().await {
+                Ok(change) => {
+                    let key = match child {
+                        None => Some(change.key.clone()),
+                        Some(()) => change
+                            .owners
+                            .iter()
+                            .find(|o| {
+                                o.controller == Some(true)
+                                    && o.kind == parent.kind
+                                    && o.api_version == parent.api_version
+                            })
+                            .map(|o| ObjectKey {
+                                namespace: change.key.namespace.clone(),
+                                name: o.name.clone(),
+                            }),
+                    };
+                    if let Some(key) = key.filter(|k| self.in_scope(k)) {
+                        self.queue.add(key);
+                    }
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => self.enqueue_all(),
+                Err(broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    }
+
+    async fn resync(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(self.setup.resync);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            self.enqueue_all();
+        }
+    }
+
+    async fn reconcile(&self, key: &ObjectKey) {
+        let span =
+            tracing::info_span!("reconcile", controller = self.setup.id.as_str(), object = %key);
+        let result = self.reconcile_inner(key).instrument(span.clone()).await;
+        let _enter = span.enter();
+        match result {
+            Ok(Some(after)) => {
+                self.backoff.succeeded(key);
+                self.queue.add_after(key.clone(), after);
+            }
+            Ok(None) => self.backoff.succeeded(key),
+            Err((reason, message)) => {
+                self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                let delay = self.backoff.failed(key.clone());
+                tracing::warn!(reason, retry_in = ?delay, "reconcile failed: {message}");
+                *self
+                    .stats
+                    .last_error
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) =
+                    Some((reason.to_owned(), format!("{key}: {message}")));
+                self.queue.add_after(key.clone(), delay);
+                return;
+            }
+        }
+        *self
+            .stats
+            .last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// `Ok(Some(d))`: reconcile again after `d`. `Err((reason, message))`: failed.
+    async fn reconcile_inner(
+        &self,
+        key: &ObjectKey,
+    ) -> Result<Option<Duration>, (&'static str, String)> {
+        let s = &self.setup;
+        let parent_watch = &s.parent;
+        let parent = find(parent_watch, key);
+        if let (Some(p), Some(sel)) = (&parent, &s.parent_selector) {
+            let labels = p.metadata.labels.clone().unwrap_or_default();
+            if !sel.matches(&labels) {
+                return Ok(None);
+            }
+        }
+        let parent_json = parent.as_ref().map(|p| to_json(parent_watch, p));
+        let children = match &parent {
+            Some(p) => self.children_of(p),
+            None => Vec::new(),
+        };
+        let resource = &parent_watch.kind().resource;
+        let target = ObjectRef {
+            api_version: resource.api_version.clone(),
+            kind: resource.kind.clone(),
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
+        };
+        let request = Request {
+            controller: s.id.clone(),
+            target: target.clone(),
+            parent: parent_json.clone(),
+            children: children.clone(),
+        };
+        let reads = Arc::new(GrantedReads::new(
+            Arc::new(s.reads.clone()),
+            s.permissions.clone(),
+            key.namespace.clone(),
+        ));
+        self.stats.reconciles.fetch_add(1, Ordering::Relaxed);
+        let outcome = s
+            .sandbox
+            .reconcile(self.guest(), request, reads, s.limits)
+            .await
+            .map_err(|e| (e.reason(), e.to_string()))?;
+        let child_kinds: Vec<ChildKind> = s.children.iter().map(|(c, _)| c.clone()).collect();
+        let executor = Executor {
+            client: s.client.clone(),
+            resolver: &s.resolver,
+            permissions: &s.permissions,
+            field_manager: format!("kubewasm/{}", s.id),
+            parent_kind: parent_watch.kind(),
+            parent: parent_json.as_ref(),
+            target: &target,
+            child_kinds: &child_kinds,
+            children: &children,
+        };
+        let done = executor
+            .execute(&outcome.response.actions)
+            .await
+            .map_err(|e| ("ActionFailed", e.to_string()))?;
+        for change in &done.changes {
+            tracing::info!("{change}");
+        }
+        tracing::debug!(
+            elapsed_ms = outcome.elapsed.as_secs_f64() * 1e3,
+            actions = outcome.response.actions.len(),
+            "reconciled"
+        );
+        let after = [outcome.response.requeue_after(), done.requeue_after]
+            .into_iter()
+            .flatten()
+            .min();
+        Ok(after)
+    }
+
+    fn children_of(&self, parent: &DynamicObject) -> Vec<Value> {
+        let Some(uid) = parent.metadata.uid.as_deref() else {
+            return Vec::new();
+        };
+        let mut found = Vec::new();
+        for (_, watch) in &self.setup.children {
+            for child in watch.store().state() {
+                let owned = child
+                    .metadata
+                    .owner_references
+                    .as_deref()
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|o| o.controller == Some(true) && o.uid == uid);
+                if owned && child.metadata.namespace == parent.metadata.namespace {
+                    found.push(to_json(watch, &child));
+                }
+            }
+        }
+        found.sort_by(|a, b| {
+            a["metadata"]["name"]
+                .as_str()
+                .cmp(&b["metadata"]["name"].as_str())
+        });
+        found
+    }
+}

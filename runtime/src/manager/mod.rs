@@ -1,0 +1,546 @@
+//! The live runtime: watches WasmControllers and the ConfigMaps holding their modules, starts
+//! and stops controllers, hot-reloads modules, and writes each controller's status.
+
+mod status;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use kubewasm_guest_sdk::selector::Selector;
+use tokio::task::JoinHandle;
+
+use crate::api::{ClusterWasmController, Verb, WasmController, WasmControllerSpec};
+use crate::controller::{ObjectKey, Resolver, SharedWatches, Watch};
+use crate::host::{CacheSource, ChildKind, ControllerSetup, Permissions, Runner, module};
+use crate::sandbox::{GuestPre, Sandbox, SandboxConfig};
+
+pub use status::Problem;
+
+/// Settings of the live runtime.
+#[derive(Debug, Clone)]
+pub struct ManagerConfig {
+    /// Sandbox settings (instance pool size etc.).
+    pub sandbox: SandboxConfig,
+    /// How often modules given as file paths are re-read for changes.
+    pub module_poll: Duration,
+    /// How often controller statuses are written (when changed).
+    pub status_interval: Duration,
+    /// How often controllers that could not start are tried again.
+    pub retry_interval: Duration,
+}
+
+impl Default for ManagerConfig {
+    fn default() -> Self {
+        ManagerConfig {
+            sandbox: SandboxConfig::default(),
+            module_poll: Duration::from_secs(5),
+            status_interval: Duration::from_secs(2),
+            retry_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Names a WasmController (`namespace: Some`) or a ClusterWasmController (`None`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ControllerId {
+    /// Namespace of a WasmController.
+    pub namespace: Option<String>,
+    /// Name.
+    pub name: String,
+}
+
+impl std::fmt::Display for ControllerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{ns}/{}", self.name),
+            None => write!(f, "{}", self.name),
+        }
+    }
+}
+
+/// What the manager knows of one declared controller.
+struct Managed {
+    spec: WasmControllerSpec,
+    generation: Option<i64>,
+    runner: Option<(Arc<Runner>, JoinHandle<()>)>,
+    guest: Option<Arc<GuestPre>>,
+    module_problem: Option<Problem>,
+    setup_problem: Option<Problem>,
+    written: Option<crate::api::WasmControllerStatus>,
+}
+
+/// The live runtime.
+pub struct Manager {
+    client: Client,
+    base_config: kube::Config,
+    config: ManagerConfig,
+    sandbox: Sandbox,
+    watches: SharedWatches,
+    resolver: Resolver,
+    controllers: HashMap<ControllerId, Managed>,
+    config_maps: Option<Arc<Watch>>,
+}
+
+enum Declared {
+    Upsert(ControllerId, Option<i64>, Box<WasmControllerSpec>),
+    Delete(ControllerId),
+    Relisted(HashSet<ControllerId>, bool),
+}
+
+impl Manager {
+    /// A manager acting with `base_config`'s identity for watches and statuses.
+    pub fn new(base_config: kube::Config, config: ManagerConfig) -> anyhow::Result<Manager> {
+        let client = Client::try_from(base_config.clone())?;
+        let sandbox = Sandbox::new(config.sandbox.clone())?;
+        Ok(Manager {
+            watches: SharedWatches::new(client.clone()),
+            resolver: Resolver::new(client.clone()),
+            client,
+            base_config,
+            config,
+            sandbox,
+            controllers: HashMap::new(),
+            config_maps: None,
+        })
+    }
+
+    /// Runs until `shutdown` resolves, then stops every controller and lets running
+    /// reconciles finish.
+    pub async fn run(
+        mut self,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> anyhow::Result<()> {
+        let cm_kind = self.resolver.resolve("v1", "ConfigMap").await?;
+        let cms = self.watches.watch(&cm_kind);
+        let mut cm_changes = cms.subscribe();
+        cms.ready().await;
+        self.config_maps = Some(cms);
+
+        let (tx, mut declared) = tokio::sync::mpsc::channel(256);
+        let wc = Api::<WasmController>::all(self.client.clone());
+        tokio::spawn(watch_declared(wc, tx.clone(), |o: WasmController| {
+            let id = ControllerId {
+                namespace: o.namespace(),
+                name: o.name_any(),
+            };
+            (id, o.metadata.generation, o.spec)
+        }));
+        let cwc = Api::<ClusterWasmController>::all(self.client.clone());
+        tokio::spawn(watch_declared(cwc, tx, |o: ClusterWasmController| {
+            let id = ControllerId {
+                namespace: None,
+                name: o.name_any(),
+            };
+            (id, o.metadata.generation, o.spec.controller)
+        }));
+
+        let mut status_tick = tokio::time::interval(self.config.status_interval);
+        let mut retry_tick = tokio::time::interval(self.config.retry_interval);
+        let mut poll_tick = tokio::time::interval(self.config.module_poll);
+        let mut shutdown = std::pin::pin!(shutdown);
+        tracing::info!("kubewasm runtime started");
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                Some(event) = declared.recv() => self.on_declared(event).await,
+                change = cm_changes.recv() => match change {
+                    Ok(change) => self.on_config_map(&change.key).await,
+                    Err(_) => self.reload_all(|_| true).await,
+                },
+                _ = status_tick.tick() => self.write_statuses().await,
+                _ = retry_tick.tick() => self.retry_failed().await,
+                _ = poll_tick.tick() => self.reload_all(|spec| spec.module.path.is_some()).await,
+            }
+        }
+        tracing::info!("shutting down: stopping controllers");
+        let ids: Vec<ControllerId> = self.controllers.keys().cloned().collect();
+        for id in &ids {
+            self.stop(id).await;
+        }
+        self.write_statuses().await;
+        Ok(())
+    }
+
+    async fn on_declared(&mut self, event: Declared) {
+        match event {
+            Declared::Upsert(id, generation, spec) => {
+                let known = self.controllers.get(&id);
+                if known.is_some_and(|m| m.generation == generation && m.spec == *spec) {
+                    return;
+                }
+                self.stop(&id).await;
+                let guest = self.controllers.remove(&id).and_then(|m| m.guest);
+                let managed = Managed {
+                    spec: *spec,
+                    generation,
+                    runner: None,
+                    guest,
+                    module_problem: None,
+                    setup_problem: None,
+                    written: None,
+                };
+                self.controllers.insert(id.clone(), managed);
+                self.start(&id).await;
+            }
+            Declared::Delete(id) => {
+                self.stop(&id).await;
+                self.controllers.remove(&id);
+                tracing::info!(controller = %id, "controller removed");
+            }
+            Declared::Relisted(seen, cluster) => {
+                let gone: Vec<ControllerId> = self
+                    .controllers
+                    .keys()
+                    .filter(|id| id.namespace.is_none() == cluster && !seen.contains(id))
+                    .cloned()
+                    .collect();
+                for id in gone {
+                    self.stop(&id).await;
+                    self.controllers.remove(&id);
+                }
+            }
+        }
+    }
+
+    async fn stop(&mut self, id: &ControllerId) {
+        if let Some((runner, task)) = self.controllers.get_mut(id).and_then(|m| m.runner.take()) {
+            runner.stop();
+            let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+        }
+    }
+
+    /// Loads the module and starts the controller; problems end up in its status.
+    async fn start(&mut self, id: &ControllerId) {
+        self.load_module(id).await;
+        let Some(m) = self.controllers.get(id) else {
+            return;
+        };
+        let Some(guest) = m.guest.clone() else { return };
+        match self.setup(id, &m.spec).await {
+            Ok(setup) => {
+                let runner = Runner::new(setup, guest);
+                let task = tokio::spawn(runner.clone().run());
+                if let Some(m) = self.controllers.get_mut(id) {
+                    m.setup_problem = None;
+                    m.runner = Some((runner, task));
+                }
+                tracing::info!(controller = %id, "controller started");
+            }
+            Err(problem) => {
+                tracing::warn!(controller = %id, reason = problem.reason, "controller cannot start: {}", problem.message);
+                if let Some(m) = self.controllers.get_mut(id) {
+                    m.setup_problem = Some(problem);
+                }
+            }
+        }
+    }
+
+    async fn setup(
+        &self,
+        id: &ControllerId,
+        spec: &WasmControllerSpec,
+    ) -> Result<ControllerSetup, Problem> {
+        let limits = spec
+            .limits
+            .resolve()
+            .map_err(|m| Problem::new("InvalidSpec", m))?;
+        let parent_selector = match &spec.parent.label_selector {
+            Some(s) => Some(Selector::parse(s).map_err(|e| {
+                Problem::new(
+                    "InvalidSpec",
+                    format!("spec.parent.labelSelector `{s}`: {e}"),
+                )
+            })?),
+            None => None,
+        };
+        let resolve = |api_version: &str, kind: &str| {
+            let (av, k) = (api_version.to_owned(), kind.to_owned());
+            async move {
+                self.resolver.resolve(&av, &k).await.map_err(|e| {
+                    Problem::new(
+                        "KindNotFound",
+                        format!("the API server does not serve {k} ({av}): {e}; apply its CustomResourceDefinition"),
+                    )
+                })
+            }
+        };
+        let parent_kind = resolve(&spec.parent.api_version, &spec.parent.kind).await?;
+        let parent = self.watches.watch(&parent_kind);
+        let mut children = Vec::new();
+        let mut readable = vec![parent.clone()];
+        for c in &spec.children {
+            let kind = resolve(&c.api_version, &c.kind).await?;
+            let watch = self.watches.watch(&kind);
+            readable.push(watch.clone());
+            children.push((
+                ChildKind {
+                    kind,
+                    strategy: c.update_strategy,
+                },
+                watch,
+            ));
+        }
+        for g in spec
+            .grants
+            .iter()
+            .filter(|g| g.verbs.iter().any(|v| matches!(v, Verb::Get | Verb::List)))
+        {
+            let kind = resolve(&g.api_version, &g.kind).await?;
+            readable.push(self.watches.watch(&kind));
+        }
+        let sa_namespace = id
+            .namespace
+            .clone()
+            .or_else(|| {
+                spec.module
+                    .config_map
+                    .as_ref()
+                    .and_then(|c| c.namespace.clone())
+            })
+            .unwrap_or_else(|| "default".into());
+        let sa = spec
+            .service_account_name
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        let client = self
+            .impersonating(&sa_namespace, &sa)
+            .map_err(|e| Problem::new("ClientError", e.to_string()))?;
+        Ok(ControllerSetup {
+            id: id.to_string(),
+            namespace: id.namespace.clone(),
+            parent,
+            parent_selector,
+            children,
+            reads: CacheSource::new(readable),
+            permissions: Arc::new(Permissions::from_spec(
+                &id.to_string(),
+                id.namespace.as_deref(),
+                spec,
+            )),
+            limits,
+            concurrency: spec.limits.concurrency.unwrap_or(1).max(1) as usize,
+            resync: spec.resync_period(),
+            client,
+            resolver: self.resolver.clone(),
+            sandbox: self.sandbox.clone(),
+        })
+    }
+
+    /// A client that acts as the ServiceAccount (impersonation), so RBAC judges every write.
+    fn impersonating(&self, namespace: &str, name: &str) -> Result<Client, kube::Error> {
+        let mut config = self.base_config.clone();
+        config.auth_info.impersonate = Some(format!("system:serviceaccount:{namespace}:{name}"));
+        config.auth_info.impersonate_groups = Some(vec![
+            "system:serviceaccounts".into(),
+            format!("system:serviceaccounts:{namespace}"),
+            "system:authenticated".into(),
+        ]);
+        Client::try_from(config)
+    }
+
+    /// Reads, validates and (when the digest changed) swaps the module. A module that fails
+    /// leaves the last good one running.
+    async fn load_module(&mut self, id: &ControllerId) {
+        let Some(m) = self.controllers.get(id) else {
+            return;
+        };
+        let loaded = self.read_module(id, &m.spec).and_then(|bytes| {
+            self.sandbox
+                .load(&bytes)
+                .map_err(|e| Problem::new("ModuleInvalid", e.to_string()))
+        });
+        let Some(m) = self.controllers.get_mut(id) else {
+            return;
+        };
+        match loaded {
+            Ok(guest) => {
+                m.module_problem = None;
+                let changed = m.guest.as_ref().map(|g| g.digest()) != Some(guest.digest());
+                if changed {
+                    tracing::info!(controller = %id, digest = %guest.digest(), size = guest.size(), "module loaded");
+                    if let Some((runner, _)) = &m.runner {
+                        runner.swap_guest(guest.clone());
+                    }
+                    m.guest = Some(guest);
+                }
+            }
+            Err(problem) => {
+                let keeping = m
+                    .guest
+                    .as_ref()
+                    .map(|g| format!("; still running the last good module {}", g.digest()));
+                tracing::warn!(controller = %id, reason = problem.reason, "module not loaded: {}{}", problem.message, keeping.clone().unwrap_or_default());
+                m.module_problem = Some(problem);
+            }
+        }
+        let keep: Vec<_> = self
+            .controllers
+            .values()
+            .filter_map(|m| m.guest.as_ref().map(|g| g.digest()))
+            .collect();
+        self.sandbox.retain(&keep);
+    }
+
+    fn read_module(
+        &self,
+        id: &ControllerId,
+        spec: &WasmControllerSpec,
+    ) -> Result<Vec<u8>, Problem> {
+        let raw = match (&spec.module.config_map, &spec.module.path) {
+            (Some(cm), _) => {
+                let namespace = id
+                    .namespace
+                    .clone()
+                    .or_else(|| cm.namespace.clone())
+                    .ok_or_else(|| {
+                        Problem::new(
+                            "InvalidSpec",
+                            "a ClusterWasmController must give spec.module.configMap.namespace",
+                        )
+                    })?;
+                let key = ObjectKey {
+                    namespace: Some(namespace.clone()),
+                    name: cm.name.clone(),
+                };
+                let watch = self
+                    .config_maps
+                    .as_ref()
+                    .ok_or_else(|| Problem::new("ModuleNotFound", "no ConfigMap cache"))?;
+                let found = crate::host::find_object(watch, &key).ok_or_else(|| {
+                    Problem::new(
+                        "ModuleNotFound",
+                        format!("ConfigMap {namespace}/{} does not exist; create it with `kubectl -n {namespace} create configmap {} --from-file={}=<guest>.wasm`", cm.name, cm.name, cm.key),
+                    )
+                })?;
+                let value = serde_json::to_value(&*found).unwrap_or_default();
+                module::bytes_from_configmap(&value, &cm.key)
+                    .map_err(|e| Problem::new("ModuleNotFound", e.to_string()))?
+            }
+            (None, Some(path)) => module::bytes_from_file(path)
+                .map_err(|e| Problem::new("ModuleNotFound", e.to_string()))?,
+            (None, None) => {
+                return Err(Problem::new(
+                    "InvalidSpec",
+                    "spec.module names neither configMap nor path",
+                ));
+            }
+        };
+        module::unpack(raw, spec.module.sha256.as_deref()).map_err(|e| {
+            let reason = if matches!(e, module::ModuleError::DigestMismatch { .. }) {
+                "DigestMismatch"
+            } else {
+                "ModuleInvalid"
+            };
+            Problem::new(reason, e.to_string())
+        })
+    }
+
+    async fn on_config_map(&mut self, key: &ObjectKey) {
+        let ids: Vec<ControllerId> = self
+            .controllers
+            .iter()
+            .filter(|(id, m)| {
+                m.spec.module.config_map.as_ref().is_some_and(|cm| {
+                    cm.name == key.name
+                        && id.namespace.as_ref().or(cm.namespace.as_ref()) == key.namespace.as_ref()
+                })
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in ids {
+            self.reload(&id).await;
+        }
+    }
+
+    async fn reload(&mut self, id: &ControllerId) {
+        let running = self.controllers.get(id).is_some_and(|m| m.runner.is_some());
+        if running {
+            self.load_module(id).await;
+        } else {
+            self.start(id).await;
+        }
+    }
+
+    async fn reload_all(&mut self, which: impl Fn(&WasmControllerSpec) -> bool) {
+        let ids: Vec<ControllerId> = self
+            .controllers
+            .iter()
+            .filter(|(_, m)| which(&m.spec))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in ids {
+            self.reload(&id).await;
+        }
+    }
+
+    async fn retry_failed(&mut self) {
+        let ids: Vec<ControllerId> = self
+            .controllers
+            .iter()
+            .filter(|(_, m)| m.runner.is_none())
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in ids {
+            if let Some(problem) = self
+                .controllers
+                .get(&id)
+                .and_then(|m| m.setup_problem.as_ref())
+                && problem.reason == "KindNotFound"
+            {
+                let spec = &self.controllers[&id].spec;
+                self.resolver
+                    .forget(&spec.parent.api_version, &spec.parent.kind)
+                    .await;
+            }
+            self.start(&id).await;
+        }
+    }
+}
+
+async fn watch_declared<K, F>(api: Api<K>, tx: tokio::sync::mpsc::Sender<Declared>, split: F)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + 'static,
+    F: Fn(K) -> (ControllerId, Option<i64>, WasmControllerSpec),
+{
+    let cluster = K::kind(&()) == "ClusterWasmController";
+    let mut stream = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
+    let mut seen = HashSet::new();
+    while let Some(event) = stream.next().await {
+        let msg = match event {
+            Ok(watcher::Event::Apply(o)) => {
+                let (id, generation, spec) = split(o);
+                Declared::Upsert(id, generation, Box::new(spec))
+            }
+            Ok(watcher::Event::InitApply(o)) => {
+                let (id, generation, spec) = split(o);
+                seen.insert(id.clone());
+                Declared::Upsert(id, generation, Box::new(spec))
+            }
+            Ok(watcher::Event::Delete(o)) => Declared::Delete(split(o).0),
+            Ok(watcher::Event::Init) => {
+                seen.clear();
+                continue;
+            }
+            Ok(watcher::Event::InitDone) => Declared::Relisted(std::mem::take(&mut seen), cluster),
+            Err(err) => {
+                tracing::warn!(
+                    kind = K::kind(&()).as_ref(),
+                    "watch failed, retrying with backoff: {err}"
+                );
+                continue;
+            }
+        };
+        if tx.send(msg).await.is_err() {
+            return;
+        }
+    }
+}

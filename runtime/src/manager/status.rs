@@ -1,0 +1,175 @@
+//! A controller's status: conditions a person can act on, digest, counters, last error.
+
+use std::sync::atomic::Ordering;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use serde_json::json;
+
+use crate::api::{ClusterWasmController, WasmController, WasmControllerStatus};
+
+use super::{ControllerId, Managed, Manager};
+
+/// Why something is not working: a CamelCase reason and a sentence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// CamelCase reason for conditions.
+    pub reason: &'static str,
+    /// What is wrong and what to do.
+    pub message: String,
+}
+
+impl Problem {
+    /// A problem.
+    pub fn new(reason: &'static str, message: impl Into<String>) -> Self {
+        Problem {
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+fn condition(
+    type_: &str,
+    ok: bool,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+) -> Condition {
+    Condition {
+        type_: type_.into(),
+        status: if ok { "True" } else { "False" }.into(),
+        reason: reason.into(),
+        message,
+        observed_generation: generation,
+        last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
+    }
+}
+
+/// The status this controller should show now.
+fn desired(m: &Managed) -> WasmControllerStatus {
+    let g = m.generation;
+    let digest = m.guest.as_ref().map(|g| g.digest().to_string());
+    let module_ready = match (&m.module_problem, &digest) {
+        (None, Some(d)) => condition(
+            "ModuleReady",
+            true,
+            "ModuleLoaded",
+            format!("module {d} is loaded"),
+            g,
+        ),
+        (Some(p), Some(d)) => condition(
+            "ModuleReady",
+            false,
+            p.reason,
+            format!("{}; still running the last good module {d}", p.message),
+            g,
+        ),
+        (Some(p), None) => condition("ModuleReady", false, p.reason, p.message.clone(), g),
+        (None, None) => condition(
+            "ModuleReady",
+            false,
+            "ModuleNotLoaded",
+            "module not loaded yet".into(),
+            g,
+        ),
+    };
+    let ready = match (&m.runner, &m.setup_problem, &m.module_problem) {
+        (Some(_), _, _) => condition(
+            "Ready",
+            true,
+            "Running",
+            format!("reconciling {} objects", m.spec.parent.kind),
+            g,
+        ),
+        (None, Some(p), _) => condition("Ready", false, p.reason, p.message.clone(), g),
+        (None, None, Some(p)) => condition("Ready", false, "ModuleNotReady", p.message.clone(), g),
+        (None, None, None) => condition("Ready", false, "Starting", "starting".into(), g),
+    };
+    let (reconciles, failures, last_error) = match &m.runner {
+        Some((runner, _)) => {
+            let s = runner.stats();
+            let last = s
+                .last_error
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            (
+                s.reconciles.load(Ordering::Relaxed),
+                s.failures.load(Ordering::Relaxed),
+                last,
+            )
+        }
+        None => (0, 0, None),
+    };
+    let degraded = match &last_error {
+        Some((reason, message)) => condition("Degraded", true, reason, message.clone(), g),
+        None => condition(
+            "Degraded",
+            false,
+            "ReconcilesSucceeding",
+            "the last reconciles succeeded".into(),
+            g,
+        ),
+    };
+    WasmControllerStatus {
+        conditions: vec![module_ready, ready, degraded],
+        module_digest: digest,
+        observed_generation: g,
+        reconciles,
+        failures,
+        last_error: last_error.map(|(_, m)| m),
+    }
+}
+
+/// Keeps `lastTransitionTime` of conditions whose status did not change.
+fn keep_transition_times(new: &mut WasmControllerStatus, old: Option<&WasmControllerStatus>) {
+    let Some(old) = old else { return };
+    for c in &mut new.conditions {
+        if let Some(prev) = old
+            .conditions
+            .iter()
+            .find(|o| o.type_ == c.type_ && o.status == c.status)
+        {
+            c.last_transition_time = prev.last_transition_time.clone();
+        }
+    }
+}
+
+impl Manager {
+    /// Writes every controller's status that changed since it was last written.
+    pub(super) async fn write_statuses(&mut self) {
+        let ids: Vec<ControllerId> = self.controllers.keys().cloned().collect();
+        for id in ids {
+            let Some(m) = self.controllers.get(&id) else {
+                continue;
+            };
+            let mut status = desired(m);
+            keep_transition_times(&mut status, m.written.as_ref());
+            if m.written.as_ref() == Some(&status) {
+                continue;
+            }
+            let patch = Patch::Merge(json!({ "status": status }));
+            let params = PatchParams::default();
+            let result = match &id.namespace {
+                Some(ns) => Api::<WasmController>::namespaced(self.client.clone(), ns)
+                    .patch_status(&id.name, &params, &patch)
+                    .await
+                    .map(drop),
+                None => Api::<ClusterWasmController>::all(self.client.clone())
+                    .patch_status(&id.name, &params, &patch)
+                    .await
+                    .map(drop),
+            };
+            match result {
+                Ok(()) => {
+                    if let Some(m) = self.controllers.get_mut(&id) {
+                        m.written = Some(status);
+                    }
+                }
+                Err(e) => tracing::warn!(controller = %id, "could not write status: {e}"),
+            }
+        }
+    }
+}
