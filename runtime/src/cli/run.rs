@@ -14,6 +14,10 @@ pub struct Args {
     /// Seconds between re-reads of modules given as file paths.
     #[arg(long, default_value_t = 5)]
     module_poll_seconds: u64,
+    /// Host only the WasmControllers of this namespace (no ClusterWasmControllers); several
+    /// runtimes can then share a cluster, one per namespace.
+    #[arg(long)]
+    namespace: Option<String>,
 }
 
 /// Connects with the kubeconfig (or in-cluster config) and runs the manager.
@@ -25,6 +29,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         )?;
         let mut config = ManagerConfig::default();
         config.sandbox.max_instances = args.max_instances;
+        config.namespace = args.namespace;
         config.module_poll = Duration::from_secs(args.module_poll_seconds.max(1));
         let manager = Manager::new(kube_config, config)?;
         manager.run(shutdown_signal()).await

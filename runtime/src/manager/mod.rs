@@ -31,6 +31,8 @@ pub struct ManagerConfig {
     pub status_interval: Duration,
     /// How often controllers that could not start are tried again.
     pub retry_interval: Duration,
+    /// Host only the WasmControllers of this namespace (and no ClusterWasmControllers).
+    pub namespace: Option<String>,
 }
 
 impl Default for ManagerConfig {
@@ -40,6 +42,7 @@ impl Default for ManagerConfig {
             module_poll: Duration::from_secs(5),
             status_interval: Duration::from_secs(2),
             retry_interval: Duration::from_secs(5),
+            namespace: None,
         }
     }
 }
