@@ -243,3 +243,35 @@ pub fn crds_yaml() -> String {
         .collect::<Vec<_>>()
         .join("---\n")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deploy_crds_match_the_rust_types() {
+        let committed = include_str!("../../../deploy/crds/kubewasm.dev.yaml");
+        assert!(
+            committed == crds_yaml(),
+            "deploy/crds/kubewasm.dev.yaml is out of date with runtime/src/api: run `make crds` and commit it"
+        );
+    }
+
+    #[test]
+    fn spec_rejects_unknown_fields_and_resolves_limits() {
+        let err = serde_yaml::from_str::<WasmControllerSpec>(
+            "module: {path: /m.wasm}\nparent: {apiVersion: v1, kind: ConfigMap}\nparnet: {}",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("unknown field `parnet`"), "{err}");
+        let spec: WasmControllerSpec = serde_yaml::from_str(
+            "module: {path: /m.wasm}\nparent: {apiVersion: v1, kind: ConfigMap}\nlimits: {memory: 32Mi, timeoutMillis: 250}",
+        )
+        .unwrap();
+        let limits = spec.limits.resolve().unwrap();
+        assert_eq!(limits.memory_bytes, 32 << 20);
+        assert_eq!(limits.timeout, Duration::from_millis(250));
+        assert_eq!(spec.resync_period(), Duration::from_secs(300));
+    }
+}

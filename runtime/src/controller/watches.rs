@@ -85,11 +85,14 @@ impl Watch {
     }
 }
 
+/// Watches by (apiVersion, kind).
+type WatchMap = HashMap<(String, String), Arc<Watch>>;
+
 /// All watches of the process, by kind.
 #[derive(Clone)]
 pub struct SharedWatches {
     client: Client,
-    watches: Arc<Mutex<HashMap<(String, String), Arc<Watch>>>>,
+    watches: Arc<Mutex<WatchMap>>,
 }
 
 impl SharedWatches {

@@ -4,8 +4,11 @@ use crate::api::{Verb, WasmControllerSpec};
 
 /// A refused read or action, with what would allow it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{controller} may not {verb} {kind} ({api_version}){where_}: {why}")]
-pub struct Denied {
+#[error("{} may not {} {} ({}){}: {}", .0.controller, .0.verb, .0.kind, .0.api_version, .0.where_, .0.why)]
+pub struct Denied(Box<DeniedInner>);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct DeniedInner {
     controller: String,
     verb: &'static str,
     kind: String,
@@ -81,15 +84,17 @@ impl Permissions {
         kind: &str,
         namespace: Option<&str>,
     ) -> Result<(), Denied> {
-        let deny = |why: String| Denied {
-            controller: self.controller.clone(),
-            verb: verb_name(verb),
-            kind: kind.to_owned(),
-            api_version: api_version.to_owned(),
-            where_: namespace
-                .map(|ns| format!(" in namespace {ns}"))
-                .unwrap_or_default(),
-            why,
+        let deny = |why: String| {
+            Denied(Box::new(DeniedInner {
+                controller: self.controller.clone(),
+                verb: verb_name(verb),
+                kind: kind.to_owned(),
+                api_version: api_version.to_owned(),
+                where_: namespace
+                    .map(|ns| format!(" in namespace {ns}"))
+                    .unwrap_or_default(),
+                why,
+            }))
         };
         if let Some(own) = &self.namespace
             && namespace != Some(own.as_str())
