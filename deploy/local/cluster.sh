@@ -26,7 +26,9 @@ SELF=$(readlink -f "${BASH_SOURCE[0]}")
 # etcd-server only when no envtest etcd is given; the build packages only until the
 # binaries are cached.
 TOOL_PACKAGES=(jq openssl curl)
-BUILD_PACKAGES=(golang-go rsync make dpkg-dev)
+BUILD_PACKAGES=(golang-go rsync make dpkg-dev golang-github-modern-go-reflect2-dev)
+# Names how the cached binaries were made; a cache with another (or no) stamp is rebuilt.
+BUILD_STAMP="v$K8S_VERSION debian-source reflect2-1.0.2 cgo-off"
 
 log() { printf 'cluster.sh: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -106,7 +108,12 @@ envtest_etcd() {
     fi
 }
 
-binaries_cached() { [ -x "$BIN_DIR/kube-apiserver" ] && [ -x "$BIN_DIR/kube-controller-manager" ]; }
+# The stamp is written last, after both binaries were renamed into place: a build that
+# stopped half-way leaves no stamp and is not taken for a finished one.
+binaries_cached() {
+    [ -x "$BIN_DIR/kube-apiserver" ] && [ -x "$BIN_DIR/kube-controller-manager" ] &&
+        [ "$(cat "$BIN_DIR/.stamp" 2>/dev/null)" = "$BUILD_STAMP" ]
+}
 
 cmd_install() {
     local pkgs=("${TOOL_PACKAGES[@]}")
@@ -160,10 +167,12 @@ build_locked() {
     [ -n "$dsc" ] || die "Debian's kubernetes source is not version $K8S_VERSION: $(ls "$work/src")"
     log "unpacking $(basename "$dsc")"
     dpkg-source --no-check -x "$dsc" "$work/tree" >&2
+    patch_vendor "$work/tree"
     build_in_tree "$work"
     # Binaries land atomically: each is copied to a temporary name and renamed, and
     # the cache counts as built only when both final names exist.
     mkdir -p "$BIN_DIR"
+    rm -f "$BIN_DIR/.stamp"
     local b out
     for b in kube-controller-manager kube-apiserver; do
         out=$(find "$work/tree/_output" -type f -name "$b" -perm -u+x | head -n1)
@@ -171,8 +180,28 @@ build_locked() {
         cp "$out" "$BIN_DIR/.$b.tmp.$$"
         mv -f "$BIN_DIR/.$b.tmp.$$" "$BIN_DIR/$b"
     done
+    echo "$BUILD_STAMP" >"$BIN_DIR/.stamp.tmp.$$"
+    mv -f "$BIN_DIR/.stamp.tmp.$$" "$BIN_DIR/.stamp"
     rm -rf "$work"
     log "built kube-apiserver and kube-controller-manager v$K8S_VERSION in $((SECONDS - started))s -> $BIN_DIR"
+}
+
+# Kubernetes 1.20 vendors reflect2 1.0.1, which breaks on Go >= 1.18: kube-apiserver then
+# panics decoding any JSON body with a map in it (labels, data...) — every kube-rs write.
+# (kubectl and kube-controller-manager speak protobuf and never notice.) Debian's
+# golang-github-modern-go-reflect2-dev is 1.0.2, the release that fixed it, same API.
+patch_vendor() {
+    local tree=$1 fixed=/usr/share/gocode/src/github.com/modern-go/reflect2
+    local vendored=$tree/vendor/github.com/modern-go/reflect2
+    [ -f "$fixed/go_above_118.go" ] || die "no reflect2 >= 1.0.2 in $fixed (golang-github-modern-go-reflect2-dev)"
+    [ -d "$vendored" ] || die "no vendored reflect2 in $vendored"
+    log "replacing the vendored reflect2 1.0.1 with Debian's $(dpkg-query -W -f='${Version}' golang-github-modern-go-reflect2-dev)"
+    rm -rf "$vendored"
+    mkdir -p "$vendored"
+    find "$fixed" -maxdepth 1 -type f \( -name '*.go' -o -name '*.s' \) ! -name '*_test.go' \
+        -exec cp {} "$vendored/" \;
+    [ -f "$fixed/LICENSE" ] && cp "$fixed/LICENSE" "$vendored/"
+    return 0
 }
 
 # Build the way Debian's debian/rules does: a GOPATH whose src/k8s.io/kubernetes is the
@@ -278,6 +307,11 @@ not_ready() {
     local name=$1 what=$2 why=$3
     log "error: $name did not become ready ($what): $why. Last lines of $STATE/logs/$name.log:"
     tail -n 25 "$STATE/logs/$name.log" >&2 || true
+    if [ "$name" = kube-apiserver ] && alive "$(component_pid kube-apiserver)"; then
+        log "checks that /readyz reports failing:"
+        curl -sS --max-time 5 --cacert "$STATE/pki/ca.crt" -H "Authorization: Bearer $TOKEN" \
+            "https://127.0.0.1:$APISERVER_PORT/readyz?verbose" 2>&1 | grep -v '^\[+\]' >&2 || true
+    fi
     stop_all
     exit 1
 }

@@ -73,9 +73,15 @@ impl ControlPlane {
         if let Some(path) = std::env::var_os(TEST_KUBECONFIG_ENV).filter(|p| !p.is_empty()) {
             let kubeconfig = PathBuf::from(path);
             if !kubeconfig.is_file() {
-                bail!("{TEST_KUBECONFIG_ENV}={} is not a file", kubeconfig.display());
+                bail!(
+                    "{TEST_KUBECONFIG_ENV}={} is not a file",
+                    kubeconfig.display()
+                );
             }
-            return Ok(ControlPlane { kubeconfig, state_dir: None });
+            return Ok(ControlPlane {
+                kubeconfig,
+                state_dir: None,
+            });
         }
         let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("control-planes");
         prune_stale_state_dirs(&root);
@@ -102,7 +108,11 @@ impl ControlPlane {
         let out = up.output().context("running deploy/local/cluster.sh up")?;
         let log = String::from_utf8_lossy(&out.stderr);
         if !out.status.success() {
-            bail!("`cluster.sh up {}` failed ({}):\n{log}", state_dir.display(), out.status);
+            bail!(
+                "`cluster.sh up {}` failed ({}):\n{log}",
+                state_dir.display(),
+                out.status
+            );
         }
         let stdout = String::from_utf8_lossy(&out.stdout);
         let kubeconfig = stdout
@@ -111,13 +121,18 @@ impl ControlPlane {
             .and_then(|line| line.strip_prefix("export KUBECONFIG="))
             .with_context(|| format!("`cluster.sh up` printed no KUBECONFIG:\n{stdout}\n{log}"))?;
         eprintln!("control plane started in {:.1?}:\n{log}", started.elapsed());
-        Ok(ControlPlane { kubeconfig: kubeconfig.into(), state_dir: Some(state_dir.to_owned()) })
+        Ok(ControlPlane {
+            kubeconfig: kubeconfig.into(),
+            state_dir: Some(state_dir.to_owned()),
+        })
     }
 
     /// Stops a control plane that we started (`cluster.sh down`); does nothing for an
     /// existing cluster.
     pub fn stop(&self) -> Result<()> {
-        let Some(state_dir) = &self.state_dir else { return Ok(()) };
+        let Some(state_dir) = &self.state_dir else {
+            return Ok(());
+        };
         let out = Command::new("bash")
             .arg(cluster_script())
             .arg("down")
@@ -126,7 +141,10 @@ impl ControlPlane {
             .output()
             .context("running deploy/local/cluster.sh down")?;
         if !out.status.success() {
-            bail!("`cluster.sh down` failed: {}", String::from_utf8_lossy(&out.stderr));
+            bail!(
+                "`cluster.sh down` failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         Ok(())
     }
@@ -143,8 +161,12 @@ impl ControlPlane {
 
     /// Pids recorded in the state directory (etcd, kube-apiserver, ..., watchdog).
     pub fn recorded_pids(&self) -> Vec<u32> {
-        let Some(dir) = &self.state_dir else { return Vec::new() };
-        let Ok(entries) = std::fs::read_dir(dir.join("pids")) else { return Vec::new() };
+        let Some(dir) = &self.state_dir else {
+            return Vec::new();
+        };
+        let Ok(entries) = std::fs::read_dir(dir.join("pids")) else {
+            return Vec::new();
+        };
         entries
             .filter_map(|entry| std::fs::read_to_string(entry.ok()?.path()).ok())
             .filter_map(|pid| pid.trim().parse().ok())
@@ -153,7 +175,9 @@ impl ControlPlane {
 
     /// The variables `cluster.sh up` wrote to `cluster.env` (ports, version, ...).
     pub fn cluster_env(&self) -> HashMap<String, String> {
-        let Some(dir) = &self.state_dir else { return HashMap::new() };
+        let Some(dir) = &self.state_dir else {
+            return HashMap::new();
+        };
         std::fs::read_to_string(dir.join("cluster.env"))
             .unwrap_or_default()
             .lines()
@@ -165,17 +189,24 @@ impl ControlPlane {
     /// The loopback ports this control plane listens on (empty for an existing cluster).
     pub fn ports(&self) -> Vec<u16> {
         let env = self.cluster_env();
-        ["KUBEWASM_APISERVER_PORT", "KUBEWASM_ETCD_PORT", "KUBEWASM_ETCD_PEER_PORT"]
-            .iter()
-            .filter_map(|key| env.get(*key)?.parse().ok())
-            .collect()
+        [
+            "KUBEWASM_APISERVER_PORT",
+            "KUBEWASM_ETCD_PORT",
+            "KUBEWASM_ETCD_PEER_PORT",
+        ]
+        .iter()
+        .filter_map(|key| env.get(*key)?.parse().ok())
+        .collect()
     }
 
     /// Whether kube-controller-manager runs (Deployments get Pods, garbage is collected).
     /// Assumed for an existing cluster.
     pub fn has_controller_manager(&self) -> bool {
         self.state_dir.is_none()
-            || self.cluster_env().get("KUBEWASM_KUBE_CONTROLLER_MANAGER").map(String::as_str)
+            || self
+                .cluster_env()
+                .get("KUBEWASM_KUBE_CONTROLLER_MANAGER")
+                .map(String::as_str)
                 == Some("true")
     }
 
@@ -196,7 +227,10 @@ impl ControlPlane {
     pub async fn client_for_service_account(&self, namespace: &str, name: &str) -> Result<Client> {
         let accounts: Api<ServiceAccount> = Api::namespaced(self.client().await?, namespace);
         let request = TokenRequest {
-            spec: TokenRequestSpec { expiration_seconds: Some(3600), ..Default::default() },
+            spec: TokenRequestSpec {
+                expiration_seconds: Some(3600),
+                ..Default::default()
+            },
             ..Default::default()
         };
         let token = accounts
@@ -240,7 +274,10 @@ impl ControlPlane {
             "metadata": { "name": "admission-probe" },
             "spec": { "containers": [{ "name": "probe", "image": "registry.k8s.io/pause:3.9" }] }
         }))?;
-        let dry_run = PostParams { dry_run: true, ..Default::default() };
+        let dry_run = PostParams {
+            dry_run: true,
+            ..Default::default()
+        };
         eventually(
             &format!("Pods can be created in namespace {name} (its default ServiceAccount)"),
             NAMESPACE_READY,
@@ -274,10 +311,14 @@ impl ControlPlane {
 /// control plane was stopped (no pid file left: the watchdog may still be stopping it), so
 /// that `target/tmp` keeps only the logs of runs that may still be of interest.
 fn prune_stale_state_dirs(root: &Path) {
-    let Ok(entries) = std::fs::read_dir(root) else { return };
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some(pid) = name.to_str().and_then(|n| n.rsplit('.').next()?.parse::<u32>().ok())
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.rsplit('.').next()?.parse::<u32>().ok())
         else {
             continue;
         };
