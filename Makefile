@@ -12,7 +12,7 @@ export KUBEWASM_GUEST_DIR := $(CURDIR)/$(GUEST_DIR)
 
 include deploy/local/cluster.mk
 
-.PHONY: all test demo toolchain guests build lint fmt unit-test integration-test bench crds guest-sizes
+.PHONY: all test demo demo-offline up down toolchain guests build lint fmt unit-test integration-test bench crds guest-sizes
 
 all: build guests
 
@@ -49,6 +49,17 @@ bench: guests
 crds:
 	$(CARGO) run -q --bin kubewasm -- crds > deploy/crds/kubewasm.dev.yaml
 
-## The main job, offline for now: build the guests and run both seed scenarios.
-demo: guests build
+## The main job: a local control plane, the runtime, both tutorials step by step, then stop.
+demo: guests build k8s-binaries
+	@bash deploy/demo/live.sh
+
+## What each controller would do, offline (no cluster).
+demo-offline: guests build
 	@bash deploy/demo/offline.sh
+
+## Like demo, but leave the control plane and the runtime running for kubectl; `make down` stops.
+up: guests build k8s-binaries
+	@bash deploy/demo/live.sh --keep
+
+down:
+	@-kill $$(cat $(KUBEWASM_CACHE)/clusters/demo/kubewasm.pid 2>/dev/null) 2>/dev/null; bash deploy/local/cluster.sh down $(KUBEWASM_CACHE)/clusters/demo

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# make demo: a local control plane, the kubewasm runtime, both tutorials played step by step.
+#
+#   deploy/demo/live.sh          play both tutorials, then stop everything (exit 0 on success)
+#   deploy/demo/live.sh --keep   leave the control plane and the runtime running (make up)
+#
+# Needs: the guests built (make guests), target/debug/kubewasm (make build), and the
+# Kubernetes binaries (make k8s-binaries); `make demo` does all of that first.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+KEEP=false
+[ "${1:-}" = "--keep" ] && KEEP=true
+CACHE=${KUBEWASM_CACHE:-$HOME/.cache/kubewasm}
+STATE=${KUBEWASM_DEMO_DIR:-$CACHE/clusters/demo}
+GUESTS=${KUBEWASM_GUEST_DIR:-$ROOT/target/wasm32-wasip2/guest}
+KUBEWASM=$ROOT/target/debug/kubewasm
+EX=$ROOT/deploy/examples
+RUNTIME_PID=
+
+say() { printf '\n\033[1m%s\033[0m\n' "$*"; }
+step() { printf '  - %s\n' "$*"; }
+fail() { printf '\nDEMO FAILED: %s\n' "$*" >&2; [ -f "$STATE/kubewasm.log" ] && { echo "--- last runtime log lines:" >&2; tail -20 "$STATE/kubewasm.log" >&2; }; exit 1; }
+k() { kubectl "$@" 2>/dev/null; }
+
+# wait_for SECONDS "what should happen" command...: polls until the command succeeds.
+wait_for() {
+    local secs=$1 what=$2; shift 2
+    local end=$((SECONDS + secs))
+    until "$@" >/dev/null 2>&1; do
+        [ $SECONDS -ge $end ] && fail "after ${secs}s: $what did not happen"
+        sleep 0.5
+    done
+}
+
+cleanup() {
+    [ -n "$RUNTIME_PID" ] && kill "$RUNTIME_PID" 2>/dev/null && wait "$RUNTIME_PID" 2>/dev/null || true
+    bash "$ROOT/deploy/local/cluster.sh" down "$STATE" >/dev/null 2>&1 || true
+}
+
+for f in hello_world.wasm configmap_restarter.wasm; do
+    [ -f "$GUESTS/$f" ] || fail "$GUESTS/$f is missing: run make guests"
+done
+[ -x "$KUBEWASM" ] || fail "$KUBEWASM is missing: run make build"
+
+say "1. Starting a local Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager v1.20)"
+bash "$ROOT/deploy/local/cluster.sh" down "$STATE" >/dev/null 2>&1 || true
+$KEEP || trap cleanup EXIT
+eval "$(bash "$ROOT/deploy/local/cluster.sh" up "$STATE" 2>"$STATE.up.log" | tail -1)" || { cat "$STATE.up.log" >&2; fail "the control plane did not start"; }
+step "API server ready; KUBECONFIG=$KUBECONFIG"
+
+say "2. Installing kubewasm's CRDs and both example controllers"
+k apply -f "$ROOT/deploy/crds/kubewasm.dev.yaml" >/dev/null
+k apply -f "$EX/hello-world/crd.yaml" >/dev/null
+wait_for 30 "the CRDs becoming established" k wait --for=condition=Established --timeout=1s crd/wasmcontrollers.kubewasm.dev crd/helloworlds.example.com
+k apply -f "$EX/hello-world/rbac.yaml" >/dev/null
+k apply -f "$EX/configmap-restarter/rbac.yaml" >/dev/null
+k -n hello create configmap hello-controller --from-file=hello_world.wasm="$GUESTS/hello_world.wasm" >/dev/null
+k -n test-space create configmap configmap-restarter --from-file=configmap_restarter.wasm="$GUESTS/configmap_restarter.wasm" >/dev/null
+k apply -f "$EX/hello-world/controller.yaml" >/dev/null
+k apply -f "$EX/configmap-restarter/controller.yaml" >/dev/null
+step "hello_world.wasm ($(stat -c %s "$GUESTS/hello_world.wasm") bytes) is in ConfigMap hello/hello-controller"
+step "configmap_restarter.wasm ($(stat -c %s "$GUESTS/configmap_restarter.wasm") bytes) is in ConfigMap test-space/configmap-restarter"
+
+say "3. Starting the kubewasm runtime (log: $STATE/kubewasm.log)"
+"$KUBEWASM" run > "$STATE/kubewasm.log" 2>&1 &
+RUNTIME_PID=$!
+ready() { [ "$(k -n "$1" get wasmcontroller "$2" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]; }
+wait_for 60 "WasmController hello/hello-world becoming Ready" ready hello hello-world
+wait_for 60 "WasmController test-space/configmap-restarter becoming Ready" ready test-space configmap-restarter
+step "both controllers loaded from their ConfigMaps and Ready:"
+k get wasmcontrollers -A | sed 's/^/      /'
+
+say "4. The HelloWorld tutorial (Metacontroller's CompositeController example)"
+k apply -f "$EX/hello-world/hello.yaml" >/dev/null
+step "created HelloWorld 'your-name' with spec.who = 'Your Name'"
+pod_cmd() { k -n hello get pod your-name -o jsonpath='{.spec.containers[0].command[1]}'; }
+pod_says() { [ "$(pod_cmd)" = "$1" ]; }
+wait_for 30 "Pod your-name echoing 'Hello, Your Name!'" pod_says "Hello, Your Name!"
+uid1=$(k -n hello get pod your-name -o jsonpath='{.metadata.uid}')
+step "the controller created Pod 'your-name'; it runs: echo \"$(pod_cmd)\""
+pods_status() { [ "$(k -n hello get helloworld your-name -o jsonpath='{.status.pods}')" = 1 ]; }
+wait_for 30 "HelloWorld status.pods becoming 1" pods_status
+step "HelloWorld 'your-name' reports status.pods = 1"
+k -n hello patch helloworld your-name --type merge -p '{"spec":{"who":"My Name"}}' >/dev/null
+step "changed spec.who to 'My Name'"
+wait_for 30 "Pod your-name being recreated to echo 'Hello, My Name!'" pod_says "Hello, My Name!"
+uid2=$(k -n hello get pod your-name -o jsonpath='{.metadata.uid}')
+[ "$uid1" != "$uid2" ] || fail "the Pod was not recreated"
+step "the old Pod was deleted and a new one created (Recreate); it now says: \"$(pod_cmd)\""
+k -n hello delete helloworld your-name >/dev/null
+gone() { ! k -n hello get pod your-name; }
+wait_for 60 "Pod your-name being garbage-collected after its parent was deleted" gone
+step "deleted the HelloWorld; Kubernetes garbage-collected its Pod"
+
+say "5. The ConfigMap restarter tutorial (magalix.com/podDeleteMatch)"
+k apply -f "$EX/configmap-restarter/frontend.yaml" >/dev/null
+k -n test-space run bystander --image=busybox --labels=app=other >/dev/null
+frontend_pods() { k -n test-space get pods -l app=frontend -o jsonpath='{.items[*].metadata.name}'; }
+two_pods() { [ "$(frontend_pods | wc -w)" = 2 ]; }
+wait_for 60 "Deployment frontend getting 2 Pods" two_pods
+before=$(frontend_pods)
+step "Deployment 'frontend' runs Pods: $before (plus Pod 'bystander' with app=other)"
+recorded() { [ -n "$(k -n test-space get cm frontend-config -o jsonpath='{.metadata.annotations.restarter\.kubewasm\.dev/data-digest}')" ]; }
+wait_for 30 "the restarter recording the data digest of frontend-config" recorded
+step "first sighting of ConfigMap 'frontend-config': the restarter only recorded its data digest; Pods untouched: $(frontend_pods)"
+bystander=$(k -n test-space get pod bystander -o jsonpath='{.metadata.uid}')
+k -n test-space patch configmap frontend-config --type merge -p '{"data":{"TEXT3":"Hello from the new config"}}' >/dev/null
+step "changed the ConfigMap's data (TEXT3)"
+replaced() { two_pods && for p in $before; do k -n test-space get pod "$p" && return 1; done; return 0; }
+wait_for 60 "the frontend Pods being replaced" replaced
+step "the restarter deleted Pods: $before"
+step "the Deployment recreated them as: $(frontend_pods)"
+[ "$(k -n test-space get pod bystander -o jsonpath='{.metadata.uid}')" = "$bystander" ] || fail "Pod bystander was touched"
+step "Pod 'bystander' (app=other) was left alone"
+event=$(k -n test-space get events --field-selector reason=PodsRestarted -o jsonpath='{.items[0].message}')
+step "Event on the ConfigMap: $event"
+
+say "6. What the runtime reports"
+k get wasmcontrollers -A -o custom-columns='CONTROLLER:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,RECONCILES:.status.reconciles,FAILURES:.status.failures,MODULE:.status.moduleDigest' | sed 's/^/      /'
+
+if $KEEP; then
+    say "kubewasm is running (pid $RUNTIME_PID); try:"
+    echo "      export KUBECONFIG=$KUBECONFIG"
+    echo "      kubectl get wasmcontrollers -A"
+    echo "      kubectl -n hello apply -f deploy/examples/hello-world/hello.yaml"
+    echo "  Stop everything with: make down"
+    echo "$RUNTIME_PID" > "$STATE/kubewasm.pid"
+else
+    say "Demo finished: stopping the runtime and the control plane."
+fi
