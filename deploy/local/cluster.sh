@@ -182,7 +182,10 @@ build_locked() {
     done
     echo "$BUILD_STAMP" >"$BIN_DIR/.stamp.tmp.$$"
     mv -f "$BIN_DIR/.stamp.tmp.$$" "$BIN_DIR/.stamp"
-    rm -rf "$work"
+    # Removing the work tree (GOCACHE and all) takes a minute: do it in the background,
+    # out of the lock, so that nobody waits for it.
+    mv "$work" "$work.done.$$"
+    setsid rm -rf "$work.done.$$" >/dev/null 2>&1 </dev/null &
     log "built kube-apiserver and kube-controller-manager v$K8S_VERSION in $((SECONDS - started))s -> $BIN_DIR"
 }
 
@@ -276,6 +279,7 @@ free_port() {
 start_component() {
     local name=$1
     shift
+    check_watched
     setsid "$@" >"$STATE/logs/$name.log" 2>&1 </dev/null &
     echo $! >"$STATE/pids/$name.pid"
     log "started $name (pid $!, log $STATE/logs/$name.log)"
@@ -293,6 +297,7 @@ wait_ready() {
             log "$name ready ($what) after $((SECONDS - UP_STARTED))s"
             return 0
         fi
+        check_watched
         if ! alive "$pid"; then
             not_ready "$name" "$what" "$name exited"
         fi
@@ -301,6 +306,28 @@ wait_ready() {
         fi
         sleep 0.2
     done
+}
+
+# With --watch-pid: once the watched process is gone, `up` gives up (its EXIT trap stops
+# what it started) rather than start more behind the watchdog's back.
+WATCH_PID=
+WATCH_START=
+watched_alive() { alive "$1" && [ "$(start_time "$1")" = "$2" ]; }
+check_watched() {
+    if [ -n "$WATCH_PID" ] && ! watched_alive "$WATCH_PID" "$WATCH_START"; then
+        die "watched pid $WATCH_PID is gone: giving up"
+    fi
+}
+
+# EXIT trap of `up`: whatever made it stop before the end (an error, a signal, a component
+# that did not become ready), it leaves nothing running.
+up_exit() {
+    local status=$?
+    if [ "$status" -ne 0 ]; then
+        log "up failed (status $status): stopping what it started"
+        stop_all
+    fi
+    rm -f "$STATE/up.pid"
 }
 
 not_ready() {
@@ -496,12 +523,20 @@ cmd_up() {
     if [ -n "$watch_pid" ] && ! alive "$watch_pid"; then
         die "--watch-pid $watch_pid: no such process"
     fi
+    if [ -n "$watch_pid" ]; then
+        WATCH_PID=$watch_pid
+        WATCH_START=$(start_time "$watch_pid")
+    fi
     resolve_binaries
     UP_STARTED=$SECONDS
     # A fresh state every time: data, keys, token, logs.
     rm -rf "$STATE/etcd-data" "$STATE/pki" "$STATE/logs" "$STATE/pids" \
         "$KUBECONFIG_FILE" "$STATE/cluster.env" "$STATE/tokens.csv"
     mkdir -p "$STATE/logs" "$STATE/pids"
+    echo $$ >"$STATE/up.pid"
+    trap up_exit EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
     make_pki
     TOKEN=$(openssl rand -hex 24)
     (umask 077 && printf '%s,admin,admin,"system:masters"\n' "$TOKEN" >"$STATE/tokens.csv")
@@ -513,7 +548,7 @@ cmd_up() {
 
     # The watchdog first, so that even an `up` that fails or is killed leaves nothing behind.
     if [ -n "$watch_pid" ]; then
-        setsid "$SELF" __watchdog "$watch_pid" "$(start_time "$watch_pid")" "$STATE" \
+        setsid "$SELF" __watchdog "$WATCH_PID" "$WATCH_START" "$STATE" \
             >"$STATE/logs/watchdog.log" 2>&1 </dev/null &
         echo $! >"$STATE/pids/watchdog.pid"
         log "watchdog (pid $!) stops this control plane once pid $watch_pid is gone"
@@ -590,6 +625,8 @@ cmd_up() {
         echo "KUBEWASM_KUBE_CONTROLLER_MANAGER=$([ -n "$KCM" ] && echo true || echo false)"
         echo "KUBEWASM_KUBE_VERSION=$("$APISERVER" --version 2>/dev/null | awk '{print $2}')"
     } >"$STATE/cluster.env"
+    trap - EXIT INT TERM
+    rm -f "$STATE/up.pid"
     log "control plane up in $((SECONDS - UP_STARTED))s: https://127.0.0.1:$APISERVER_PORT (state in $STATE)"
     echo "export KUBECONFIG=$KUBECONFIG_FILE"
 }
@@ -599,12 +636,21 @@ cmd_up() {
 cmd_watchdog() {
     local pid=$1 started=$2
     resolve_state "$3"
-    while alive "$pid" && [ "$(start_time "$pid")" = "$started" ]; do
+    while watched_alive "$pid" "$started"; do
         sleep 1
         [ -e "$STATE/pids/watchdog.pid" ] || exit 0
     done
     log "watched pid $pid is gone: stopping the control plane in $STATE"
     stop_all
+    # An `up` still under way notices too and stops what it started; make sure of it.
+    local up_pid deadline=$((SECONDS + 60))
+    up_pid=$(cat "$STATE/up.pid" 2>/dev/null || true)
+    if [ -n "$up_pid" ] && alive "$up_pid"; then
+        log "waiting for the unfinished 'up' (pid $up_pid) to end"
+        while alive "$up_pid" && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.2; done
+        stop_all
+    fi
+    log "stopped"
 }
 
 cmd_down() {
@@ -629,7 +675,9 @@ cmd_status() {
     local name pid
     for name in etcd kube-apiserver kube-controller-manager watchdog; do
         pid=$(component_pid "$name")
-        if alive "$pid" && owned_by_state "$pid"; then
+        if [ "$name" = watchdog ] && [ -z "$pid" ]; then
+            continue
+        elif alive "$pid" && owned_by_state "$pid"; then
             log "$name: running (pid $pid)"
         else
             log "$name: not running"

@@ -345,7 +345,15 @@ async fn killing_the_starter_stops_the_control_plane() -> Result<()> {
         eprintln!("skipped: the tests run against an existing cluster, which starts no others");
         return Ok(());
     }
-    let mut starter = std::process::Command::new("sleep").arg("1000").spawn()?;
+    // The "starter" stands in for a process that started a control plane; it also ends when
+    // this test process does, so that a killed test run leaves nothing running either.
+    let mut starter = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "while kill -0 {} 2>/dev/null; do sleep 1; done",
+            std::process::id()
+        ))
+        .spawn()?;
     let dir = tempfile::tempdir()?;
     let control_plane = match start_own(dir.path(), starter.id()).await {
         Ok(control_plane) => control_plane,
