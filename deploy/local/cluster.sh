@@ -72,8 +72,11 @@ apt_install() {
 
 # `apt-get source` needs a deb-src entry for Debian's archive; add one next to the deb ones.
 ensure_deb_src() {
-    if grep -rqsE '^[[:space:]]*(deb-src[[:space:]]|Types:.*deb-src)' \
-        /etc/apt/sources.list /etc/apt/sources.list.d/; then
+    if apt-cache showsrc kubernetes 2>/dev/null | grep -q '^Package: kubernetes$'; then
+        return 0
+    fi
+    if [ -e /etc/apt/sources.list.d/kubewasm-src.sources ]; then
+        apt_update_once # our entry is there, the source lists are not (yet)
         return 0
     fi
     local suite
