@@ -25,8 +25,8 @@ SELF=$(readlink -f "${BASH_SOURCE[0]}")
 
 # etcd-server only when no envtest etcd is given; the build packages only until the
 # binaries are cached.
-TOOL_PACKAGES=(jq openssl curl)
-BUILD_PACKAGES=(golang-go rsync make dpkg-dev golang-github-modern-go-reflect2-dev)
+TOOL_PACKAGES=(openssl curl)
+BUILD_PACKAGES=(golang-go rsync jq make dpkg-dev golang-github-modern-go-reflect2-dev)
 # Names how the cached binaries were made; a cache with another (or no) stamp is rebuilt.
 BUILD_STAMP="v$K8S_VERSION debian-source reflect2-1.0.2 cgo-off"
 
@@ -67,7 +67,7 @@ apt_install() {
     log "installing: "$missing
     apt_update_once
     # shellcheck disable=SC2086
-    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends $missing >&2
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >&2
 }
 
 # `apt-get source` needs a deb-src entry for Debian's archive; add one next to the deb ones.
