@@ -7,6 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use futures::StreamExt;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
@@ -117,14 +118,22 @@ impl Manager {
         mut self,
         shutdown: impl std::future::Future<Output = ()>,
     ) -> anyhow::Result<()> {
-        let cm_kind = self.resolver.resolve("v1", "ConfigMap").await?;
+        let server = self.base_config.cluster_url.clone();
+        let cm_kind = self.resolver.resolve("v1", "ConfigMap").await.with_context(|| {
+            format!("cannot reach the Kubernetes API server at {server}; check KUBECONFIG and that the cluster is up")
+        })?;
         let cms = self.watches.watch(&cm_kind);
         let mut cm_changes = cms.subscribe();
         cms.ready().await;
         self.config_maps = Some(cms);
 
         let (tx, mut declared) = tokio::sync::mpsc::channel(256);
-        let wc = Api::<WasmController>::all(self.client.clone());
+        // `--namespace`: only that namespace's WasmControllers, and no ClusterWasmControllers,
+        // so that several runtimes can share a cluster without acting on each other's.
+        let wc = match &self.config.namespace {
+            Some(ns) => Api::<WasmController>::namespaced(self.client.clone(), ns),
+            None => Api::<WasmController>::all(self.client.clone()),
+        };
         tokio::spawn(watch_declared(wc, tx.clone(), |o: WasmController| {
             let id = ControllerId {
                 namespace: o.namespace(),
@@ -132,14 +141,16 @@ impl Manager {
             };
             (id, o.metadata.generation, o.spec)
         }));
-        let cwc = Api::<ClusterWasmController>::all(self.client.clone());
-        tokio::spawn(watch_declared(cwc, tx, |o: ClusterWasmController| {
-            let id = ControllerId {
-                namespace: None,
-                name: o.name_any(),
-            };
-            (id, o.metadata.generation, o.spec.controller)
-        }));
+        if self.config.namespace.is_none() {
+            let cwc = Api::<ClusterWasmController>::all(self.client.clone());
+            tokio::spawn(watch_declared(cwc, tx, |o: ClusterWasmController| {
+                let id = ControllerId {
+                    namespace: None,
+                    name: o.name_any(),
+                };
+                (id, o.metadata.generation, o.spec.controller)
+            }));
+        }
 
         let mut status_tick = tokio::time::interval(self.config.status_interval);
         let mut retry_tick = tokio::time::interval(self.config.retry_interval);
