@@ -1,1 +1,123 @@
-fn main() {}
+//! Cost of one reconcile of the HelloWorld seed request: `GuestPre::call` on one thread (a
+//! fresh Store and instance per call), and `Sandbox::reconcile` (the async path with
+//! `spawn_blocking`), plus module compile times and guest sizes.
+//!
+//! `make bench`, or `cargo bench -p kubewasm --bench reconcile [-- ITERATIONS]`;
+//! `KUBEWASM_BENCH_ITERS` also sets the iterations (default 20000).
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kubewasm::sandbox::{Limits, NoReads, Reads, Request, Sandbox, SandboxConfig};
+use serde_json::json;
+
+const GUESTS: [&str; 3] = ["hello_world", "configmap_restarter", "hostile"];
+
+fn main() {
+    let iters = iterations();
+    let async_iters = (iters / 10).max(100);
+
+    println!("guest sizes:");
+    let mut modules = Vec::new();
+    for name in GUESTS {
+        let bytes = std::fs::read(common::guest(name)).expect("reading the guest");
+        println!("  {name:<22} {:>9} bytes", bytes.len());
+        modules.push((name, bytes));
+    }
+
+    println!("module compile (cranelift, uncached):");
+    let sandbox = Sandbox::new(SandboxConfig::default()).expect("the sandbox starts");
+    for (name, bytes) in &modules {
+        let started = Instant::now();
+        sandbox.load(bytes).expect("the guest loads");
+        println!(
+            "  {name:<22} {:>9.1} ms",
+            started.elapsed().as_secs_f64() * 1e3
+        );
+    }
+
+    let guest = sandbox.load(&modules[0].1).expect("cached");
+    let request = seed_request();
+    let reads: Arc<dyn Reads> = Arc::new(NoReads);
+    let limits = Limits::default();
+    for _ in 0..100 {
+        guest
+            .call(&request, reads.clone(), &limits)
+            .expect("warm-up");
+    }
+    let mut times = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let started = Instant::now();
+        let outcome = guest
+            .call(&request, reads.clone(), &limits)
+            .expect("reconcile");
+        times.push(started.elapsed());
+        std::hint::black_box(outcome);
+    }
+    report("GuestPre::call, one thread", &mut times);
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let mut times = runtime.block_on(async {
+        let mut times = Vec::with_capacity(async_iters);
+        for _ in 0..async_iters {
+            let started = Instant::now();
+            let outcome = sandbox
+                .reconcile(guest.clone(), request.clone(), reads.clone(), limits)
+                .await
+                .expect("reconcile");
+            times.push(started.elapsed());
+            std::hint::black_box(outcome);
+        }
+        times
+    });
+    report("Sandbox::reconcile, awaited one by one", &mut times);
+}
+
+/// The first numeric argument (cargo passes `--bench` too), else `KUBEWASM_BENCH_ITERS`,
+/// else 20000.
+fn iterations() -> usize {
+    std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .or_else(|| {
+            std::env::var("KUBEWASM_BENCH_ITERS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(20_000)
+        .max(1)
+}
+
+fn seed_request() -> Request {
+    Request::for_object(
+        "default/hello-world",
+        json!({
+            "apiVersion": "example.com/v1",
+            "kind": "HelloWorld",
+            "metadata": {"name": "your-name", "namespace": "default"},
+            "spec": {"who": "Your Name"},
+        }),
+    )
+    .expect("a valid request")
+}
+
+fn report(what: &str, times: &mut [Duration]) {
+    times.sort_unstable();
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let at = |q: f64| us(times[((times.len() - 1) as f64 * q).round() as usize]);
+    let mean = times.iter().map(|&d| us(d)).sum::<f64>() / times.len() as f64;
+    println!(
+        "{what} ({} calls): median {:.1} µs, p90 {:.1} µs, p99 {:.1} µs, mean {:.1} µs",
+        times.len(),
+        at(0.5),
+        at(0.9),
+        at(0.99),
+        mean
+    );
+}

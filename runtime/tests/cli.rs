@@ -1,0 +1,541 @@
+//! The `kubewasm` binary, run as a user would: the two seed scenarios offline, a controller
+//! whose module is in a ConfigMap, grants refusing a read, and bad input of every kind
+//! ending in a non-zero exit and a message that says what is wrong.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::io::{Read, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use kubewasm::sandbox::Digest;
+use serde::Deserialize as _;
+use serde_json::Value;
+
+/// No run of the binary may take longer; a hung one fails the test instead of hanging it.
+const WATCHDOG: Duration = Duration::from_secs(60);
+
+const DIGEST_ANNOTATION: &str = "restarter.kubewasm.dev/data-digest";
+
+/// What one run of the binary did.
+struct Run {
+    args: String,
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn success(self) -> Run {
+        assert_eq!(
+            self.code,
+            Some(0),
+            "`kubewasm {}` failed\nstdout:\n{}\nstderr:\n{}",
+            self.args,
+            self.stdout,
+            self.stderr
+        );
+        self
+    }
+
+    /// Fails with exit code 1 and an `error:` line on stderr containing every one of `needles`.
+    fn failure(self, needles: &[&str]) -> Run {
+        assert_eq!(
+            self.code,
+            Some(1),
+            "`kubewasm {}` should fail\nstdout:\n{}\nstderr:\n{}",
+            self.args,
+            self.stdout,
+            self.stderr
+        );
+        let error = self
+            .stderr
+            .lines()
+            .find(|l| l.starts_with("error: "))
+            .unwrap_or_else(|| panic!("no `error:` line on stderr:\n{}", self.stderr));
+        for needle in needles {
+            assert!(
+                error.contains(needle),
+                "`kubewasm {}`: error line lacks {needle:?}:\n{error}",
+                self.args
+            );
+        }
+        self
+    }
+
+    /// The YAML documents on stdout (documents that are only comments are left out).
+    fn documents(&self) -> Vec<Value> {
+        serde_yaml::Deserializer::from_str(&self.stdout)
+            .map(|doc| Value::deserialize(doc).expect("stdout is YAML"))
+            .filter(|v| !v.is_null())
+            .collect()
+    }
+}
+
+fn kubewasm<S: AsRef<OsStr>>(args: &[S]) -> Run {
+    let shown = args
+        .iter()
+        .map(|a| a.as_ref().to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kubewasm"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .env_remove("KUBEWASM_LOG_FORMAT")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting the kubewasm binary");
+    let drain = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            pipe.read_to_string(&mut text).expect("reading output");
+            text
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().unwrap()));
+    let stderr = drain(Box::new(child.stderr.take().unwrap()));
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting for kubewasm") {
+            break status;
+        }
+        if started.elapsed() > WATCHDOG {
+            let _ = child.kill();
+            panic!("`kubewasm {shown}` did not exit within {WATCHDOG:?}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    Run {
+        args: shown,
+        code: status.code(),
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    }
+}
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn write(dir: &Path, name: &str, contents: impl AsRef<[u8]>) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, contents).expect("writing a test file");
+    path
+}
+
+fn read_yaml(path: &Path) -> Value {
+    serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn write_yaml(dir: &Path, name: &str, value: &Value) -> PathBuf {
+    write(dir, name, serde_yaml::to_string(value).unwrap())
+}
+
+/// The comment lines the CLI writes for actions that are not applies.
+fn action_comments(stdout: &str) -> Vec<&str> {
+    stdout
+        .lines()
+        .filter(|l| l.starts_with("# action "))
+        .collect()
+}
+
+#[test]
+fn hello_world_seed_scenario_prints_the_pod() {
+    let run = kubewasm(&[
+        OsStr::new("reconcile"),
+        OsStr::new("--module"),
+        common::guest("hello_world").as_os_str(),
+        OsStr::new("--object"),
+        fixture("your-name.yaml").as_os_str(),
+    ])
+    .success();
+    let docs = run.documents();
+    assert_eq!(docs.len(), 1, "one object to apply: {docs:?}");
+    let pod = &docs[0];
+    assert_eq!(pod["apiVersion"], "v1");
+    assert_eq!(pod["kind"], "Pod");
+    assert_eq!(pod["metadata"]["name"], "your-name");
+    let containers = pod["spec"]["containers"].as_array().expect("containers");
+    assert_eq!(containers.len(), 1, "{pod}");
+    assert_eq!(
+        containers[0]["command"],
+        serde_json::json!(["echo", "Hello, Your Name!"])
+    );
+    assert_eq!(
+        action_comments(&run.stdout),
+        [
+            "# action 1: apply Pod your-name",
+            "# action 2: set status of HelloWorld your-name to:"
+        ]
+    );
+    assert!(
+        run.stderr
+            .contains("reconciled HelloWorld your-name with sha256:"),
+        "{}",
+        run.stderr
+    );
+}
+
+/// A temp dir holding the restarter's module as a ConfigMap (plain or gzipped), its
+/// WasmController and the Pods of test-space.
+struct Restarter {
+    dir: tempfile::TempDir,
+    module_digest: Digest,
+}
+
+impl Restarter {
+    fn new(gzip: bool) -> Restarter {
+        let dir = tempfile::tempdir().unwrap();
+        let wasm = std::fs::read(common::guest("configmap_restarter")).unwrap();
+        let stored = if gzip {
+            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+            gz.write_all(&wasm).unwrap();
+            gz.finish().unwrap()
+        } else {
+            wasm.clone()
+        };
+        let config_map = format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: configmap-restarter-module\n  namespace: test-space\nbinaryData:\n  restarter.wasm: {}\n",
+            base64::engine::general_purpose::STANDARD.encode(&stored)
+        );
+        write(dir.path(), "module.yaml", config_map);
+        Restarter {
+            dir,
+            module_digest: Digest::of(&wasm),
+        }
+    }
+
+    fn reconcile(&self, object: &Path) -> Run {
+        kubewasm(&[
+            OsStr::new("reconcile"),
+            OsStr::new("--controller"),
+            fixture("restarter-controller.yaml").as_os_str(),
+            OsStr::new("--object"),
+            object.as_os_str(),
+            OsStr::new("--state"),
+            self.dir.path().join("module.yaml").as_os_str(),
+            OsStr::new("--state"),
+            fixture("pods.yaml").as_os_str(),
+        ])
+    }
+
+    /// First sighting, then the same data again, then changed data: record, nothing, restart.
+    fn check_the_whole_story(&self) {
+        // First sighting: only the digest is recorded.
+        let first = self.reconcile(&fixture("frontend-config.yaml")).success();
+        assert!(
+            first.stderr.contains(&format!(
+                "reconciled ConfigMap test-space/frontend-config with {}",
+                self.module_digest
+            )),
+            "{}",
+            first.stderr
+        );
+        assert_eq!(
+            action_comments(&first.stdout),
+            ["# action 1: apply ConfigMap test-space/frontend-config"]
+        );
+        let docs = first.documents();
+        assert_eq!(docs.len(), 1, "{docs:?}");
+        let digest = docs[0]["metadata"]["annotations"][DIGEST_ANNOTATION]
+            .as_str()
+            .unwrap_or_else(|| panic!("no digest annotation applied: {}", docs[0]))
+            .to_owned();
+        assert!(digest.starts_with("sha256:"), "{digest}");
+        assert_eq!(docs[0]["metadata"]["name"], "frontend-config");
+        assert_eq!(docs[0]["metadata"]["namespace"], "test-space");
+        assert!(
+            docs[0].get("data").is_none(),
+            "only the annotation: {}",
+            docs[0]
+        );
+
+        // Same data, digest recorded: nothing to do.
+        let mut seen = read_yaml(&fixture("frontend-config.yaml"));
+        seen["metadata"]["annotations"][DIGEST_ANNOTATION] = digest.clone().into();
+        let seen_path = write_yaml(self.dir.path(), "seen.yaml", &seen);
+        let again = self.reconcile(&seen_path).success();
+        assert_eq!(
+            again.stdout.trim(),
+            "# ConfigMap test-space/frontend-config: nothing to do"
+        );
+
+        // Changed data: delete the matching Pods, record the new digest, say so in an Event.
+        let mut changed = seen;
+        changed["data"]["TEXT1"] = "Good morning".into();
+        let changed_path = write_yaml(self.dir.path(), "changed.yaml", &changed);
+        let restart = self.reconcile(&changed_path).success();
+        let comments = action_comments(&restart.stdout);
+        assert_eq!(comments.len(), 3, "{}", restart.stdout);
+        assert_eq!(
+            comments[0],
+            "# action 1: delete every Pod (v1) in namespace test-space matching `app=frontend`"
+        );
+        assert_eq!(
+            comments[1],
+            "# action 2: apply ConfigMap test-space/frontend-config"
+        );
+        assert!(
+            comments[2].starts_with(
+                "# action 3: record Normal Event on ConfigMap test-space/frontend-config: PodsRestarted: "
+            ),
+            "{}",
+            comments[2]
+        );
+        let docs = restart.documents();
+        assert_eq!(docs.len(), 1, "{docs:?}");
+        let new_digest = docs[0]["metadata"]["annotations"][DIGEST_ANNOTATION]
+            .as_str()
+            .expect("the new digest is recorded");
+        assert!(new_digest.starts_with("sha256:") && new_digest != digest);
+    }
+}
+
+#[test]
+fn restarter_from_a_configmap_module() {
+    Restarter::new(false).check_the_whole_story();
+}
+
+#[test]
+fn restarter_from_a_gzipped_configmap_module() {
+    Restarter::new(true).check_the_whole_story();
+}
+
+#[test]
+fn controller_module_configmap_must_be_given() {
+    kubewasm(&[
+        OsStr::new("reconcile"),
+        OsStr::new("--controller"),
+        fixture("restarter-controller.yaml").as_os_str(),
+        OsStr::new("--object"),
+        fixture("frontend-config.yaml").as_os_str(),
+    ])
+    .failure(&[
+        "ConfigMap `configmap-restarter-module`",
+        "pass that ConfigMap with --state",
+    ]);
+}
+
+/// A WasmController running the hostile guest, its module by path, in a temp dir.
+fn hostile_controller(dir: &Path, extra_spec: &str) -> PathBuf {
+    let yaml = format!(
+        "apiVersion: kubewasm.dev/v1alpha1\nkind: WasmController\nmetadata: {{name: hostile, namespace: test-space}}\nspec:\n  module: {{path: {:?}}}\n  parent: {{apiVersion: v1, kind: Thing}}\n{extra_spec}",
+        common::guest("hostile").display()
+    );
+    write(dir, "controller.yaml", yaml)
+}
+
+fn thing(dir: &Path, mode: &str) -> PathBuf {
+    write(
+        dir,
+        &format!("thing-{mode}.yaml"),
+        format!(
+            "apiVersion: v1\nkind: Thing\nmetadata: {{name: t, namespace: test-space}}\nspec: {{mode: {mode}}}\n"
+        ),
+    )
+}
+
+#[test]
+fn reads_outside_the_grants_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let config_maps = write(
+        dir.path(),
+        "config-maps.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a, namespace: test-space}\n---\n\
+         apiVersion: v1\nkind: ConfigMap\nmetadata: {name: b, namespace: test-space}\n---\n\
+         apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c, namespace: elsewhere}\n",
+    );
+    let run = |controller: &Path| {
+        kubewasm(&[
+            OsStr::new("reconcile"),
+            OsStr::new("--controller"),
+            controller.as_os_str(),
+            OsStr::new("--object"),
+            thing(dir.path(), "read").as_os_str(),
+            OsStr::new("--state"),
+            config_maps.as_os_str(),
+        ])
+    };
+
+    // No grant for ConfigMaps: the host refuses the list, the hostile guest returns the
+    // refusal as its (retryable) error, and the reconcile fails with it.
+    let denied = run(&hostile_controller(dir.path(), ""));
+    denied.failure(&[
+        "reconcile of Thing test-space/t failed",
+        "reconcile failed: test-space/hostile may not list ConfigMap (v1) in namespace test-space",
+        "add {apiVersion: v1, kind: ConfigMap, verbs: [list]} to spec.grants",
+    ]);
+
+    // With the grant, the guest sees the two ConfigMaps of its own namespace.
+    let granted = hostile_controller(
+        dir.path(),
+        "  grants: [{apiVersion: v1, kind: ConfigMap, verbs: [list]}]\n",
+    );
+    let run = run(&granted).success();
+    assert_eq!(
+        run.stdout,
+        "# action 1: set status of Thing test-space/t to:\n#   seen: 2\n"
+    );
+}
+
+#[test]
+fn guest_traps_are_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let controller = hostile_controller(dir.path(), "  limits: {timeoutMillis: 200}\n");
+    let run = |mode: &str| {
+        kubewasm(&[
+            OsStr::new("reconcile"),
+            OsStr::new("--controller"),
+            controller.as_os_str(),
+            OsStr::new("--object"),
+            thing(dir.path(), mode).as_os_str(),
+        ])
+    };
+    run("loop").failure(&[
+        "reconcile of Thing test-space/t failed",
+        "timed out",
+        "200ms",
+    ]);
+    run("panic").failure(&["guest panicked: hostile guest panicked on purpose"]);
+    run("alloc").failure(&["memory limit exceeded"]);
+}
+
+#[test]
+fn missing_files_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope.wasm");
+    kubewasm(&[
+        OsStr::new("reconcile"),
+        OsStr::new("--module"),
+        missing.as_os_str(),
+        OsStr::new("--object"),
+        fixture("your-name.yaml").as_os_str(),
+    ])
+    .failure(&["cannot read module", "nope.wasm"]);
+
+    let missing = dir.path().join("nope.yaml");
+    kubewasm(&[
+        OsStr::new("reconcile"),
+        OsStr::new("--module"),
+        common::guest("hello_world").as_os_str(),
+        OsStr::new("--object"),
+        missing.as_os_str(),
+    ])
+    .failure(&["cannot read", "nope.yaml"]);
+}
+
+/// `reconcile --module <file>` and `check <file>` on a module that is not a guest.
+fn assert_module_refused(module: &Path, needles: &[&str]) {
+    kubewasm(&[
+        OsStr::new("reconcile"),
+        OsStr::new("--module"),
+        module.as_os_str(),
+        OsStr::new("--object"),
+        fixture("your-name.yaml").as_os_str(),
+    ])
+    .failure(needles);
+    kubewasm(&[OsStr::new("check"), module.as_os_str()]).failure(needles);
+}
+
+#[test]
+fn modules_that_are_not_guests_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = write(dir.path(), "guest.wasm", "this is not wasm\n");
+    assert_module_refused(&text, &["not a usable guest", "not a WebAssembly file"]);
+    let core = write(dir.path(), "core.wasm", b"\0asm\x01\0\0\0");
+    assert_module_refused(&core, &["core WebAssembly module, not a component"]);
+    let empty = write(dir.path(), "empty.wasm", b"\0asm\x0d\0\x01\0");
+    assert_module_refused(
+        &empty,
+        &["not a kubewasm controller (world `kubewasm:controller/controller@0.1.0`)"],
+    );
+}
+
+#[test]
+fn malformed_objects_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |object: &Path| {
+        kubewasm(&[
+            OsStr::new("reconcile"),
+            OsStr::new("--module"),
+            common::guest("hello_world").as_os_str(),
+            OsStr::new("--object"),
+            object.as_os_str(),
+        ])
+    };
+    let broken = write(
+        dir.path(),
+        "broken.yaml",
+        "apiVersion: v1\nkind: [HelloWorld\n",
+    );
+    run(&broken).failure(&["broken.yaml", "is not valid YAML"]);
+    let no_kind = write(
+        dir.path(),
+        "no-kind.yaml",
+        "apiVersion: v1\nmetadata: {name: x}\n",
+    );
+    run(&no_kind).failure(&["no-kind.yaml", "missing `kind`"]);
+    let two = write(dir.path(), "two.yaml", "kind: A\n---\nkind: B\n");
+    run(&two).failure(&["holds 2 objects"]);
+}
+
+#[test]
+fn pinned_digest_must_match() {
+    let dir = tempfile::tempdir().unwrap();
+    let controller = write(
+        dir.path(),
+        "controller.yaml",
+        format!(
+            "apiVersion: kubewasm.dev/v1alpha1\nkind: WasmController\nmetadata: {{name: hello}}\nspec:\n  module: {{path: {:?}, sha256: \"00\"}}\n  parent: {{apiVersion: example.com/v1, kind: HelloWorld}}\n",
+            common::guest("hello_world").display()
+        ),
+    );
+    kubewasm(&[
+        OsStr::new("reconcile"),
+        OsStr::new("--controller"),
+        controller.as_os_str(),
+        OsStr::new("--object"),
+        fixture("your-name.yaml").as_os_str(),
+    ])
+    .failure(&["pins sha256:00"]);
+}
+
+#[test]
+fn check_prints_the_digest_of_a_good_module() {
+    let path = common::guest("hello_world");
+    let run = kubewasm(&[OsStr::new("check"), path.as_os_str()]).success();
+    let digest = Digest::of(&std::fs::read(&path).unwrap());
+    assert!(
+        run.stdout.contains(&format!("digest: {digest}\n")),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains("digest: sha256:"), "{}", run.stdout);
+}
+
+#[test]
+fn crds_prints_both_crds() {
+    let run = kubewasm(&["crds"]).success();
+    let docs = run.documents();
+    let names: Vec<&str> = docs
+        .iter()
+        .map(|d| {
+            assert_eq!(d["kind"], "CustomResourceDefinition", "{d}");
+            d["metadata"]["name"].as_str().expect("a CRD name")
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "wasmcontrollers.kubewasm.dev",
+            "clusterwasmcontrollers.kubewasm.dev"
+        ]
+    );
+}

@@ -1,0 +1,401 @@
+//! The sandbox against the hostile guest: every misbehaviour ends in its exact typed error,
+//! and the same Sandbox serves well-behaved guests right after. Also what `load` refuses,
+//! and calls running side by side.
+
+mod common;
+
+use std::sync::mpsc;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use kubewasm::sandbox::{
+    Action, CallError, CallOutcome, Digest, GuestPre, Limits, LoadError, NoReads, ObjectRef, Reads,
+    Request, Sandbox, SandboxConfig,
+};
+use serde_json::{Value, json};
+
+/// One Sandbox for the whole file, as the runtime has one per process: hostile calls of
+/// every test run in it, side by side.
+static SANDBOX: LazyLock<Sandbox> =
+    LazyLock::new(|| Sandbox::new(SandboxConfig::default()).expect("the sandbox starts"));
+static HOSTILE: LazyLock<Arc<GuestPre>> = LazyLock::new(|| load("hostile"));
+static HELLO: LazyLock<Arc<GuestPre>> = LazyLock::new(|| load("hello_world"));
+
+/// No call may take longer than this; a guest that is not stopped fails the test instead
+/// of hanging it.
+const WATCHDOG: Duration = Duration::from_secs(20);
+
+fn load(name: &str) -> Arc<GuestPre> {
+    let bytes = std::fs::read(common::guest(name)).expect("reading the guest");
+    SANDBOX
+        .load(&bytes)
+        .unwrap_or_else(|e| panic!("{name} does not load: {e}"))
+}
+
+fn hostile_request(mode: &str) -> Request {
+    Request::for_object(
+        "test/hostile",
+        json!({
+            "apiVersion": "example.com/v1",
+            "kind": "Hostile",
+            "metadata": {"name": format!("h-{mode}"), "namespace": "test"},
+            "spec": {"mode": mode},
+        }),
+    )
+    .expect("a valid request")
+}
+
+fn hello_request() -> Request {
+    Request::for_object(
+        "test/hello-world",
+        json!({
+            "apiVersion": "example.com/v1",
+            "kind": "HelloWorld",
+            "metadata": {"name": "your-name", "namespace": "test"},
+            "spec": {"who": "Your Name"},
+        }),
+    )
+    .expect("a valid request")
+}
+
+/// Runs one call on its own thread and fails the test if it does not return in time.
+fn call_with(
+    guest: &'static LazyLock<Arc<GuestPre>>,
+    request: Request,
+    reads: Arc<dyn Reads>,
+    limits: Limits,
+) -> Result<CallOutcome, CallError> {
+    let guest = Arc::clone(guest);
+    let what = format!("{} with {limits:?}", request.target);
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(guest.call(&request, reads, &limits));
+    });
+    rx.recv_timeout(WATCHDOG)
+        .unwrap_or_else(|_| panic!("the call for {what} did not return within {WATCHDOG:?}"))
+}
+
+fn hostile(mode: &str, limits: Limits) -> Result<CallOutcome, CallError> {
+    call_with(&HOSTILE, hostile_request(mode), Arc::new(NoReads), limits)
+}
+
+fn hostile_err(mode: &str, limits: Limits) -> CallError {
+    match hostile(mode, limits) {
+        Ok(outcome) => panic!("mode {mode} succeeded: {:?}", outcome.response),
+        Err(err) => err,
+    }
+}
+
+fn assert_ok_response(mode: &str, outcome: &CallOutcome) {
+    let actions = &outcome.response.actions;
+    assert_eq!(actions.len(), 2, "mode {mode}: {actions:?}");
+    match &actions[0] {
+        Action::Apply(cm) => {
+            assert_eq!(cm["kind"], "ConfigMap", "{cm}");
+            assert_eq!(cm["metadata"]["name"], format!("h-{mode}"), "{cm}");
+            assert_eq!(cm["data"]["mode"], "ok", "{cm}");
+        }
+        other => panic!("mode {mode}: expected an apply first, got {other:?}"),
+    }
+    assert_eq!(actions[1], Action::SetStatus(json!({"ok": true})));
+}
+
+/// The runtime is unharmed by what just happened: the hostile guest in `ok` mode and the
+/// hello-world guest both succeed on the same Sandbox.
+fn assert_still_serves() {
+    let ok = hostile("ok", Limits::default()).expect("ok mode right after a hostile call");
+    assert_ok_response("ok", &ok);
+
+    let hello = call_with(
+        &HELLO,
+        hello_request(),
+        Arc::new(NoReads),
+        Limits::default(),
+    )
+    .expect("hello-world right after a hostile call");
+    let pod = hello.response.actions.iter().find_map(|a| match a {
+        Action::Apply(o) if o["kind"] == "Pod" => Some(o),
+        _ => None,
+    });
+    let pod = pod.unwrap_or_else(|| panic!("no Pod applied: {:?}", hello.response));
+    assert_eq!(pod["metadata"]["name"], "your-name");
+    assert_eq!(
+        pod["spec"]["containers"][0]["command"],
+        json!(["echo", "Hello, Your Name!"])
+    );
+}
+
+#[test]
+fn endless_loop_times_out() {
+    let limit = Duration::from_millis(200);
+    let err = hostile_err("loop", Limits::default().with_timeout(limit));
+    assert!(
+        matches!(err, CallError::Timeout { limit: l } if l == limit),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("timed out"), "{err}");
+    assert_eq!(err.reason(), "Timeout");
+    assert_still_serves();
+}
+
+#[test]
+fn unbounded_allocation_hits_the_memory_limit() {
+    let err = hostile_err("alloc", Limits::default());
+    assert!(
+        matches!(err, CallError::MemoryLimitExceeded { limit } if limit == 64 << 20),
+        "{err:?}"
+    );
+    let err = hostile_err("alloc", Limits::default().with_memory_bytes(16 << 20));
+    assert!(
+        matches!(err, CallError::MemoryLimitExceeded { limit } if limit == 16 << 20),
+        "{err:?}"
+    );
+    assert_eq!(err.reason(), "MemoryLimitExceeded");
+    assert_still_serves();
+}
+
+#[test]
+fn panic_is_reported_with_its_message() {
+    let err = hostile_err("panic", Limits::default());
+    match &err {
+        CallError::Panicked { message: Some(m) } => {
+            assert!(m.contains("hostile guest panicked on purpose"), "{m}");
+        }
+        other => panic!("expected Panicked with a message, got {other:?}"),
+    }
+    assert!(
+        err.to_string()
+            .contains("guest panicked: hostile guest panicked on purpose"),
+        "{err}"
+    );
+    assert_still_serves();
+}
+
+#[test]
+fn unbounded_recursion_is_a_stack_overflow() {
+    let err = hostile_err("recurse", Limits::default());
+    assert!(matches!(err, CallError::StackOverflow), "{err:?}");
+    assert_still_serves();
+}
+
+#[test]
+fn endless_reads_hit_the_host_call_limit() {
+    let err = hostile_err("get-loop", Limits::default().with_host_calls(100));
+    assert!(
+        matches!(err, CallError::HostCallLimit { limit: 100 }),
+        "{err:?}"
+    );
+    assert_eq!(err.reason(), "HostCallLimitExceeded");
+    assert_still_serves();
+}
+
+#[test]
+fn guest_error_is_passed_on() {
+    let err = hostile_err("error", Limits::default());
+    match &err {
+        CallError::Guest { message, retryable } => {
+            assert_eq!(message, "hostile guest refuses");
+            assert!(!retryable, "the hostile guest's error is permanent");
+        }
+        other => panic!("expected a Guest error, got {other:?}"),
+    }
+    assert!(!err.retryable());
+    assert_still_serves();
+}
+
+#[test]
+fn applying_a_non_object_is_an_invalid_response() {
+    let err = hostile_err("bad-object", Limits::default());
+    match &err {
+        CallError::InvalidResponse(m) => {
+            assert!(
+                m.contains("action 1: apply: not a Kubernetes object"),
+                "{m}"
+            );
+        }
+        other => panic!("expected InvalidResponse, got {other:?}"),
+    }
+    assert_still_serves();
+}
+
+#[test]
+fn huge_response_hits_memory_or_response_limit() {
+    // 100 MiB of JSON does not fit in the default 64 MiB of guest memory...
+    let err = hostile_err("huge-response", Limits::default());
+    assert!(
+        matches!(err, CallError::MemoryLimitExceeded { limit } if limit == 64 << 20),
+        "{err:?}"
+    );
+    // ...and with room for it, the host refuses a response past the response limit. The
+    // timeout is generous: building 100 MiB in the guest is slow on a loaded machine.
+    let roomy = Limits::default()
+        .with_memory_bytes(512 << 20)
+        .with_timeout(Duration::from_secs(10));
+    let err = hostile_err("huge-response", roomy);
+    match &err {
+        CallError::InvalidResponse(m) => assert!(m.contains("more than the limit"), "{m}"),
+        other => panic!("expected InvalidResponse, got {other:?}"),
+    }
+    assert_still_serves();
+}
+
+#[test]
+fn flooding_stdout_keeps_the_first_bytes_and_succeeds() {
+    // Each of the ~220k lines is its own host call (Rust's stdout is line-buffered): about
+    // 0.7 s alone on a 2-core machine, so more than the default 1 s beside the other tests.
+    // This test is about the output bound, not the speed.
+    let limits = Limits::default().with_timeout(Duration::from_secs(10));
+    let outcome = hostile("flood", limits).expect("a flood is not a failure");
+    assert_ok_response("flood", &outcome);
+    let out = &outcome.stdout;
+    assert_eq!(out.kept.len(), 64 << 10);
+    assert_eq!(out.kept.len(), Limits::default().output_bytes);
+    assert!(out.dropped > 0, "nothing dropped: {out:?}");
+    assert!(
+        out.kept.len() as u64 + out.dropped >= 8 << 20,
+        "the guest writes 8 MiB; kept {} dropped {}",
+        out.kept.len(),
+        out.dropped
+    );
+    assert!(
+        out.text()
+            .starts_with("hostile guest flooding stdout 00000000\n"),
+        "{:?}",
+        &out.text()[..80]
+    );
+    assert_still_serves();
+}
+
+/// Three ConfigMaps, whatever is asked.
+struct ThreeConfigMaps;
+
+impl Reads for ThreeConfigMaps {
+    fn get(&self, _: &ObjectRef) -> Result<Option<Value>, String> {
+        Ok(None)
+    }
+
+    fn list(
+        &self,
+        api_version: &str,
+        kind: &str,
+        _: Option<&str>,
+        _: Option<&str>,
+    ) -> Result<Vec<Value>, String> {
+        assert_eq!((api_version, kind), ("v1", "ConfigMap"));
+        Ok((1..=3)
+            .map(|i| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": format!("cm-{i}"), "namespace": "test"}}))
+            .collect())
+    }
+}
+
+#[test]
+fn reads_go_through_the_reads_given() {
+    let outcome = call_with(
+        &HOSTILE,
+        hostile_request("read"),
+        Arc::new(ThreeConfigMaps),
+        Limits::default(),
+    )
+    .expect("read mode");
+    assert_eq!(
+        outcome.response.actions,
+        vec![Action::SetStatus(json!({"seen": 3}))]
+    );
+    assert_eq!(outcome.host_calls, 1);
+}
+
+#[test]
+fn not_wasm_is_refused() {
+    let err = SANDBOX.load(b"apiVersion: v1\nkind: Pod\n").unwrap_err();
+    assert!(matches!(err, LoadError::NotWasm), "{err:?}");
+    assert!(SANDBOX.load(b"").is_err());
+}
+
+#[test]
+fn core_module_is_not_a_component() {
+    let err = SANDBOX.load(b"\0asm\x01\0\0\0").unwrap_err();
+    assert!(matches!(err, LoadError::NotAComponent), "{err:?}");
+    assert!(err.to_string().contains("wasm32-wasip2"), "{err}");
+}
+
+#[test]
+fn empty_component_is_the_wrong_world() {
+    // `(component)`: a valid component that exports no reconciler.
+    let err = SANDBOX.load(b"\0asm\x0d\0\x01\0").unwrap_err();
+    assert!(matches!(err, LoadError::WrongWorld(_)), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains("kubewasm:controller/controller@0.1.0"),
+        "{err}"
+    );
+}
+
+#[test]
+fn truncated_component_does_not_compile() {
+    let bytes = std::fs::read(common::guest("hello_world")).unwrap();
+    let err = SANDBOX.load(&bytes[..bytes.len() / 2]).unwrap_err();
+    assert!(matches!(err, LoadError::Compile(_)), "{err:?}");
+}
+
+#[test]
+fn oversized_module_is_refused() {
+    let small = SandboxConfig {
+        max_module_bytes: 1024,
+        ..SandboxConfig::default()
+    };
+    let sandbox = Sandbox::new(small).unwrap();
+    let bytes = std::fs::read(common::guest("hello_world")).unwrap();
+    let err = sandbox.load(&bytes).unwrap_err();
+    assert!(
+        matches!(err, LoadError::TooLarge { size, limit: 1024 } if size == bytes.len()),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn same_bytes_load_once() {
+    let bytes = std::fs::read(common::guest("hello_world")).unwrap();
+    let first = SANDBOX.load(&bytes).unwrap();
+    let second = SANDBOX.load(&bytes).unwrap();
+    assert_eq!(first.digest(), second.digest());
+    assert!(
+        Arc::ptr_eq(&first, &second),
+        "the second load compiled again"
+    );
+    assert_eq!(first.digest(), Digest::of(&bytes));
+    assert_eq!(first.size(), bytes.len());
+    let shown = first.digest().to_string();
+    assert!(
+        shown.starts_with("sha256:") && shown.len() == 7 + 64,
+        "{shown}"
+    );
+    let other = SANDBOX
+        .load(&std::fs::read(common::guest("hostile")).unwrap())
+        .unwrap();
+    assert_ne!(first.digest(), other.digest());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_looping_call_does_not_hold_up_the_others() {
+    let limit = Duration::from_millis(200);
+    let calls = (0..8).map(|i| {
+        let mode = if i == 3 { "loop" } else { "ok" };
+        SANDBOX.reconcile(
+            Arc::clone(&HOSTILE),
+            hostile_request(mode),
+            Arc::new(NoReads),
+            Limits::default().with_timeout(limit),
+        )
+    });
+    let results = tokio::time::timeout(WATCHDOG, futures::future::join_all(calls))
+        .await
+        .expect("8 concurrent calls, one looping, did not all return");
+    for (i, result) in results.iter().enumerate() {
+        match (i, result) {
+            (3, Err(CallError::Timeout { limit: l })) => assert_eq!(*l, limit),
+            (3, other) => panic!("the looping call: expected Timeout, got {other:?}"),
+            (_, Ok(outcome)) => assert_ok_response("ok", outcome),
+            (_, Err(err)) => panic!("call {i} failed beside the looping one: {err}"),
+        }
+    }
+}
