@@ -75,14 +75,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         children,
     };
     let reads = Arc::new(GrantedReads::new(
-        Arc::new(ObjectSet::new(state)),
+        Arc::new(ObjectSet::new(state.clone())),
         Arc::new(permissions),
         target.namespace.clone(),
     ));
     let outcome = guest
         .call(&request, reads, &limits)
         .with_context(|| format!("reconcile of {target} failed"))?;
-    print!("{}", render(&target, &outcome.response.actions)?);
+    print!("{}", render(&target, &outcome.response.actions, &state)?);
     eprintln!(
         "reconciled {target} with {} in {:.2} ms: {} action(s)",
         guest.digest(),
@@ -213,7 +213,7 @@ fn observed_children(
 
 /// Objects to apply become YAML documents `kubectl apply -f -` accepts; every other action
 /// is written as a comment so the stream stays appliable.
-fn render(target: &ObjectRef, actions: &[Action]) -> anyhow::Result<String> {
+fn render(target: &ObjectRef, actions: &[Action], state: &[Value]) -> anyhow::Result<String> {
     let mut out = String::new();
     if actions.is_empty() {
         out.push_str(&format!("# {target}: nothing to do\n"));
@@ -248,6 +248,12 @@ fn render(target: &ObjectRef, actions: &[Action]) -> anyhow::Result<String> {
                     "# action {n}: delete every {} ({}) in namespace {ns} matching `{}`\n",
                     d.kind, d.api_version, d.label_selector
                 ));
+                for name in matching(state, &d.api_version, &d.kind, ns, &d.label_selector) {
+                    out.push_str(&format!(
+                        "#   would delete {} {ns}/{name} (from --state)\n",
+                        d.kind
+                    ));
+                }
             }
             Action::SetStatus(status) => {
                 out.push_str(&format!("# action {n}: set status of {target} to:\n"));
@@ -267,4 +273,28 @@ fn render(target: &ObjectRef, actions: &[Action]) -> anyhow::Result<String> {
 
 fn comment(text: &str) -> String {
     text.lines().map(|l| format!("#   {l}\n")).collect()
+}
+
+/// Names of the `--state` objects a delete-by-selector would hit.
+fn matching(
+    state: &[Value],
+    api_version: &str,
+    kind: &str,
+    namespace: &str,
+    selector: &str,
+) -> Vec<String> {
+    let Ok(selector) = kubewasm_guest_sdk::selector::Selector::parse(selector) else {
+        return Vec::new();
+    };
+    let field = |o: &Value, p: &str| o.pointer(p).and_then(Value::as_str).map(str::to_owned);
+    state
+        .iter()
+        .filter(|o| {
+            field(o, "/apiVersion").as_deref() == Some(api_version)
+                && field(o, "/kind").as_deref() == Some(kind)
+        })
+        .filter(|o| field(o, "/metadata/namespace").as_deref() == Some(namespace))
+        .filter(|o| selector.matches_object(o))
+        .filter_map(|o| field(o, "/metadata/name"))
+        .collect()
 }
