@@ -39,7 +39,7 @@ pub enum ActionError {
         source: kube::Error,
     },
     /// The API server refused or failed.
-    #[error("{what} failed: {source}")]
+    #[error("{what} failed: {}", api_message(.source))]
     Api {
         /// The action, in words.
         what: String,
@@ -50,6 +50,15 @@ pub enum ActionError {
     /// The guest asked for something malformed.
     #[error("{0}")]
     Invalid(String),
+}
+
+/// The API server's own words for an error (`403 Forbidden: pods "x" is forbidden: ...`),
+/// without the debug dump kube's `Display` adds.
+pub fn api_message(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(s) => format!("{} {}: {}", s.code, s.reason, s.message),
+        other => other.to_string(),
+    }
 }
 
 /// A child kind the controller owns.
