@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use anyhow::Context;
+use kubewasm::controller::LeaderElector;
 use kubewasm::manager::{Manager, ManagerConfig};
 
 /// Arguments of `kubewasm run`.
@@ -18,6 +19,18 @@ pub struct Args {
     /// runtimes can then share a cluster, one per namespace.
     #[arg(long)]
     namespace: Option<String>,
+    /// Act only while holding a Lease, so that one of several replicas runs controllers.
+    #[arg(long)]
+    leader_elect: bool,
+    /// Namespace of the leader Lease.
+    #[arg(long, default_value = "default", env = "POD_NAMESPACE")]
+    leader_election_namespace: String,
+    /// Name of the leader Lease.
+    #[arg(long, default_value = "kubewasm")]
+    leader_election_id: String,
+    /// Seconds a leader holds the Lease without renewing it.
+    #[arg(long, default_value_t = 15)]
+    lease_duration_seconds: u64,
 }
 
 /// Connects with the kubeconfig (or in-cluster config) and runs the manager.
@@ -31,8 +44,46 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config.sandbox.max_instances = args.max_instances;
         config.namespace = args.namespace;
         config.module_poll = Duration::from_secs(args.module_poll_seconds.max(1));
-        let manager = Manager::new(kube_config, config)?;
-        manager.run(shutdown_signal()).await
+        if !args.leader_elect {
+            return Manager::new(kube_config, config)?.run(shutdown_signal()).await;
+        }
+        let identity = format!(
+            "{}-{}",
+            std::env::var("HOSTNAME").unwrap_or_else(|_| "kubewasm".into()),
+            std::process::id()
+        );
+        let elector = LeaderElector::new(
+            kube::Client::try_from(kube_config.clone())?,
+            &args.leader_election_namespace,
+            &args.leader_election_id,
+            &identity,
+            Duration::from_secs(args.lease_duration_seconds.max(3)),
+        );
+        let lease = format!("{}/{}", args.leader_election_namespace, args.leader_election_id);
+        tracing::info!(identity, lease, "waiting to become the leader");
+        tokio::select! {
+            acquired = elector.acquire() => acquired.with_context(|| format!("cannot take the leader Lease {lease}"))?,
+            _ = shutdown_signal() => return Ok(()),
+        }
+        tracing::info!(identity, lease, "became the leader");
+        let lost = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop = {
+            let (elector, lost) = (elector.clone(), lost.clone());
+            async move {
+                tokio::select! {
+                    _ = shutdown_signal() => {}
+                    _ = elector.hold() => lost.store(true, std::sync::atomic::Ordering::SeqCst),
+                }
+            }
+        };
+        Manager::new(kube_config, config)?.run(stop).await?;
+        if lost.load(std::sync::atomic::Ordering::SeqCst) {
+            anyhow::bail!("lost the leader Lease {lease}: stopped all controllers; restart to stand by again");
+        }
+        if let Err(e) = elector.release().await {
+            tracing::warn!("could not release the leader Lease: {e}");
+        }
+        Ok(())
     })
 }
 

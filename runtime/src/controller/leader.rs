@@ -1,0 +1,157 @@
+//! Leader election with a `coordination.k8s.io/v1` Lease, so that of several runtime
+//! replicas exactly one acts while the others wait to take over.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::PostParams;
+use kube::{Api, Client};
+
+/// Holds or waits for one Lease.
+#[derive(Clone)]
+pub struct LeaderElector {
+    api: Api<Lease>,
+    name: String,
+    identity: String,
+    duration: Duration,
+    retry: Duration,
+}
+
+fn conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+impl LeaderElector {
+    /// An elector for Lease `namespace/name`, holding it as `identity` for `duration` per renewal.
+    pub fn new(
+        client: Client,
+        namespace: &str,
+        name: &str,
+        identity: &str,
+        duration: Duration,
+    ) -> Self {
+        LeaderElector {
+            api: Api::namespaced(client, namespace),
+            name: name.to_owned(),
+            identity: identity.to_owned(),
+            duration,
+            retry: duration / 3,
+        }
+    }
+
+    /// This elector's identity.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// Waits until this process holds the Lease.
+    pub async fn acquire(&self) -> Result<(), kube::Error> {
+        loop {
+            if self.try_acquire_or_renew().await? {
+                return Ok(());
+            }
+            tokio::time::sleep(self.retry).await;
+        }
+    }
+
+    /// Keeps renewing; returns once leadership is lost (another holder, or no successful
+    /// renewal for a whole lease duration). The caller must stop acting then.
+    pub async fn hold(&self) {
+        let mut last_renewal = tokio::time::Instant::now();
+        loop {
+            tokio::time::sleep(self.retry).await;
+            match self.try_acquire_or_renew().await {
+                Ok(true) => last_renewal = tokio::time::Instant::now(),
+                Ok(false) => return,
+                Err(e) => {
+                    tracing::warn!("could not renew the leader Lease: {e}");
+                    if last_renewal.elapsed() >= self.duration {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Gives the Lease up so that a standby replica takes over at once.
+    pub async fn release(&self) -> Result<(), kube::Error> {
+        let Some(mut lease) = self.api.get_opt(&self.name).await? else {
+            return Ok(());
+        };
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+            return Ok(());
+        }
+        spec.holder_identity = None;
+        spec.renew_time = None;
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if conflict(&e) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// One round: `Ok(true)` when this process holds the Lease afterwards.
+    pub async fn try_acquire_or_renew(&self) -> Result<bool, kube::Error> {
+        let now = Timestamp::now();
+        let seconds = i32::try_from(self.duration.as_secs().max(1)).unwrap_or(i32::MAX);
+        let Some(mut lease) = self.api.get_opt(&self.name).await? else {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(self.name.clone()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(self.identity.clone()),
+                    lease_duration_seconds: Some(seconds),
+                    acquire_time: Some(MicroTime(now)),
+                    renew_time: Some(MicroTime(now)),
+                    lease_transitions: Some(0),
+                    ..LeaseSpec::default()
+                }),
+            };
+            return match self.api.create(&PostParams::default(), &lease).await {
+                Ok(_) => Ok(true),
+                Err(e) if conflict(&e) => Ok(false),
+                Err(e) => Err(e),
+            };
+        };
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        let mine = spec.holder_identity.as_deref() == Some(self.identity.as_str());
+        let held_for =
+            SignedDuration::from_secs(spec.lease_duration_seconds.unwrap_or(seconds).into());
+        let expired = match (&spec.holder_identity, &spec.renew_time) {
+            (None, _) | (_, None) => true,
+            (Some(_), Some(MicroTime(renewed))) => renewed
+                .checked_add(held_for)
+                .map(|end| end < now)
+                .unwrap_or(true),
+        };
+        if !mine && !expired {
+            return Ok(false);
+        }
+        if !mine {
+            spec.holder_identity = Some(self.identity.clone());
+            spec.acquire_time = Some(MicroTime(now));
+            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+        }
+        spec.lease_duration_seconds = Some(seconds);
+        spec.renew_time = Some(MicroTime(now));
+        // The resourceVersion in `lease` makes this a compare-and-swap.
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if conflict(&e) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
