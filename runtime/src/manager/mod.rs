@@ -546,10 +546,18 @@ where
             }
             Ok(watcher::Event::InitDone) => Declared::Relisted(std::mem::take(&mut seen), cluster),
             Err(err) => {
-                tracing::warn!(
-                    kind = K::kind(&()).as_ref(),
-                    "watch failed, retrying with backoff: {err}"
-                );
+                let kind = K::kind(&());
+                if err.to_string().contains("404") {
+                    tracing::warn!(
+                        kind = kind.as_ref(),
+                        "the {kind} CustomResourceDefinition is not installed: `kubectl apply -f deploy/crds/kubewasm.dev.yaml`; retrying"
+                    );
+                } else {
+                    tracing::warn!(
+                        kind = kind.as_ref(),
+                        "watch failed, retrying with backoff: {err}"
+                    );
+                }
                 continue;
             }
         };
