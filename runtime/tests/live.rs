@@ -1,0 +1,487 @@
+//! The live runtime, `kubewasm run`, as a child process against the local control plane:
+//! the HelloWorld and ConfigMap-restarter tutorials step by step with the examples' own
+//! manifests, hot reload of a module, an API server restarted under a running runtime, and
+//! RBAC (and the declaration) having the final word.
+//!
+//! Every test has its own namespace and its own `kubewasm run --namespace <ns>`, so tests run
+//! side by side without seeing each other's controllers.
+
+mod support;
+
+#[path = "live/apiserver.rs"]
+mod apiserver;
+#[path = "live/cluster.rs"]
+mod cluster;
+#[path = "live/reload.rs"]
+mod reload;
+#[path = "live/restarter.rs"]
+mod restarter;
+#[path = "live/runtime.rs"]
+mod runtime;
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+use support::{ControlPlane, eventually};
+
+use cluster::{
+    WAIT, apply, apply_all, create_hello_world, ensure_condition, example, guest, hello_worlds,
+    live_pods, module_config_map, prepare, sha256, take, wait_greeting_pod, wait_status,
+};
+use restarter::{create_pod, ensure_pods, wait_digest, wait_event, wait_pods};
+use runtime::{RuntimeProcess, finish};
+
+/// Garbage collection of a fresh CRD's children may wait for kube-controller-manager's
+/// garbage collector to rediscover the API (every 30 s), so it gets longer than [`WAIT`].
+const GC_WAIT: Duration = Duration::from_secs(90);
+
+/// How long "nothing happens" is watched for where no event says it is over.
+const QUIET: Duration = Duration::from_secs(3);
+
+/// The annotation that opts a ConfigMap into the restarter.
+const SELECTOR_ANNOTATION: &str = "magalix.com/podDeleteMatch";
+
+/// A JSON merge patch, as `kubectl patch --type merge` sends.
+fn merge(value: Value) -> Patch<Value> {
+    Patch::Merge(value)
+}
+
+/// Skips (returns true) where no kube-controller-manager runs (envtest binaries).
+fn without_controller_manager(control_plane: &ControlPlane) -> bool {
+    let missing = !control_plane.has_controller_manager();
+    if missing {
+        eprintln!("skipped: no kube-controller-manager in this control plane");
+    }
+    missing
+}
+
+#[tokio::test]
+async fn hello_world_tutorial_step_by_step() {
+    let control_plane = ControlPlane::shared();
+    let (client, ns) = prepare(control_plane, "hello").await;
+    let mut runtime = RuntimeProcess::start(control_plane.kubeconfig(), &ns);
+    let result = hello_world(control_plane, &client, &ns, &mut runtime).await;
+    finish(result, &mut [&mut runtime]);
+    drop(runtime);
+    let _ = control_plane.delete_namespace(&ns).await;
+}
+
+async fn hello_world(
+    control_plane: &ControlPlane,
+    client: &Client,
+    ns: &str,
+    runtime: &mut RuntimeProcess,
+) -> Result<()> {
+    let wasm = guest("hello_world");
+    apply_all(client, &example("hello-world/rbac.yaml", ns)?).await?;
+    apply(
+        client,
+        &module_config_map(ns, "hello-controller", "hello_world.wasm", &wasm),
+    )
+    .await?;
+    apply_all(client, &example("hello-world/controller.yaml", ns)?).await?;
+    apply_all(client, &example("hello-world/hello.yaml", ns)?).await?;
+
+    let hellos = hello_worlds(client, ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let parent = hellos.get("your-name").await?;
+    let pod = wait_greeting_pod(&pods, "your-name", "Hello, Your Name!", None).await?;
+    let owner = pod
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .context("Pod your-name has no controller ownerReference")?;
+    ensure!(
+        owner.api_version == "example.com/v1"
+            && owner.kind == "HelloWorld"
+            && owner.name == "your-name"
+            && Some(owner.uid.as_str()) == parent.uid().as_deref(),
+        "Pod your-name is owned by {owner:?}, not by HelloWorld your-name ({:?})",
+        parent.uid()
+    );
+    eventually(
+        "HelloWorld your-name gets status.pods = 1",
+        WAIT,
+        || async {
+            let parent = hellos.get("your-name").await?;
+            match parent.data.pointer("/status/pods").and_then(Value::as_i64) {
+                Some(1) => Ok(Some(())),
+                other => bail!("status.pods is {other:?}"),
+            }
+        },
+    )
+    .await?;
+    let digest = sha256(&wasm);
+    wait_status(
+        client,
+        ns,
+        "hello-world",
+        "WasmController hello-world reports its module loaded and itself ready",
+        |s| {
+            ensure_condition(s, "ModuleReady", "True")?;
+            ensure_condition(s, "Ready", "True")?;
+            ensure!(
+                s.module_digest.as_deref() == Some(digest.as_str()),
+                "moduleDigest is {:?}, want {digest}",
+                s.module_digest
+            );
+            ensure!(s.reconciles > 0, "no reconciles counted yet");
+            Ok(())
+        },
+    )
+    .await?;
+
+    let old_uid = pod.uid().unwrap_or_default();
+    hellos
+        .patch(
+            "your-name",
+            &PatchParams::default(),
+            &merge(json!({"spec": {"who": "My Name"}})),
+        )
+        .await?;
+    wait_greeting_pod(&pods, "your-name", "Hello, My Name!", Some(&old_uid)).await?;
+
+    hellos.delete("your-name", &DeleteParams::default()).await?;
+    if !without_controller_manager(control_plane) {
+        eventually(
+            "the garbage collector deletes Pod your-name once HelloWorld your-name is gone",
+            GC_WAIT,
+            || async {
+                match pods.get_opt("your-name").await? {
+                    None => Ok(Some(())),
+                    Some(pod) => bail!(
+                        "Pod your-name (uid {:?}) still exists",
+                        pod.uid().unwrap_or_default()
+                    ),
+                }
+            },
+        )
+        .await?;
+    }
+    runtime.ensure_running()
+}
+
+#[tokio::test]
+async fn configmap_restarter_tutorial_restarts_exactly_the_selected_pods() {
+    let control_plane = ControlPlane::shared();
+    if without_controller_manager(control_plane) {
+        return;
+    }
+    let (client, ns) = prepare(control_plane, "test-space").await;
+    let mut runtime = RuntimeProcess::start(control_plane.kubeconfig(), &ns);
+    let result = configmap_restarter(&client, &ns, &mut runtime).await;
+    finish(result, &mut [&mut runtime]);
+    drop(runtime);
+    let _ = control_plane.delete_namespace(&ns).await;
+}
+
+async fn configmap_restarter(
+    client: &Client,
+    ns: &str,
+    runtime: &mut RuntimeProcess,
+) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    apply_all(client, &example("configmap-restarter/rbac.yaml", ns)?).await?;
+    apply_all(client, &example("configmap-restarter/frontend.yaml", ns)?).await?;
+    create_pod(&pods, "other", "other").await?;
+    let frontend = wait_pods(&pods, "the frontend Deployment has 2 Pods", None).await?;
+    let other = pods.get("other").await?.uid();
+
+    // The controller comes after the Pods, so that its first sighting has Pods to spare.
+    let wasm = guest("configmap_restarter");
+    apply(
+        client,
+        &module_config_map(ns, "configmap-restarter", "configmap_restarter.wasm", &wasm),
+    )
+    .await?;
+    let offset = runtime.log_len();
+    apply_all(client, &example("configmap-restarter/controller.yaml", ns)?).await?;
+    let first = wait_digest(&config_maps, "frontend-config", None).await?;
+    runtime
+        .wait_reconciled(offset, &format!("{ns}/frontend-config"), "actions=0")
+        .await?;
+    ensure_pods(&pods, "app=frontend", &frontend, "after the first sighting").await?;
+
+    // A data change: exactly the app=frontend Pods go, an Event says so.
+    let offset = runtime.log_len();
+    config_maps
+        .patch(
+            "frontend-config",
+            &PatchParams::default(),
+            &merge(json!({"data": {"TEXT1": "Hello"}})),
+        )
+        .await?;
+    let restarted = wait_pods(
+        &pods,
+        "the data change replaces both frontend Pods",
+        Some(&frontend),
+    )
+    .await?;
+    ensure!(
+        pods.get("other").await?.uid() == other,
+        "Pod `other` (app=other) was replaced too"
+    );
+    let second = wait_digest(&config_maps, "frontend-config", Some(&first)).await?;
+    wait_event(client, ns, "frontend-config", "PodsRestarted").await?;
+    runtime
+        .wait_reconciled(offset, &format!("{ns}/frontend-config"), "actions=0")
+        .await?;
+
+    // An unannotated ConfigMap whose data changes: the guest is asked and does nothing.
+    let offset = runtime.log_len();
+    apply(
+        client,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "plain-config", "namespace": ns}, "data": {"a": "1"}}),
+    )
+    .await?;
+    runtime
+        .wait_reconciled(offset, &format!("{ns}/plain-config"), "actions=0")
+        .await?;
+    let offset = runtime.log_len();
+    config_maps
+        .patch(
+            "plain-config",
+            &PatchParams::default(),
+            &merge(json!({"data": {"a": "2"}})),
+        )
+        .await?;
+    runtime
+        .wait_reconciled(offset, &format!("{ns}/plain-config"), "actions=0")
+        .await?;
+    ensure_pods(
+        &pods,
+        "app=frontend",
+        &restarted,
+        "after an unannotated ConfigMap changed",
+    )
+    .await?;
+
+    // A metadata-only change of the annotated ConfigMap: same data digest, nothing to do.
+    let offset = runtime.log_len();
+    config_maps
+        .patch(
+            "frontend-config",
+            &PatchParams::default(),
+            &merge(json!({"metadata": {"labels": {"touched": "yes"}}})),
+        )
+        .await?;
+    runtime
+        .wait_reconciled(offset, &format!("{ns}/frontend-config"), "actions=0")
+        .await?;
+    ensure_pods(&pods, "app=frontend", &restarted, "after a label was added").await?;
+
+    // A change while the runtime is down is acted on when it is back (level-based).
+    runtime.stop()?;
+    config_maps
+        .patch(
+            "frontend-config",
+            &PatchParams::default(),
+            &merge(json!({"data": {"TEXT2": "Martians"}})),
+        )
+        .await?;
+    tokio::time::sleep(QUIET).await;
+    ensure_pods(
+        &pods,
+        "app=frontend",
+        &restarted,
+        "while the runtime is stopped",
+    )
+    .await?;
+    runtime.start_again();
+    wait_pods(
+        &pods,
+        "the change made while the runtime was down replaces both frontend Pods once it is back",
+        Some(&restarted),
+    )
+    .await?;
+    wait_digest(&config_maps, "frontend-config", Some(&second)).await?;
+    ensure!(
+        pods.get("other").await?.uid() == other,
+        "Pod `other` (app=other) was replaced"
+    );
+    runtime.ensure_running()
+}
+
+#[tokio::test]
+async fn runtime_survives_an_api_server_restart() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("control-planes")
+        .join(format!("live-apiserver-restart.{}", std::process::id()));
+    let control_plane = ControlPlane::start(&dir, Some(std::process::id()))
+        .expect("starting a control plane of this test's own");
+    let control_plane = StopOnDrop(control_plane);
+    let (client, ns) = prepare(&control_plane.0, "restart").await;
+    let mut runtime = RuntimeProcess::start(control_plane.0.kubeconfig(), &ns);
+    let result = api_server_restart(&control_plane.0, &client, &ns, &mut runtime).await;
+    finish(result, &mut [&mut runtime]);
+}
+
+/// Stops a control plane of a test's own, also when the test fails.
+struct StopOnDrop(ControlPlane);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        if let Err(error) = self.0.stop() {
+            eprintln!("stopping the control plane: {error:#}");
+        }
+    }
+}
+
+async fn api_server_restart(
+    control_plane: &ControlPlane,
+    client: &Client,
+    ns: &str,
+    runtime: &mut RuntimeProcess,
+) -> Result<()> {
+    let wasm = guest("hello_world");
+    apply_all(client, &example("hello-world/rbac.yaml", ns)?).await?;
+    apply(
+        client,
+        &module_config_map(ns, "hello-controller", "hello_world.wasm", &wasm),
+    )
+    .await?;
+    apply_all(client, &example("hello-world/controller.yaml", ns)?).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    create_hello_world(client, ns, "first", "First").await?;
+    let first = wait_greeting_pod(&pods, "first", "Hello, First!", None).await?;
+
+    let state_dir = control_plane.state_dir().context("no state directory")?;
+    let pid = apiserver::restart(state_dir)?;
+    eprintln!("kube-apiserver restarted (pid {pid})");
+    eventually("the restarted kube-apiserver answers", WAIT, || async {
+        let client = control_plane.client().await?;
+        Api::<Pod>::namespaced(client, ns)
+            .list(&ListParams::default())
+            .await?;
+        Ok(Some(()))
+    })
+    .await?;
+
+    // Fresh clients for the test; the runtime keeps its own.
+    let client = control_plane.client().await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    hello_worlds(&client, ns)
+        .patch(
+            "first",
+            &PatchParams::default(),
+            &merge(json!({"spec": {"who": "Again"}})),
+        )
+        .await?;
+    create_hello_world(&client, ns, "second", "Second").await?;
+    wait_greeting_pod(&pods, "second", "Hello, Second!", None).await?;
+    wait_greeting_pod(&pods, "first", "Hello, Again!", first.uid().as_deref()).await?;
+    runtime.ensure_running()
+}
+
+#[tokio::test]
+async fn rbac_refuses_what_the_service_account_may_not_do() {
+    let control_plane = ControlPlane::shared();
+    let (client, ns) = prepare(control_plane, "rbac-forbidden").await;
+    let mut runtime = RuntimeProcess::start(control_plane.kubeconfig(), &ns);
+    let result = restarter_refused(&client, &ns, Refusal::Rbac).await;
+    finish(result, &mut [&mut runtime]);
+    drop(runtime);
+    let _ = control_plane.delete_namespace(&ns).await;
+}
+
+#[tokio::test]
+async fn undeclared_actions_are_refused_before_the_api_server() {
+    let control_plane = ControlPlane::shared();
+    let (client, ns) = prepare(control_plane, "undeclared").await;
+    let mut runtime = RuntimeProcess::start(control_plane.kubeconfig(), &ns);
+    let result = restarter_refused(&client, &ns, Refusal::Undeclared).await;
+    finish(result, &mut [&mut runtime]);
+    drop(runtime);
+    let _ = control_plane.delete_namespace(&ns).await;
+}
+
+/// How the restarter is kept from deleting Pods.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Refusal {
+    /// Its Role lacks `delete pods`: the API server says 403.
+    Rbac,
+    /// Its WasmController has no Pod grant: the runtime says no.
+    Undeclared,
+}
+
+async fn restarter_refused(client: &Client, ns: &str, refusal: Refusal) -> Result<()> {
+    let mut rbac = example("configmap-restarter/rbac.yaml", ns)?;
+    let mut controller = example("configmap-restarter/controller.yaml", ns)?;
+    match refusal {
+        Refusal::Rbac => {
+            let mut role = take(&mut rbac, "Role")?;
+            for rule in role["rules"].as_array_mut().context("Role without rules")? {
+                if rule["resources"] == json!(["pods"]) {
+                    rule["verbs"] = json!(["get", "list", "watch"]);
+                }
+            }
+            rbac.push(role);
+        }
+        Refusal::Undeclared => {
+            let mut wc = take(&mut controller, "WasmController")?;
+            wc["spec"]
+                .as_object_mut()
+                .context("no spec")?
+                .remove("grants");
+            controller.push(wc);
+        }
+    }
+    apply_all(client, &rbac).await?;
+    let mut frontend = example("configmap-restarter/frontend.yaml", ns)?;
+    apply(client, &take(&mut frontend, "ConfigMap")?).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    create_pod(&pods, "frontend-pod", "frontend").await?;
+    let before = live_pods(&pods, "app=frontend").await?;
+    let wasm = guest("configmap_restarter");
+    apply(
+        client,
+        &module_config_map(ns, "configmap-restarter", "configmap_restarter.wasm", &wasm),
+    )
+    .await?;
+    apply_all(client, &controller).await?;
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let recorded = wait_digest(&config_maps, "frontend-config", None).await?;
+
+    config_maps
+        .patch(
+            "frontend-config",
+            &PatchParams::default(),
+            &merge(json!({"data": {"TEXT1": "Hello"}})),
+        )
+        .await?;
+    let (what, wanted): (&str, &[&str]) = match refusal {
+        Refusal::Rbac => (
+            "Degraded=True saying the API server forbade deleting Pods",
+            &["forbidden", "delete"],
+        ),
+        Refusal::Undeclared => (
+            "Degraded=True saying deleting Pods is not declared",
+            &["not declared", "spec.grants"],
+        ),
+    };
+    wait_status(client, ns, "configmap-restarter", what, |s| {
+        let degraded = ensure_condition(s, "Degraded", "True")?;
+        for word in wanted {
+            ensure!(
+                degraded.message.contains(word),
+                "Degraded says {:?}",
+                degraded.message
+            );
+        }
+        Ok(())
+    })
+    .await?;
+    ensure_pods(&pods, "app=frontend", &before, "after a refused restart").await?;
+    let cm = config_maps.get("frontend-config").await?;
+    ensure!(
+        cm.annotations().get(restarter::DIGEST_ANNOTATION) == Some(&recorded),
+        "the digest was recorded although the Pods were not restarted"
+    );
+    Ok(())
+}

@@ -1,0 +1,345 @@
+//! What the live tests do to the cluster: the CRDs, the examples' manifests moved into a test
+//! namespace, modules in ConfigMaps, and reading a WasmController's status.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use base64::Engine as _;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{
+    ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+};
+use kube::discovery::Scope;
+use kube::{Api, Client, ResourceExt};
+use kubewasm::api::{WasmController, WasmControllerStatus};
+use serde::Deserialize as _;
+use serde_json::{Value, json};
+use sha2::{Digest as _, Sha256};
+
+use crate::support::{ControlPlane, eventually};
+
+/// How long anything the runtime or kube-controller-manager does may take on a busy
+/// 2-core machine.
+pub const WAIT: Duration = Duration::from_secs(60);
+
+/// Field manager of what the tests apply (as `kubectl apply --server-side` would).
+const FIELD_MANAGER: &str = "kubewasm-live-test";
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The bytes of a built guest (`make guests`).
+pub fn guest(name: &str) -> Vec<u8> {
+    let dir = match std::env::var_os("KUBEWASM_GUEST_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => workspace().join("target/wasm32-wasip2/guest"),
+    };
+    let path = dir.join(format!("{name}.wasm"));
+    std::fs::read(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}: run `make guests` first", path.display()))
+}
+
+/// `sha256:<hex>` of some bytes, as `status.moduleDigest` names modules.
+pub fn sha256(bytes: &[u8]) -> String {
+    let hex: String = Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("sha256:{hex}")
+}
+
+/// The documents of a YAML stream (empty documents left out).
+pub fn documents(yaml: &str) -> Result<Vec<Value>> {
+    let mut docs = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(yaml) {
+        let value = Value::deserialize(doc)?;
+        if !value.is_null() {
+            docs.push(value);
+        }
+    }
+    Ok(docs)
+}
+
+/// A manifest of `deploy/examples/` (e.g. `hello-world/rbac.yaml`) moved into `namespace`:
+/// its Namespace object left out, every object and RoleBinding subject put into `namespace`.
+pub fn example(path: &str, namespace: &str) -> Result<Vec<Value>> {
+    let file = workspace().join("deploy/examples").join(path);
+    manifest(&file, namespace)
+}
+
+/// A fixture of `runtime/tests/fixtures/live/`, moved into `namespace` like [`example`].
+pub fn fixture(path: &str, namespace: &str) -> Result<Vec<Value>> {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/live")
+        .join(path);
+    manifest(&file, namespace)
+}
+
+fn manifest(file: &Path, namespace: &str) -> Result<Vec<Value>> {
+    let yaml = std::fs::read_to_string(file).with_context(|| format!("{}", file.display()))?;
+    Ok(documents(&yaml)?
+        .into_iter()
+        .filter(|doc| doc["kind"] != "Namespace")
+        .map(|doc| in_namespace(doc, namespace))
+        .collect())
+}
+
+/// The object in `namespace`, and so are the subjects of a RoleBinding.
+pub fn in_namespace(mut doc: Value, namespace: &str) -> Value {
+    doc["metadata"]["namespace"] = json!(namespace);
+    if let Some(subjects) = doc.get_mut("subjects").and_then(Value::as_array_mut) {
+        for subject in subjects {
+            if subject.get("namespace").is_some() {
+                subject["namespace"] = json!(namespace);
+            }
+        }
+    }
+    doc
+}
+
+/// The one document of `kind` among `docs`.
+pub fn take(docs: &mut Vec<Value>, kind: &str) -> Result<Value> {
+    let at = docs
+        .iter()
+        .position(|d| d["kind"] == kind)
+        .with_context(|| format!("no {kind} in the manifest"))?;
+    Ok(docs.remove(at))
+}
+
+/// Server-side applies any object (`kubectl apply --server-side --force-conflicts`).
+pub async fn apply(client: &Client, object: &Value) -> Result<DynamicObject> {
+    let api_version = object["apiVersion"].as_str().context("no apiVersion")?;
+    let kind = object["kind"].as_str().context("no kind")?;
+    let name = object["metadata"]["name"].as_str().context("no name")?;
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    let (resource, caps) = kube::discovery::pinned_kind(client, &gvk)
+        .await
+        .with_context(|| format!("discovering {kind} ({api_version})"))?;
+    let api: Api<DynamicObject> = match (&caps.scope, object["metadata"]["namespace"].as_str()) {
+        (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, &resource),
+        _ => Api::all_with(client.clone(), &resource),
+    };
+    api.patch(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(object),
+    )
+    .await
+    .with_context(|| format!("applying {kind} {name}"))
+}
+
+/// Applies every object, in order.
+pub async fn apply_all(client: &Client, objects: &[Value]) -> Result<()> {
+    for object in objects {
+        apply(client, object).await?;
+    }
+    Ok(())
+}
+
+/// The module ConfigMap the tutorial makes with
+/// `kubectl create configmap <name> --from-file=<key>=<guest>.wasm` (binaryData).
+pub fn module_config_map(namespace: &str, name: &str, key: &str, wasm: &[u8]) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": namespace},
+        "binaryData": {key: base64::engine::general_purpose::STANDARD.encode(wasm)},
+    })
+}
+
+/// Applies the kubewasm.dev CRDs (generated) and the HelloWorld CRD of the example, and waits
+/// until they are served. Once per control plane and test binary.
+pub async fn ensure_crds(control_plane: &ControlPlane, client: &Client) -> Result<()> {
+    static DONE: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
+    let key = control_plane.kubeconfig().to_owned();
+    if DONE.lock().unwrap().get_or_insert_default().contains(&key) {
+        return Ok(());
+    }
+    let mut crds = Vec::new();
+    for file in [
+        workspace().join("deploy/crds/kubewasm.dev.yaml"),
+        workspace().join("deploy/examples/hello-world/crd.yaml"),
+    ] {
+        let yaml = std::fs::read_to_string(&file).with_context(|| format!("{}", file.display()))?;
+        crds.extend(documents(&yaml)?);
+    }
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in &crds {
+        let name = crd["metadata"]["name"]
+            .as_str()
+            .context("CRD without name")?;
+        api.patch(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(crd),
+        )
+        .await
+        .with_context(|| format!("applying CRD {name}"))?;
+    }
+    for crd in &crds {
+        let name = crd["metadata"]["name"].as_str().unwrap_or_default();
+        eventually(&format!("CRD {name} is Established"), WAIT, || async {
+            let crd = api.get(name).await?;
+            let established = crd
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            Ok(established.then_some(()))
+        })
+        .await?;
+    }
+    DONE.lock().unwrap().get_or_insert_default().insert(key);
+    Ok(())
+}
+
+/// A fresh namespace with the CRDs in place, and an admin client.
+pub async fn prepare(control_plane: &ControlPlane, prefix: &str) -> (Client, String) {
+    let prepared = async {
+        let client = control_plane.client().await?;
+        ensure_crds(control_plane, &client).await?;
+        let namespace = control_plane.namespace(prefix).await?;
+        anyhow::Ok((client, namespace))
+    };
+    prepared.await.expect("preparing the test namespace")
+}
+
+/// `HelloWorld`s (`example.com/v1`) of a namespace.
+pub fn hello_worlds(client: &Client, namespace: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("example.com", "v1", "HelloWorld");
+    let resource = ApiResource::from_gvk_with_plural(&gvk, "helloworlds");
+    Api::namespaced_with(client.clone(), namespace, &resource)
+}
+
+/// Creates a HelloWorld greeting `who`.
+pub async fn create_hello_world(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    who: &str,
+) -> Result<()> {
+    let object: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "example.com/v1",
+        "kind": "HelloWorld",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"who": who},
+    }))?;
+    hello_worlds(client, namespace)
+        .create(&PostParams::default(), &object)
+        .await
+        .with_context(|| format!("creating HelloWorld {name}"))?;
+    Ok(())
+}
+
+/// Waits until Pod `name` runs `echo <greeting>` and, when `replaces` is given, is not that
+/// Pod (uid) any more. Returns the Pod.
+pub async fn wait_greeting_pod(
+    pods: &Api<Pod>,
+    name: &str,
+    greeting: &str,
+    replaces: Option<&str>,
+) -> Result<Pod> {
+    let what = match replaces {
+        Some(uid) => format!("Pod {name} (uid {uid}) is replaced by one that echoes {greeting:?}"),
+        None => format!("Pod {name} echoes {greeting:?}"),
+    };
+    eventually(&what, WAIT, || async {
+        let Some(pod) = pods.get_opt(name).await? else {
+            bail!("no Pod {name}");
+        };
+        let uid = pod.uid().unwrap_or_default();
+        if replaces == Some(uid.as_str()) {
+            bail!("still the old Pod (uid {uid})");
+        }
+        ensure!(
+            pod.metadata.deletion_timestamp.is_none(),
+            "Pod {name} is being deleted"
+        );
+        let command = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.first())
+            .and_then(|c| c.command.clone())
+            .unwrap_or_default();
+        ensure!(
+            command == ["echo", greeting],
+            "Pod {name} runs {command:?}, want [\"echo\", {greeting:?}]"
+        );
+        Ok(Some(pod))
+    })
+    .await
+}
+
+/// Names and uids of the Pods matching `selector` that are not being deleted.
+pub async fn live_pods(pods: &Api<Pod>, selector: &str) -> Result<BTreeMap<String, String>> {
+    let list = pods.list(&ListParams::default().labels(selector)).await?;
+    Ok(list
+        .into_iter()
+        .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+        .map(|pod| (pod.name_any(), pod.uid().unwrap_or_default()))
+        .collect())
+}
+
+/// The status of a WasmController (empty before the runtime first wrote it).
+pub async fn controller_status(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<WasmControllerStatus> {
+    let api: Api<WasmController> = Api::namespaced(client.clone(), namespace);
+    Ok(api.get(name).await?.status.unwrap_or_default())
+}
+
+/// The condition of `type_` in a status.
+pub fn condition<'s>(status: &'s WasmControllerStatus, type_: &str) -> Result<&'s Condition> {
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .with_context(|| format!("no {type_} condition in {:?}", status.conditions))
+}
+
+/// Fails unless condition `type_` has `status` (`True`/`False`).
+pub fn ensure_condition<'s>(
+    status: &'s WasmControllerStatus,
+    type_: &str,
+    want: &str,
+) -> Result<&'s Condition> {
+    let c = condition(status, type_)?;
+    ensure!(
+        c.status == want,
+        "{type_} is {} ({}: {}), want {want}",
+        c.status,
+        c.reason,
+        c.message
+    );
+    Ok(c)
+}
+
+/// Waits until the WasmController's status passes `check` (which says what it saw when not).
+pub async fn wait_status<F>(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    what: &str,
+    check: F,
+) -> Result<WasmControllerStatus>
+where
+    F: Fn(&WasmControllerStatus) -> Result<()>,
+{
+    eventually(what, WAIT, || async {
+        let status = controller_status(client, namespace, name).await?;
+        check(&status)?;
+        Ok(Some(status))
+    })
+    .await
+}

@@ -1,0 +1,209 @@
+//! `kubewasm run` as a child process, the way a user runs it: one per test, hosting only the
+//! test's namespace, its log in a file whose end is printed when the test fails.
+
+use std::fs::OpenOptions;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+
+use crate::cluster::WAIT;
+use crate::support::eventually;
+
+/// How long `kubewasm run` may take to exit after SIGTERM.
+const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Lines of the log shown when a test fails.
+const TAIL_LINES: usize = 80;
+
+/// A running `kubewasm run --namespace <ns>`; killed when dropped.
+pub struct RuntimeProcess {
+    namespace: String,
+    kubeconfig: PathBuf,
+    /// Holds the log; kept on disk (and named) when a test fails.
+    dir: Option<tempfile::TempDir>,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl RuntimeProcess {
+    /// Starts `kubewasm run --namespace <namespace>` against `kubeconfig`.
+    pub fn start(kubeconfig: &Path, namespace: &str) -> RuntimeProcess {
+        let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("live-runtime-logs");
+        std::fs::create_dir_all(&root).expect("creating the directory for runtime logs");
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("{namespace}-"))
+            .tempdir_in(&root)
+            .expect("creating a temporary directory for the runtime log");
+        let log = dir.path().join("kubewasm-run.log");
+        let mut runtime = RuntimeProcess {
+            namespace: namespace.to_owned(),
+            kubeconfig: kubeconfig.to_owned(),
+            dir: Some(dir),
+            log,
+            child: None,
+        };
+        runtime.start_again();
+        runtime
+    }
+
+    /// Starts the process again after [`Self::stop`]; its output is appended to the same log.
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none(), "kubewasm run is already running");
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("opening the runtime log");
+        let err = log.try_clone().expect("cloning the log file handle");
+        let child = Command::new(env!("CARGO_BIN_EXE_kubewasm"))
+            .args(["run", "--namespace", &self.namespace])
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("RUST_LOG", "info,kubewasm=debug")
+            .env("NO_COLOR", "1")
+            .env_remove("KUBEWASM_LOG_FORMAT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .expect("starting `kubewasm run`");
+        self.note(&format!(
+            "=== test: started kubewasm run (pid {})",
+            child.id()
+        ));
+        self.child = Some(child);
+    }
+
+    /// Stops the process as Kubernetes would (SIGTERM) and waits until it has exited.
+    pub fn stop(&mut self) -> Result<()> {
+        let Some(mut child) = self.child.take() else {
+            bail!("kubewasm run is not running");
+        };
+        let pid = child.id();
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()?;
+        if !sent.success() {
+            let _ = child.kill();
+        }
+        let started = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait()? {
+                self.note(&format!(
+                    "=== test: kubewasm run (pid {pid}) exited: {status}"
+                ));
+                return Ok(());
+            }
+            if started.elapsed() > STOP_TIMEOUT {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("kubewasm run (pid {pid}) did not exit within {STOP_TIMEOUT:?} of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The pid of the running process.
+    pub fn pid(&self) -> u32 {
+        self.child
+            .as_ref()
+            .expect("kubewasm run is not running")
+            .id()
+    }
+
+    /// Fails when the process has exited (it must run until the test stops it).
+    pub fn ensure_running(&mut self) -> Result<()> {
+        let child = self.child.as_mut().expect("kubewasm run was stopped");
+        if let Some(status) = child.try_wait()? {
+            bail!("kubewasm run exited by itself: {status}");
+        }
+        Ok(())
+    }
+
+    /// The log so far.
+    pub fn log(&self) -> String {
+        String::from_utf8_lossy(&std::fs::read(&self.log).unwrap_or_default()).into_owned()
+    }
+
+    /// Size of the log now: lines after this offset were written later.
+    pub fn log_len(&self) -> usize {
+        std::fs::metadata(&self.log).map_or(0, |m| m.len() as usize)
+    }
+
+    /// The lines written after `offset` (from [`Self::log_len`]).
+    pub fn log_since(&self, offset: usize) -> String {
+        let log = std::fs::read(&self.log).unwrap_or_default();
+        String::from_utf8_lossy(log.get(offset..).unwrap_or_default()).into_owned()
+    }
+
+    /// Waits until the log shows, after `offset` (from [`Self::log_len`]), a finished
+    /// reconcile of `object` (`namespace/name`) whose line contains `expect` (e.g.
+    /// `actions=0`: the guest asked for nothing).
+    pub async fn wait_reconciled(
+        &self,
+        offset: usize,
+        object: &str,
+        expect: &str,
+    ) -> Result<String> {
+        let span = format!("object={object}}}");
+        eventually(
+            &format!("the runtime logs a reconcile of {object} with {expect}"),
+            WAIT,
+            || async {
+                let log = self.log_since(offset);
+                let line = log.lines().find(|l| {
+                    l.contains(&span) && l.contains(" reconciled ") && l.contains(expect)
+                });
+                Ok(line.map(str::to_owned))
+            },
+        )
+        .await
+    }
+
+    /// Prints the end of the log and keeps the log file on disk.
+    pub fn report_failure(&mut self) {
+        let log = self.log();
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = lines[lines.len().saturating_sub(TAIL_LINES)..].join("\n");
+        if let Some(dir) = self.dir.take() {
+            let kept = dir.keep();
+            self.log = kept.join("kubewasm-run.log");
+        }
+        eprintln!(
+            "---- last {TAIL_LINES} lines of `kubewasm run --namespace {}` (full log: {}) ----\n{tail}\n---- end of runtime log ----",
+            self.namespace,
+            self.log.display()
+        );
+    }
+
+    fn note(&self, line: &str) {
+        if let Ok(mut file) = OpenOptions::new().append(true).open(&self.log) {
+            let _ = writeln!(file, "{line}");
+        }
+    }
+}
+
+impl Drop for RuntimeProcess {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if std::thread::panicking() && self.dir.is_some() {
+            self.report_failure();
+        }
+    }
+}
+
+/// Ends a test: on error, prints the end of every runtime's log and fails with the error.
+#[track_caller]
+pub fn finish(result: Result<()>, runtimes: &mut [&mut RuntimeProcess]) {
+    if let Err(error) = result {
+        for runtime in runtimes.iter_mut() {
+            runtime.report_failure();
+        }
+        panic!("{error:#}");
+    }
+}
