@@ -15,6 +15,8 @@ pub struct Kind {
     pub resource: ApiResource,
     /// Whether objects of this kind live in namespaces.
     pub namespaced: bool,
+    /// Whether the kind has a `status` subresource.
+    pub has_status: bool,
 }
 
 impl Kind {
@@ -59,6 +61,7 @@ impl Resolver {
         let found = Kind {
             resource,
             namespaced: matches!(caps.scope, Scope::Namespaced),
+            has_status: caps.subresources.iter().any(|(r, _)| r.plural == "status"),
         };
         self.cache.lock().await.insert(key, found.clone());
         Ok(found)

@@ -368,22 +368,20 @@ impl Executor<'_> {
             "metadata": {"name": self.target.name},
             "status": status,
         });
-        let params = PatchParams::apply(&self.field_manager).force();
-        let result = match api
-            .patch_status(&self.target.name, &params, &Patch::Apply(&body))
-            .await
-        {
-            // No status subresource: status is part of the object.
-            Err(kube::Error::Api(s)) if s.code == 404 => {
-                let merge = json!({"status": status});
-                api.patch(
-                    &self.target.name,
-                    &PatchParams::default(),
-                    &Patch::Merge(&merge),
-                )
+        // With a status subresource, status is written there (server-side apply, so fields
+        // the guest stops setting go away); without one it is part of the object itself.
+        let result = if self.parent_kind.has_status {
+            let params = PatchParams::apply(&self.field_manager).force();
+            api.patch_status(&self.target.name, &params, &Patch::Apply(&body))
                 .await
-            }
-            other => other,
+        } else {
+            let merge = json!({"status": status});
+            api.patch(
+                &self.target.name,
+                &PatchParams::default(),
+                &Patch::Merge(&merge),
+            )
+            .await
         };
         result.map_err(|source| ActionError::Api {
             what: format!("set status of {}", self.target),
