@@ -485,3 +485,49 @@ async fn restarter_refused(client: &Client, ns: &str, refusal: Refusal) -> Resul
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn many_controllers_share_one_watch_per_kind() {
+    let control_plane = ControlPlane::shared();
+    let (client, ns) = prepare(control_plane, "shared-watch").await;
+    let mut runtime = RuntimeProcess::start(control_plane.kubeconfig(), &ns);
+    let result = shared_watches(&client, &ns, &runtime).await;
+    finish(result, &mut [&mut runtime]);
+    drop(runtime);
+    let _ = control_plane.delete_namespace(&ns).await;
+}
+
+/// Five restarters (ConfigMap parents, Pod grants) in one runtime: one ConfigMap watch and
+/// one Pod watch serve them all.
+async fn shared_watches(client: &Client, ns: &str, runtime: &RuntimeProcess) -> Result<()> {
+    apply_all(client, &example("configmap-restarter/rbac.yaml", ns)?).await?;
+    let wasm = guest("configmap_restarter");
+    let module = module_config_map(ns, "configmap-restarter", "configmap_restarter.wasm", &wasm);
+    apply(client, &module).await?;
+    let mut controller = example("configmap-restarter/controller.yaml", ns)?;
+    let template = take(&mut controller, "WasmController")?;
+    let names: Vec<String> = (1..=5).map(|i| format!("restarter-{i}")).collect();
+    for name in &names {
+        let mut wc = template.clone();
+        wc["metadata"]["name"] = json!(name);
+        apply(client, &wc).await?;
+    }
+    for name in &names {
+        wait_status(client, ns, name, &format!("{name} becoming Ready"), |s| {
+            ensure_condition(s, "Ready", "True").map(drop)
+        })
+        .await?;
+    }
+    let log = runtime.log();
+    for kind in ["ConfigMap (v1)", "Pod (v1)"] {
+        let starts = log
+            .lines()
+            .filter(|l| l.contains("starting shared watch") && l.contains(kind))
+            .count();
+        ensure!(
+            starts == 1,
+            "{kind}: {starts} watches started for 5 controllers, expected 1"
+        );
+    }
+    Ok(())
+}
