@@ -531,3 +531,102 @@ async fn shared_watches(client: &Client, ns: &str, runtime: &RuntimeProcess) -> 
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn cluster_wasm_controller_acts_in_every_namespace() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("control-planes")
+        .join(format!("live-cluster-scoped.{}", std::process::id()));
+    let control_plane = ControlPlane::start(&dir, Some(std::process::id()))
+        .expect("starting a control plane of this test's own");
+    let control_plane = StopOnDrop(control_plane);
+    let (client, modules) = prepare(&control_plane.0, "modules").await;
+    let mut runtime = RuntimeProcess::start_cluster_wide(control_plane.0.kubeconfig());
+    let result = cluster_scoped(&control_plane.0, &client, &modules).await;
+    finish(result, &mut [&mut runtime]);
+}
+
+/// A ClusterWasmController (module and ServiceAccount in one namespace, a ClusterRole for its
+/// rights) restarts the selected Pods in two other namespaces.
+async fn cluster_scoped(
+    control_plane: &ControlPlane,
+    client: &Client,
+    modules: &str,
+) -> Result<()> {
+    let wasm = guest("configmap_restarter");
+    apply(
+        client,
+        &module_config_map(modules, "restarter", "restarter.wasm", &wasm),
+    )
+    .await?;
+    let account = json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": "restarter", "namespace": modules}});
+    let role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": format!("{modules}-restarter")},
+        "rules": [
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "patch"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "delete"]},
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]});
+    let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": format!("{modules}-restarter")},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": format!("{modules}-restarter")},
+        "subjects": [{"kind": "ServiceAccount", "name": "restarter", "namespace": modules}]});
+    apply_all(client, &[account, role, binding]).await?;
+    let controller = json!({"apiVersion": "kubewasm.dev/v1alpha1", "kind": "ClusterWasmController",
+        "metadata": {"name": format!("{modules}-restarter")},
+        "spec": {
+            "module": {"configMap": {"name": "restarter", "key": "restarter.wasm", "namespace": modules}},
+            "parent": {"apiVersion": "v1", "kind": "ConfigMap"},
+            "grants": [{"apiVersion": "v1", "kind": "Pod", "verbs": ["list", "delete"]}],
+            "serviceAccountName": "restarter"}});
+    apply(client, &controller).await?;
+
+    let mut tenants = Vec::new();
+    for prefix in ["tenant-a", "tenant-b"] {
+        let ns = control_plane.namespace(prefix).await?;
+        let config = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "settings", "namespace": ns,
+                "annotations": {SELECTOR_ANNOTATION: "app=web"}},
+            "data": {"colour": "blue"}});
+        apply(client, &config).await?;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        create_pod(&pods, "web", "web").await?;
+        create_pod(&pods, "db", "db").await?;
+        let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+        wait_digest(&config_maps, "settings", None).await?;
+        tenants.push((ns, pods, config_maps));
+    }
+    for (_, pods, config_maps) in &tenants {
+        let db = live_pods(pods, "app=db").await?;
+        config_maps
+            .patch(
+                "settings",
+                &PatchParams::default(),
+                &merge(json!({"data": {"colour": "green"}})),
+            )
+            .await?;
+        eventually("the app=web Pod being deleted", WAIT, || async {
+            Ok(live_pods(pods, "app=web").await?.is_empty().then_some(()))
+        })
+        .await?;
+        ensure!(
+            live_pods(pods, "app=db").await? == db,
+            "the app=db Pod was touched"
+        );
+    }
+    let cwc: Api<kubewasm::api::ClusterWasmController> = Api::all(client.clone());
+    let name = format!("{modules}-restarter");
+    eventually(
+        "the ClusterWasmController's status: Ready, reconciles in both namespaces",
+        WAIT,
+        || async {
+            let Some(status) = cwc.get_status(&name).await?.status else {
+                return Ok(None);
+            };
+            ensure_condition(&status, "Ready", "True")?;
+            Ok((status.reconciles >= 4).then_some(()))
+        },
+    )
+    .await?;
+    Ok(())
+}

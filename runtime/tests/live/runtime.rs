@@ -34,7 +34,14 @@ impl RuntimeProcess {
         let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("live-runtime-logs");
         std::fs::create_dir_all(&root).expect("creating the directory for runtime logs");
         let dir = tempfile::Builder::new()
-            .prefix(&format!("{namespace}-"))
+            .prefix(&format!(
+                "{}-",
+                if namespace.is_empty() {
+                    "cluster"
+                } else {
+                    namespace
+                }
+            ))
             .tempdir_in(&root)
             .expect("creating a temporary directory for the runtime log");
         let log = dir.path().join("kubewasm-run.log");
@@ -49,6 +56,12 @@ impl RuntimeProcess {
         runtime
     }
 
+    /// Starts `kubewasm run` hosting every namespace and the ClusterWasmControllers; only for
+    /// a control plane of the test's own (it would host other tests' controllers too).
+    pub fn start_cluster_wide(kubeconfig: &Path) -> RuntimeProcess {
+        Self::start(kubeconfig, "")
+    }
+
     /// Starts the process again after [`Self::stop`]; its output is appended to the same log.
     pub fn start_again(&mut self) {
         assert!(self.child.is_none(), "kubewasm run is already running");
@@ -59,7 +72,11 @@ impl RuntimeProcess {
             .expect("opening the runtime log");
         let err = log.try_clone().expect("cloning the log file handle");
         let child = Command::new(env!("CARGO_BIN_EXE_kubewasm"))
-            .args(["run", "--namespace", &self.namespace])
+            .arg("run")
+            .args(match self.namespace.as_str() {
+                "" => vec![],
+                ns => vec!["--namespace", ns],
+            })
             .env("KUBECONFIG", &self.kubeconfig)
             .env("RUST_LOG", "info,kubewasm=debug")
             .env("NO_COLOR", "1")
