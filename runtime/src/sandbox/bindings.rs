@@ -7,4 +7,4 @@ wasmtime::component::bindgen!({
     imports: { default: trappable },
 });
 
-pub use kubewasm::controller::types as wit;
+pub use self::kubewasm::controller::types as wit;
