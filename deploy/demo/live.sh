@@ -117,6 +117,7 @@ event=$(k -n test-space get events --field-selector reason=PodsRestarted -o json
 step "Event on the ConfigMap: $event"
 
 say "6. What the runtime reports"
+sleep 3 # the runtime writes each controller's status every 2 s
 k get wasmcontrollers -A -o custom-columns='CONTROLLER:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,RECONCILES:.status.reconciles,FAILURES:.status.failures,MODULE:.status.moduleDigest' | sed 's/^/      /'
 
 if $KEEP; then
