@@ -8,4 +8,5 @@ pub mod api;
 pub mod controller;
 pub mod host;
 pub mod manager;
+pub mod metrics;
 pub mod sandbox;

@@ -134,6 +134,24 @@ async fn hello_world(
         },
     )
     .await?;
+    // The same, as Prometheus and a kubelet probe see it.
+    let (ready, _) = runtime.http_get("/readyz").await?;
+    ensure!(ready == 200, "/readyz answered {ready}");
+    let (code, metrics) = runtime.http_get("/metrics").await?;
+    ensure!(code == 200, "/metrics answered {code}");
+    let series =
+        format!(r#"kubewasm_reconciles_total{{controller="{ns}/hello-world",result="success"}} "#);
+    let count: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .with_context(|| format!("no `{series}` in /metrics:\n{metrics}"))?
+        .trim()
+        .parse()?;
+    ensure!(count > 0, "no successful reconciles counted in /metrics");
+    ensure!(
+        metrics.contains("kubewasm_controllers_running 1"),
+        "controllers_running is not 1:\n{metrics}"
+    );
 
     let old_uid = pod.uid().unwrap_or_default();
     hellos

@@ -19,6 +19,9 @@ pub struct Args {
     /// runtimes can then share a cluster, one per namespace.
     #[arg(long)]
     namespace: Option<String>,
+    /// Serve `/metrics` (Prometheus), `/healthz` and `/readyz` here, e.g. `0.0.0.0:8080`.
+    #[arg(long)]
+    metrics_addr: Option<std::net::SocketAddr>,
     /// Act only while holding a Lease, so that one of several replicas runs controllers.
     #[arg(long)]
     leader_elect: bool,
@@ -44,8 +47,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config.sandbox.max_instances = args.max_instances;
         config.namespace = args.namespace;
         config.module_poll = Duration::from_secs(args.module_poll_seconds.max(1));
+        let manager = Manager::new(kube_config.clone(), config)?;
+        if let Some(addr) = args.metrics_addr {
+            let bound = kubewasm::metrics::serve(addr, manager.metrics())
+                .await
+                .with_context(|| format!("cannot serve metrics on {addr}"))?;
+            tracing::info!("serving /metrics, /healthz and /readyz on http://{bound}");
+        }
         if !args.leader_elect {
-            return Manager::new(kube_config, config)?.run(shutdown_signal()).await;
+            return manager.run(shutdown_signal()).await;
         }
         let identity = format!(
             "{}-{}",
@@ -76,7 +86,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 }
             }
         };
-        Manager::new(kube_config, config)?.run(stop).await?;
+        manager.run(stop).await?;
         if lost.load(std::sync::atomic::Ordering::SeqCst) {
             anyhow::bail!("lost the leader Lease {lease}: stopped all controllers; restart to stand by again");
         }

@@ -13,6 +13,7 @@ use tokio::sync::{Semaphore, broadcast};
 use tracing::Instrument;
 
 use crate::controller::{Backoff, Change, ObjectKey, Resolver, Watch, WorkQueue};
+use crate::metrics::Metrics;
 use crate::sandbox::{GuestPre, Limits, ObjectRef, Request, Sandbox};
 
 use super::actions::{ChildKind, Executor};
@@ -59,6 +60,8 @@ pub struct ControllerSetup {
     pub resolver: Resolver,
     /// The shared sandbox.
     pub sandbox: Sandbox,
+    /// Where reconcile counts and durations go.
+    pub metrics: Arc<Metrics>,
 }
 
 /// A running controller.
@@ -207,7 +210,17 @@ impl Runner {
     async fn reconcile(&self, key: &ObjectKey) {
         let span =
             tracing::info_span!("reconcile", controller = self.setup.id.as_str(), object = %key);
+        let in_flight = self.setup.metrics.start_reconcile();
+        let started = std::time::Instant::now();
         let result = self.reconcile_inner(key).instrument(span.clone()).await;
+        drop(in_flight);
+        let outcome = match &result {
+            Ok(_) => "success",
+            Err((reason, _)) => reason,
+        };
+        self.setup
+            .metrics
+            .reconciled(&self.setup.id, outcome, started.elapsed());
         let _enter = span.enter();
         match result {
             Ok(Some(after)) => {

@@ -18,6 +18,7 @@ use tokio::task::JoinHandle;
 use crate::api::{ClusterWasmController, Verb, WasmController, WasmControllerSpec};
 use crate::controller::{Resolver, SharedWatches, Watch};
 use crate::host::{CacheSource, ChildKind, ControllerSetup, Permissions, Runner};
+use crate::metrics::Metrics;
 use crate::sandbox::{GuestPre, Sandbox, SandboxConfig};
 
 pub use status::Problem;
@@ -84,6 +85,7 @@ pub struct Manager {
     base_config: kube::Config,
     config: ManagerConfig,
     sandbox: Sandbox,
+    metrics: Arc<Metrics>,
     watches: SharedWatches,
     resolver: Resolver,
     controllers: HashMap<ControllerId, Managed>,
@@ -108,9 +110,15 @@ impl Manager {
             base_config,
             config,
             sandbox,
+            metrics: Arc::default(),
             controllers: HashMap::new(),
             config_maps: None,
         })
+    }
+
+    /// The runtime's metrics, to serve them (see [`crate::metrics::serve`]).
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
     }
 
     /// Runs until `shutdown` resolves, then stops every controller and lets running
@@ -127,6 +135,7 @@ impl Manager {
         let mut cm_changes = cms.subscribe();
         cms.ready().await;
         self.config_maps = Some(cms);
+        self.metrics.set_ready(true);
 
         let (tx, mut declared) = tokio::sync::mpsc::channel(256);
         // `--namespace`: only that namespace's WasmControllers, and no ClusterWasmControllers,
@@ -166,7 +175,11 @@ impl Manager {
                     Ok(change) => self.on_config_map(&change.key).await,
                     Err(_) => self.reload_all(|_| true).await,
                 },
-                _ = status_tick.tick() => self.write_statuses().await,
+                _ = status_tick.tick() => {
+                    let running = self.controllers.values().filter(|m| m.runner.is_some()).count();
+                    self.metrics.set_controllers(running);
+                    self.write_statuses().await
+                }
                 _ = retry_tick.tick() => self.retry_failed().await,
                 _ = poll_tick.tick() => self.reload_all(|spec| spec.module.path.is_some()).await,
             }
@@ -342,6 +355,7 @@ impl Manager {
             client,
             resolver: self.resolver.clone(),
             sandbox: self.sandbox.clone(),
+            metrics: self.metrics.clone(),
         })
     }
 

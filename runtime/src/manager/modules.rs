@@ -24,6 +24,7 @@ impl Manager {
         };
         match loaded {
             Ok(guest) => {
+                self.metrics.module_loaded(&id.to_string(), "success");
                 m.module_problem = None;
                 let changed = m.guest.as_ref().map(|g| g.digest()) != Some(guest.digest());
                 if changed {
@@ -35,6 +36,7 @@ impl Manager {
                 }
             }
             Err(problem) => {
+                self.metrics.module_loaded(&id.to_string(), problem.reason);
                 let keeping = m
                     .guest
                     .as_ref()

@@ -77,6 +77,7 @@ impl RuntimeProcess {
                 "" => vec![],
                 ns => vec!["--namespace", ns],
             })
+            .args(["--metrics-addr", "127.0.0.1:0"])
             .env("KUBECONFIG", &self.kubeconfig)
             .env("RUST_LOG", "info,kubewasm=debug")
             .env("NO_COLOR", "1")
@@ -177,6 +178,31 @@ impl RuntimeProcess {
             },
         )
         .await
+    }
+
+    /// `GET path` on the runtime's metrics/health server (its address is in the log):
+    /// the status code and the body.
+    pub async fn http_get(&self, path: &str) -> Result<(u16, String)> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        const MARK: &str = "serving /metrics, /healthz and /readyz on http://";
+        let log = self.log();
+        let Some(line) = log.lines().rev().find(|l| l.contains(MARK)) else {
+            bail!("the runtime log does not say where it serves metrics");
+        };
+        let addr = line[line.find(MARK).unwrap_or(0) + MARK.len()..]
+            .trim()
+            .to_owned();
+        let mut stream = tokio::net::TcpStream::connect(&addr).await?;
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await?;
+        let status = response.split_whitespace().nth(1).unwrap_or("0").parse()?;
+        let body = response
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        Ok((status, body))
     }
 
     /// Prints the end of the log and keeps the log file on disk.

@@ -1,0 +1,228 @@
+//! Prometheus metrics and health endpoints of `kubewasm run` (`/metrics`, `/healthz`, `/readyz`).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Labels of per-controller, per-outcome series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// `namespace/name` of the controller.
+    pub controller: String,
+    /// `success`, or the failure reason (`Timeout`, `ActionFailed`, ...).
+    pub result: String,
+}
+
+/// Labels of per-controller series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ControllerLabels {
+    /// `namespace/name` of the controller.
+    pub controller: String,
+}
+
+type DurationFamily = Family<ControllerLabels, Histogram, fn() -> Histogram>;
+
+/// Every metric the runtime exports.
+pub struct Metrics {
+    registry: Registry,
+    reconciles: Family<OutcomeLabels, Counter>,
+    duration: DurationFamily,
+    module_loads: Family<OutcomeLabels, Counter>,
+    in_flight: Gauge,
+    controllers: Gauge,
+    ready: AtomicBool,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+fn duration_histogram() -> Histogram {
+    // 0.25 ms .. ~8 s
+    Histogram::new(exponential_buckets(0.000_25, 2.0, 16))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("kubewasm");
+        let reconciles = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "reconciles",
+            "Reconciles by controller and result",
+            reconciles.clone(),
+        );
+        let duration: DurationFamily = Family::new_with_constructor(duration_histogram);
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time of one reconcile: guest call and actions",
+            duration.clone(),
+        );
+        let module_loads = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "module_loads",
+            "Module loads by controller and result",
+            module_loads.clone(),
+        );
+        let in_flight = Gauge::default();
+        registry.register(
+            "reconciles_in_flight",
+            "Reconciles running now",
+            in_flight.clone(),
+        );
+        let controllers = Gauge::default();
+        registry.register(
+            "controllers_running",
+            "Controllers running now",
+            controllers.clone(),
+        );
+        Metrics {
+            registry,
+            reconciles,
+            duration,
+            module_loads,
+            in_flight,
+            controllers,
+            ready: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Metrics {
+    /// Records one finished reconcile.
+    pub fn reconciled(&self, controller: &str, result: &str, took: Duration) {
+        let labels = OutcomeLabels {
+            controller: controller.to_owned(),
+            result: result.to_owned(),
+        };
+        self.reconciles.get_or_create(&labels).inc();
+        self.duration
+            .get_or_create(&ControllerLabels {
+                controller: controller.to_owned(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    /// Counts a reconcile starting; the guard counts it finished when dropped.
+    pub fn start_reconcile(&self) -> InFlight<'_> {
+        self.in_flight.inc();
+        InFlight(&self.in_flight)
+    }
+
+    /// Records a module load attempt.
+    pub fn module_loaded(&self, controller: &str, result: &str) {
+        let labels = OutcomeLabels {
+            controller: controller.to_owned(),
+            result: result.to_owned(),
+        };
+        self.module_loads.get_or_create(&labels).inc();
+    }
+
+    /// Sets how many controllers run.
+    pub fn set_controllers(&self, running: usize) {
+        self.controllers
+            .set(i64::try_from(running).unwrap_or(i64::MAX));
+    }
+
+    /// Marks the runtime ready (caches synced) for `/readyz`.
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Relaxed);
+    }
+
+    /// The metrics in the Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Decrements the in-flight gauge when dropped.
+pub struct InFlight<'a>(&'a Gauge);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+async fn metrics_text(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        m.encode(),
+    )
+}
+
+async fn readyz(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
+    if m.ready.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced yet\n")
+    }
+}
+
+/// Binds `addr` and serves `/metrics`, `/healthz` and `/readyz` in the background.
+/// Returns the bound address (useful with port 0).
+pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let app = Router::new()
+        .route("/metrics", get(metrics_text))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .with_state(metrics);
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!("metrics server stopped: {e}");
+        }
+    });
+    Ok(bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_reconciles_by_result_and_in_flight() {
+        let m = Metrics::default();
+        m.reconciled("ns/c", "success", Duration::from_millis(2));
+        m.reconciled("ns/c", "success", Duration::from_millis(3));
+        m.reconciled("ns/c", "Timeout", Duration::from_secs(1));
+        let guard = m.start_reconcile();
+        let text = m.encode();
+        assert!(
+            text.contains(r#"kubewasm_reconciles_total{controller="ns/c",result="success"} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"kubewasm_reconciles_total{controller="ns/c",result="Timeout"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains("kubewasm_reconciles_in_flight 1"), "{text}");
+        assert!(
+            text.contains(r#"kubewasm_reconcile_duration_seconds_count{controller="ns/c"} 3"#),
+            "{text}"
+        );
+        drop(guard);
+        assert!(m.encode().contains("kubewasm_reconciles_in_flight 0"));
+    }
+}
