@@ -44,6 +44,9 @@ done
 [ -x "$KUBEWASM" ] || fail "$KUBEWASM is missing: run make build"
 
 say "1. Starting a local Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager v1.20)"
+# A runtime and control plane left by an earlier `make up` go first.
+[ -f "$STATE/kubewasm.pid" ] && kill "$(cat "$STATE/kubewasm.pid")" 2>/dev/null || true
+rm -f "$STATE/kubewasm.pid"
 bash "$ROOT/deploy/local/cluster.sh" down "$STATE" >/dev/null 2>&1 || true
 $KEEP || trap cleanup EXIT
 eval "$(bash "$ROOT/deploy/local/cluster.sh" up "$STATE" 2>"$STATE.up.log" | tail -1)" || { cat "$STATE.up.log" >&2; fail "the control plane did not start"; }
