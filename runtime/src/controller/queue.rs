@@ -137,6 +137,17 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
         self.notify.notify_waiters();
     }
 
+    /// Resolves once [`WorkQueue::close`] was called.
+    pub async fn closed(&self) {
+        loop {
+            let notified = self.notify.notified();
+            if self.lock().closed {
+                return;
+            }
+            notified.await;
+        }
+    }
+
     /// Keys waiting now (not delayed, not running).
     pub fn len(&self) -> usize {
         self.lock().ready.len()
@@ -221,9 +232,14 @@ mod tests {
             let q = q.clone();
             async move { q.next().await }
         });
+        let closed = tokio::spawn({
+            let q = q.clone();
+            async move { q.closed().await }
+        });
         tokio::task::yield_now().await;
         q.close();
         assert_eq!(waiter.await.unwrap(), None);
+        closed.await.unwrap();
     }
 
     #[test]

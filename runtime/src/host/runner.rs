@@ -71,6 +71,7 @@ pub struct Runner {
     queue: WorkQueue<ObjectKey>,
     backoff: Backoff<ObjectKey>,
     stats: Stats,
+    synced: std::sync::atomic::AtomicBool,
 }
 
 impl Runner {
@@ -82,12 +83,26 @@ impl Runner {
             queue: WorkQueue::default(),
             backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(300)),
             stats: Stats::default(),
+            synced: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
     /// The counters.
     pub fn stats(&self) -> &Stats {
         &self.stats
+    }
+
+    /// Whether the caches this controller reads have listed once (it reconciles only then).
+    pub fn synced(&self) -> bool {
+        self.synced.load(Ordering::Relaxed)
+    }
+
+    /// The kinds whose caches this controller waits for, for messages.
+    pub fn watched_kinds(&self) -> Vec<String> {
+        std::iter::once(&self.setup.parent)
+            .chain(self.setup.children.iter().map(|(_, w)| w))
+            .map(|w| w.kind().resource.kind.clone())
+            .collect()
     }
 
     /// The module now running.
@@ -131,10 +146,18 @@ impl Runner {
             .iter()
             .map(|(_, w)| w.subscribe())
             .collect();
-        self.setup.parent.ready().await;
-        for (_, w) in &self.setup.children {
-            w.ready().await;
+        let synced = async {
+            self.setup.parent.ready().await;
+            for (_, w) in &self.setup.children {
+                w.ready().await;
+            }
+        };
+        tokio::select! {
+            _ = synced => {}
+            // Stopped before the caches ever listed (e.g. the runtime may not watch a kind).
+            _ = self.queue.closed() => return,
         }
+        self.synced.store(true, Ordering::Relaxed);
         tracing::info!(
             controller = self.setup.id.as_str(),
             "caches synced, starting to reconcile"

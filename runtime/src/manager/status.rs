@@ -76,6 +76,16 @@ fn desired(m: &Managed) -> WasmControllerStatus {
         ),
     };
     let ready = match (&m.runner, &m.setup_problem, &m.module_problem) {
+        (Some((runner, _)), _, _) if !runner.synced() => condition(
+            "Ready",
+            false,
+            "WaitingForCaches",
+            format!(
+                "waiting for the first list of {}; if this lasts, check that the runtime may list and watch them",
+                runner.watched_kinds().join(", ")
+            ),
+            g,
+        ),
         (Some(_), _, _) => condition(
             "Ready",
             true,
