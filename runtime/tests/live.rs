@@ -648,3 +648,87 @@ async fn cluster_scoped(
     .await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn module_from_a_file_path_is_polled_and_pinned() {
+    let control_plane = ControlPlane::shared();
+    let (client, ns) = prepare(control_plane, "file-module").await;
+    let mut runtime = RuntimeProcess::start(control_plane.kubeconfig(), &ns);
+    let result = file_module(&client, &ns).await;
+    finish(result, &mut [&mut runtime]);
+    drop(runtime);
+    let _ = control_plane.delete_namespace(&ns).await;
+}
+
+/// A module given as a file (as a ConfigMap volume would mount it, gzipped here): it runs;
+/// garbage written over it keeps the last good module running with ModuleReady=False; a
+/// WasmController whose sha256 pin does not match never loads it.
+async fn file_module(client: &Client, ns: &str) -> Result<()> {
+    use std::io::Write as _;
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("hello_world.wasm.gz");
+    let wasm = guest("hello_world");
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&wasm)?;
+    std::fs::write(&path, gz.finish()?)?;
+
+    apply_all(client, &example("hello-world/rbac.yaml", ns)?).await?;
+    let mut controller = example("hello-world/controller.yaml", ns)?;
+    let mut wc = take(&mut controller, "WasmController")?;
+    wc["spec"]["module"] = json!({"path": path.to_string_lossy()});
+    apply(client, &wc).await?;
+    let mut pinned = wc.clone();
+    pinned["metadata"]["name"] = json!("pinned");
+    pinned["spec"]["module"]["sha256"] = json!("0".repeat(64));
+    pinned["spec"]["parent"]["labelSelector"] = json!("never=matches");
+    apply(client, &pinned).await?;
+
+    create_hello_world(client, ns, "from-file", "File").await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    wait_greeting_pod(&pods, "from-file", "Hello, File!", None).await?;
+    let digest = sha256(&wasm);
+    wait_status(
+        client,
+        ns,
+        "pinned",
+        "the pinned controller refusing the module",
+        |s| {
+            let c = ensure_condition(s, "ModuleReady", "False")?;
+            ensure!(c.reason == "DigestMismatch", "reason is {}", c.reason);
+            ensure!(
+                c.message.contains(&digest),
+                "message does not name the digest: {}",
+                c.message
+            );
+            ensure_condition(s, "Ready", "False").map(drop)
+        },
+    )
+    .await?;
+
+    std::fs::write(&path, b"not a module at all")?;
+    wait_status(
+        client,
+        ns,
+        "hello-world",
+        "ModuleReady=False after garbage replaced the file",
+        |s| {
+            let c = ensure_condition(s, "ModuleReady", "False")?;
+            ensure!(
+                c.reason == "ModuleInvalid",
+                "reason is {}: {}",
+                c.reason,
+                c.message
+            );
+            ensure!(
+                s.module_digest.as_deref() == Some(digest.as_str()),
+                "moduleDigest changed: {:?}",
+                s.module_digest
+            );
+            Ok(())
+        },
+    )
+    .await?;
+    create_hello_world(client, ns, "still-running", "Still").await?;
+    wait_greeting_pod(&pods, "still-running", "Hello, Still!", None).await?;
+    Ok(())
+}
