@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use kube::api::DynamicObject;
+use kubewasm_guest_sdk::selector::Selector;
 use serde_json::Value;
 
 use crate::controller::{ObjectKey, Watch};
@@ -73,15 +74,23 @@ impl ObjectSource for CacheSource {
         find(watch, &key).map(|o| to_json(watch, &o))
     }
 
-    fn list(&self, api_version: &str, kind: &str, namespace: Option<&str>) -> Vec<Value> {
+    fn list(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: Option<&str>,
+        selector: &Selector,
+    ) -> Vec<Value> {
         let Some(watch) = self.watch(api_version, kind) else {
             return Vec::new();
         };
+        let no_labels = std::collections::BTreeMap::new();
         watch
             .store()
             .state()
             .iter()
             .filter(|o| namespace.is_none() || o.metadata.namespace.as_deref() == namespace)
+            .filter(|o| selector.matches(o.metadata.labels.as_ref().unwrap_or(&no_labels)))
             .map(|o| to_json(watch, o))
             .collect()
     }

@@ -15,8 +15,15 @@ use super::grants::Permissions;
 pub trait ObjectSource: Send + Sync {
     /// One object, if present.
     fn get(&self, object: &ObjectRef) -> Option<Value>;
-    /// All objects of a kind, in one namespace or (`None`) everywhere.
-    fn list(&self, api_version: &str, kind: &str, namespace: Option<&str>) -> Vec<Value>;
+    /// The objects of a kind whose labels match, in one namespace or (`None`) everywhere.
+    /// Sources filter before converting objects to JSON: lists are on the reconcile path.
+    fn list(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: Option<&str>,
+        selector: &Selector,
+    ) -> Vec<Value>;
 }
 
 /// A fixed set of objects, e.g. the `--state` files of an offline run.
@@ -49,13 +56,20 @@ impl ObjectSource for ObjectSet {
             .cloned()
     }
 
-    fn list(&self, api_version: &str, kind: &str, namespace: Option<&str>) -> Vec<Value> {
+    fn list(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: Option<&str>,
+        selector: &Selector,
+    ) -> Vec<Value> {
         self.objects
             .iter()
             .filter(|o| {
                 str_at(o, "/apiVersion") == Some(api_version) && str_at(o, "/kind") == Some(kind)
             })
             .filter(|o| namespace.is_none() || str_at(o, "/metadata/namespace") == namespace)
+            .filter(|o| selector.matches_object(o))
             .cloned()
             .collect()
     }
@@ -127,12 +141,7 @@ impl<S: ObjectSource + ?Sized> Reads for GrantedReads<S> {
             }
             None => Selector::default(),
         };
-        let mut found: Vec<Value> = self
-            .source
-            .list(api_version, kind, namespace)
-            .into_iter()
-            .filter(|o| selector.matches_object(o))
-            .collect();
+        let mut found: Vec<Value> = self.source.list(api_version, kind, namespace, &selector);
         found.sort_by(|a, b| str_at(a, "/metadata/name").cmp(&str_at(b, "/metadata/name")));
         Ok(found)
     }
