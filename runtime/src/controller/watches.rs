@@ -60,6 +60,52 @@ pub struct Watch {
     kind: Kind,
     store: Store<DynamicObject>,
     changes: broadcast::Sender<Arc<Change>>,
+    owned: Mutex<OwnerIndex>,
+}
+
+/// Which cached objects each owner (by uid) has, so finding a parent's children does not
+/// scan the whole cache. Updated before a change is announced; a reconcile that races an
+/// update sees the state of a moment ago and the announced change reconciles again.
+#[derive(Default)]
+struct OwnerIndex {
+    by_owner: HashMap<String, HashSet<ObjectKey>>,
+    by_object: HashMap<ObjectKey, Vec<String>>,
+}
+
+impl OwnerIndex {
+    fn set(&mut self, key: ObjectKey, owners: Vec<String>) {
+        self.remove(&key);
+        for uid in &owners {
+            self.by_owner
+                .entry(uid.clone())
+                .or_default()
+                .insert(key.clone());
+        }
+        if !owners.is_empty() {
+            self.by_object.insert(key, owners);
+        }
+    }
+
+    fn remove(&mut self, key: &ObjectKey) {
+        for uid in self.by_object.remove(key).unwrap_or_default() {
+            if let Some(keys) = self.by_owner.get_mut(&uid) {
+                keys.remove(key);
+                if keys.is_empty() {
+                    self.by_owner.remove(&uid);
+                }
+            }
+        }
+    }
+}
+
+fn owner_uids(object: &DynamicObject) -> Vec<String> {
+    object
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .map(|o| o.uid.clone())
+        .collect()
 }
 
 impl Watch {
@@ -71,6 +117,27 @@ impl Watch {
     /// The kind watched.
     pub fn kind(&self) -> &Kind {
         &self.kind
+    }
+
+    /// Cached objects that list `owner_uid` among their ownerReferences.
+    pub fn owned_by(&self, owner_uid: &str) -> Vec<Arc<DynamicObject>> {
+        let keys: Vec<ObjectKey> = {
+            let index = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+            index
+                .by_owner
+                .get(owner_uid)
+                .map(|k| k.iter().cloned().collect())
+                .unwrap_or_default()
+        };
+        keys.iter()
+            .filter_map(|key| {
+                let mut r = reflector::ObjectRef::new_with(&key.name, self.kind.resource.clone());
+                if let Some(ns) = &key.namespace {
+                    r = r.within(ns);
+                }
+                self.store.get(&r)
+            })
+            .collect()
     }
 
     /// Changes from now on. A receiver that lags must treat everything as changed.
@@ -138,7 +205,9 @@ fn start(client: Client, kind: Kind) -> Arc<Watch> {
         kind: kind.clone(),
         store: store.clone(),
         changes: changes.clone(),
+        owned: Mutex::default(),
     });
+    let index = watch.clone();
     let api = kind.api(client, None);
     let what = format!("{} ({})", kind.resource.kind, kind.resource.api_version);
     tokio::spawn(async move {
@@ -157,8 +226,16 @@ fn start(client: Client, kind: Kind) -> Arc<Watch> {
                     owners,
                 }));
             };
+            let lock = || index.owned.lock().unwrap_or_else(|e| e.into_inner());
             match event {
-                Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o)) => send(&o),
+                Ok(watcher::Event::Apply(o)) => {
+                    lock().set(ObjectKey::of(&o), owner_uids(&o));
+                    send(&o)
+                }
+                Ok(watcher::Event::Delete(o)) => {
+                    lock().remove(&ObjectKey::of(&o));
+                    send(&o)
+                }
                 Ok(watcher::Event::Init) => {
                     // Remember what we had, to announce objects that vanished while we were away.
                     before_relist = store.state().iter().map(|o| ObjectKey::of(o)).collect();
@@ -166,6 +243,13 @@ fn start(client: Client, kind: Kind) -> Arc<Watch> {
                 Ok(watcher::Event::InitApply(_)) => {}
                 Ok(watcher::Event::InitDone) => {
                     let now = store.state();
+                    {
+                        let mut owned = lock();
+                        *owned = OwnerIndex::default();
+                        for object in &now {
+                            owned.set(ObjectKey::of(object), owner_uids(object));
+                        }
+                    }
                     tracing::debug!(
                         kind = what.as_str(),
                         objects = now.len(),
@@ -190,4 +274,30 @@ fn start(client: Client, kind: Kind) -> Arc<Watch> {
         }
     });
     watch
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> ObjectKey {
+        ObjectKey {
+            namespace: Some("ns".into()),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn owner_index_follows_changed_and_removed_owners() {
+        let mut index = OwnerIndex::default();
+        index.set(key("a"), vec!["p1".into()]);
+        index.set(key("b"), vec!["p1".into(), "p2".into()]);
+        assert_eq!(index.by_owner["p1"], HashSet::from([key("a"), key("b")]));
+        index.set(key("a"), vec!["p2".into()]); // re-owned
+        assert_eq!(index.by_owner["p1"], HashSet::from([key("b")]));
+        assert_eq!(index.by_owner["p2"], HashSet::from([key("a"), key("b")]));
+        index.remove(&key("b"));
+        index.set(key("a"), vec![]); // owner reference dropped
+        assert!(index.by_owner.is_empty() && index.by_object.is_empty());
+    }
 }

@@ -352,7 +352,7 @@ impl Runner {
         };
         let mut found = Vec::new();
         for (_, watch) in &self.setup.children {
-            for child in watch.store().state() {
+            for child in watch.owned_by(uid) {
                 let owned = child
                     .metadata
                     .owner_references
