@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use kubewasm::api::WasmControllerSpec;
-use kubewasm::host::{GrantedReads, ObjectSet, Permissions, module};
+use kubewasm::host::{GrantedReads, ObjectSet, ObjectSource, Permissions, module};
 use kubewasm::sandbox::{Action, Limits, ObjectRef, Request, Sandbox, SandboxConfig};
 use serde_json::Value;
 
@@ -74,8 +74,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         parent: Some(parent),
         children,
     };
+    let state = Arc::new(ObjectSet::new(state));
     let reads = Arc::new(GrantedReads::new(
-        Arc::new(ObjectSet::new(state.clone())),
+        state.clone(),
         Arc::new(permissions),
         target.namespace.clone(),
     ));
@@ -213,7 +214,7 @@ fn observed_children(
 
 /// Objects to apply become YAML documents `kubectl apply -f -` accepts; every other action
 /// is written as a comment so the stream stays appliable.
-fn render(target: &ObjectRef, actions: &[Action], state: &[Value]) -> anyhow::Result<String> {
+fn render(target: &ObjectRef, actions: &[Action], state: &ObjectSet) -> anyhow::Result<String> {
     let mut out = String::new();
     if actions.is_empty() {
         out.push_str(&format!("# {target}: nothing to do\n"));
@@ -277,7 +278,7 @@ fn comment(text: &str) -> String {
 
 /// Names of the `--state` objects a delete-by-selector would hit.
 fn matching(
-    state: &[Value],
+    state: &ObjectSet,
     api_version: &str,
     kind: &str,
     namespace: &str,
@@ -286,15 +287,13 @@ fn matching(
     let Ok(selector) = kubewasm_guest_sdk::selector::Selector::parse(selector) else {
         return Vec::new();
     };
-    let field = |o: &Value, p: &str| o.pointer(p).and_then(Value::as_str).map(str::to_owned);
     state
+        .list(api_version, kind, Some(namespace), &selector)
         .iter()
-        .filter(|o| {
-            field(o, "/apiVersion").as_deref() == Some(api_version)
-                && field(o, "/kind").as_deref() == Some(kind)
+        .filter_map(|o| {
+            o.pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
         })
-        .filter(|o| field(o, "/metadata/namespace").as_deref() == Some(namespace))
-        .filter(|o| selector.matches_object(o))
-        .filter_map(|o| field(o, "/metadata/name"))
         .collect()
 }

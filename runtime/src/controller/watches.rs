@@ -129,15 +129,18 @@ impl Watch {
                 .map(|k| k.iter().cloned().collect())
                 .unwrap_or_default()
         };
-        keys.iter()
-            .filter_map(|key| {
-                let mut r = reflector::ObjectRef::new_with(&key.name, self.kind.resource.clone());
-                if let Some(ns) = &key.namespace {
-                    r = r.within(ns);
-                }
-                self.store.get(&r)
-            })
-            .collect()
+        keys.iter().filter_map(|key| self.get(key)).collect()
+    }
+
+    /// One cached object (the namespace is ignored for cluster-scoped kinds).
+    pub fn get(&self, key: &ObjectKey) -> Option<Arc<DynamicObject>> {
+        let mut r = reflector::ObjectRef::new_with(&key.name, self.kind.resource.clone());
+        if let Some(ns) = &key.namespace
+            && self.kind.namespaced
+        {
+            r = r.within(ns);
+        }
+        self.store.get(&r)
     }
 
     /// Changes from now on. A receiver that lags must treat everything as changed.

@@ -52,18 +52,6 @@ pub fn to_json(watch: &Watch, object: &DynamicObject) -> Value {
     value
 }
 
-/// Finds an object in a watch's cache.
-pub fn find(watch: &Watch, key: &ObjectKey) -> Option<Arc<DynamicObject>> {
-    let mut r =
-        kube::runtime::reflector::ObjectRef::new_with(&key.name, watch.kind().resource.clone());
-    if let Some(ns) = &key.namespace
-        && watch.kind().namespaced
-    {
-        r = r.within(ns);
-    }
-    watch.store().get(&r)
-}
-
 impl ObjectSource for CacheSource {
     fn get(&self, object: &ObjectRef) -> Option<Value> {
         let watch = self.watch(&object.api_version, &object.kind)?;
@@ -71,7 +59,7 @@ impl ObjectSource for CacheSource {
             namespace: object.namespace.clone(),
             name: object.name.clone(),
         };
-        find(watch, &key).map(|o| to_json(watch, &o))
+        watch.get(&key).map(|o| to_json(watch, &o))
     }
 
     fn list(

@@ -9,7 +9,7 @@ mod reads;
 mod runner;
 
 pub use actions::{ActionError, ChildKind, Executor};
-pub use cache::{CacheSource, find as find_object, to_json};
+pub use cache::{CacheSource, to_json};
 pub use grants::{Denied, Permissions};
 pub use reads::{GrantedReads, ObjectSet, ObjectSource};
 pub use runner::{ControllerSetup, Runner, Stats};

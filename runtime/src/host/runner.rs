@@ -17,7 +17,7 @@ use crate::metrics::Metrics;
 use crate::sandbox::{GuestPre, Limits, ObjectRef, Request, Sandbox};
 
 use super::actions::{ChildKind, Executor};
-use super::cache::{CacheSource, find, to_json};
+use super::cache::{CacheSource, to_json};
 use super::grants::Permissions;
 use super::reads::GrantedReads;
 
@@ -279,7 +279,7 @@ impl Runner {
     ) -> Result<Option<Duration>, (&'static str, String)> {
         let s = &self.setup;
         let parent_watch = &s.parent;
-        let parent = find(parent_watch, key);
+        let parent = parent_watch.get(key);
         if let (Some(p), Some(sel)) = (&parent, &s.parent_selector) {
             let labels = p.metadata.labels.clone().unwrap_or_default();
             if !sel.matches(&labels) {

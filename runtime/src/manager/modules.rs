@@ -78,7 +78,7 @@ impl Manager {
                     .config_maps
                     .as_ref()
                     .ok_or_else(|| Problem::new("ModuleNotFound", "no ConfigMap cache"))?;
-                let found = crate::host::find_object(watch, &key).ok_or_else(|| {
+                let found = watch.get(&key).ok_or_else(|| {
                     Problem::new(
                         "ModuleNotFound",
                         format!("ConfigMap {namespace}/{} does not exist; create it with `kubectl -n {namespace} create configmap {} --from-file={}=<guest>.wasm`", cm.name, cm.name, cm.key),
