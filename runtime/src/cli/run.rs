@@ -19,6 +19,19 @@ pub struct Args {
     /// runtimes can then share a cluster, one per namespace.
     #[arg(long)]
     namespace: Option<String>,
+    /// The only directory whose files a ClusterWasmController may load as modules
+    /// (`spec.module.path`); unset, module files are refused. WasmControllers never may.
+    #[arg(long)]
+    module_dir: Option<std::path::PathBuf>,
+    /// Kinds controllers may make the runtime watch: `[!]group/Kind` rules, first match wins
+    /// (`core` is the core group, `*` any group or kind). The default allows everything but
+    /// Secrets and the `*.k8s.io` system groups.
+    #[arg(long, default_value = kubewasm::controller::DEFAULT_WATCHABLE_KINDS)]
+    watchable_kinds: kubewasm::controller::WatchableKinds,
+    /// Seconds an answer about a controller's ServiceAccount's RBAC (SubjectAccessReview) is
+    /// reused; running controllers are checked again this often.
+    #[arg(long, default_value_t = 30)]
+    access_review_seconds: u64,
     /// Serve `/metrics` (Prometheus), `/healthz` and `/readyz` here, e.g. `0.0.0.0:8080`.
     #[arg(long)]
     metrics_addr: Option<std::net::SocketAddr>,
@@ -47,6 +60,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config.sandbox.max_instances = args.max_instances;
         config.namespace = args.namespace;
         config.module_poll = Duration::from_secs(args.module_poll_seconds.max(1));
+        config.module_dir = args.module_dir;
+        config.watchable = args.watchable_kinds;
+        config.access_review_ttl = Duration::from_secs(args.access_review_seconds.max(1));
         let manager = Manager::new(kube_config.clone(), config)?;
         if let Some(addr) = args.metrics_addr {
             let bound = kubewasm::metrics::serve(addr, manager.metrics())

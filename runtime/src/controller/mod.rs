@@ -1,12 +1,14 @@
 //! Kubernetes machinery, kube-rs only: kind discovery, shared watches, the work queue,
-//! leader election.
+//! leader election, and which kinds may be watched at all.
 
 mod discovery;
 mod leader;
 mod queue;
+mod watchable;
 mod watches;
 
 pub use discovery::{Kind, Resolver};
 pub use leader::LeaderElector;
 pub use queue::{Backoff, WorkQueue};
+pub use watchable::{DEFAULT_WATCHABLE_KINDS, InvalidRule, WatchableKinds};
 pub use watches::{Change, ObjectKey, SharedWatches, Watch};

@@ -36,6 +36,14 @@ pub struct ManagerConfig {
     pub retry_interval: Duration,
     /// Host only the WasmControllers of this namespace (and no ClusterWasmControllers).
     pub namespace: Option<String>,
+    /// The only directory `spec.module.path` of a ClusterWasmController may name a file in;
+    /// `None`: module files are refused.
+    pub module_dir: Option<std::path::PathBuf>,
+    /// Kinds controllers may make the runtime watch.
+    pub watchable: crate::controller::WatchableKinds,
+    /// How long an answer of a SubjectAccessReview is reused, and how often running
+    /// controllers' read permissions are checked again.
+    pub access_review_ttl: Duration,
 }
 
 impl Default for ManagerConfig {
@@ -46,6 +54,9 @@ impl Default for ManagerConfig {
             status_interval: Duration::from_secs(2),
             retry_interval: Duration::from_secs(5),
             namespace: None,
+            module_dir: None,
+            watchable: crate::controller::WatchableKinds::default(),
+            access_review_ttl: Duration::from_secs(30),
         }
     }
 }
