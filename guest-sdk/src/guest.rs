@@ -50,6 +50,11 @@ impl Cluster for HostCluster {
         namespace: Option<&str>,
         name: &str,
     ) -> Result<Option<Value>, Error> {
+        // Refused here already, as `FakeCluster` and the host refuse them (permanently).
+        crate::query::validate_name(name)?;
+        if let Some(ns) = namespace {
+            crate::query::validate_namespace(ns)?;
+        }
         match host::get(api_version, kind, namespace, name) {
             Ok(Some(json)) => Ok(Some(serde_json::from_str(&json)?)),
             Ok(None) => Ok(None),
@@ -64,6 +69,10 @@ impl Cluster for HostCluster {
         namespace: Option<&str>,
         label_selector: Option<&str>,
     ) -> Result<Vec<Value>, Error> {
+        crate::query::parse_selector(label_selector)?;
+        if let Some(ns) = namespace {
+            crate::query::validate_namespace(ns)?;
+        }
         host::list(api_version, kind, namespace, label_selector)
             .map_err(Error::retryable)?
             .iter()

@@ -33,6 +33,7 @@ extern crate self as kubewasm_guest_sdk;
 mod cluster;
 mod error;
 pub mod object;
+pub mod query;
 mod request;
 mod response;
 pub mod selector;

@@ -31,7 +31,7 @@ use std::cell::RefCell;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::selector::Selector;
+use crate::query::{self, Query};
 use crate::{Cluster, Error, LogLevel, Request, object};
 
 /// Every document of a (multi-document) YAML string, as JSON values. Empty documents are
@@ -72,8 +72,9 @@ pub fn request_from_yaml(yaml: &str) -> Request {
         .with_controller("test/controller")
 }
 
-/// An in-memory cluster: objects loaded from YAML, reads answered with the same label
-/// selector rules as the runtime, log lines kept for assertions.
+/// An in-memory cluster: objects loaded from YAML, reads answered through the same
+/// [`Query`] as the runtime's (scope, namespace, names, selector, order), log lines kept for
+/// assertions.
 #[derive(Debug, Default)]
 pub struct FakeCluster {
     objects: Vec<Value>,
@@ -144,22 +145,31 @@ impl FakeCluster {
         }
     }
 
-    /// Objects of one kind in the namespace a read asks for.
-    fn of_kind<'a>(
-        &'a self,
-        api_version: &'a str,
-        kind: &'a str,
-        namespace: Option<&'a str>,
-    ) -> impl Iterator<Item = &'a Value> + 'a {
-        let namespace = namespace.or(self.default_namespace.as_deref());
-        self.objects.iter().filter(move |obj| {
-            object::api_version(obj) == Some(api_version)
-                && object::kind(obj) == Some(kind)
-                && match (namespace, object::namespace(obj)) {
-                    (Some(want), Some(have)) => want == have,
-                    (Some(_), None) | (None, _) => true,
-                }
-        })
+    /// Whether a kind lives in namespaces, as far as the objects held tell: a kind with no
+    /// objects, or with namespaced ones, is taken as namespaced.
+    fn namespaced(&self, api_version: &str, kind: &str) -> bool {
+        self.objects
+            .iter()
+            .find(|o| object::api_version(o) == Some(api_version) && object::kind(o) == Some(kind))
+            .is_none_or(|o| object::namespace(o).is_some())
+    }
+
+    /// The read as the runtime would resolve it (same scope rules, same errors).
+    fn query(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: Option<&str>,
+        label_selector: Option<&str>,
+    ) -> Result<Query, Error> {
+        Ok(Query::new(
+            api_version,
+            kind,
+            self.namespaced(api_version, kind),
+            namespace,
+            self.default_namespace.as_deref(),
+            label_selector,
+        )?)
     }
 }
 
@@ -172,10 +182,9 @@ impl Cluster for FakeCluster {
         name: &str,
     ) -> Result<Option<Value>, Error> {
         self.check_reads()?;
-        Ok(self
-            .of_kind(api_version, kind, namespace)
-            .find(|obj| object::name(obj) == Some(name))
-            .cloned())
+        query::validate_name(name)?;
+        let query = self.query(api_version, kind, namespace, None)?;
+        Ok(self.objects.iter().find(|o| query.finds(o, name)).cloned())
     }
 
     fn list(
@@ -186,15 +195,15 @@ impl Cluster for FakeCluster {
         label_selector: Option<&str>,
     ) -> Result<Vec<Value>, Error> {
         self.check_reads()?;
-        let selector = match label_selector {
-            Some(selector) => Selector::parse(selector)?,
-            None => Selector::default(),
-        };
-        Ok(self
-            .of_kind(api_version, kind, namespace)
-            .filter(|obj| selector.matches_object(obj))
+        let query = self.query(api_version, kind, namespace, label_selector)?;
+        let mut found: Vec<Value> = self
+            .objects
+            .iter()
+            .filter(|o| query.matches(o))
             .cloned()
-            .collect())
+            .collect();
+        query::sort(&mut found);
+        Ok(found)
     }
 
     fn log(&self, level: LogLevel, message: &str) {

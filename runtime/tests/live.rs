@@ -12,6 +12,8 @@ mod support;
 mod apiserver;
 #[path = "live/cluster.rs"]
 mod cluster;
+#[path = "live/isolation.rs"]
+mod isolation;
 #[path = "live/reload.rs"]
 mod reload;
 #[path = "live/restarter.rs"]

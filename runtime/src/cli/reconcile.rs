@@ -7,6 +7,7 @@ use anyhow::{Context, bail};
 use kubewasm::api::WasmControllerSpec;
 use kubewasm::host::{GrantedReads, ObjectSet, ObjectSource, Permissions, module};
 use kubewasm::sandbox::{Action, Limits, ObjectRef, Request, Sandbox, SandboxConfig};
+use kubewasm_guest_sdk::query::Query;
 use serde_json::Value;
 
 use super::yaml::{read_object, read_objects};
@@ -284,11 +285,21 @@ fn matching(
     namespace: &str,
     selector: &str,
 ) -> Vec<String> {
-    let Ok(selector) = kubewasm_guest_sdk::selector::Selector::parse(selector) else {
+    let namespaced = state.namespaced(api_version, kind).unwrap_or(true);
+    let namespace = Some(namespace).filter(|_| namespaced);
+    let Ok(query) = Query::new(
+        api_version,
+        kind,
+        namespaced,
+        namespace,
+        None,
+        Some(selector),
+    ) else {
         return Vec::new();
     };
-    state
-        .list(api_version, kind, Some(namespace), &selector)
+    let mut found = state.list(&query);
+    kubewasm_guest_sdk::query::sort(&mut found);
+    found
         .iter()
         .filter_map(|o| {
             o.pointer("/metadata/name")

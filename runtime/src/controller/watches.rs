@@ -6,7 +6,7 @@
 //! happened while the connection was down.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -55,12 +55,19 @@ pub struct Change {
     pub owners: Vec<OwnerReference>,
 }
 
-/// One running watch of one kind, with its cache.
+/// One running watch of one kind, with its cache. Dropping the last handle stops it.
 pub struct Watch {
     kind: Kind,
     store: Store<DynamicObject>,
     changes: broadcast::Sender<Arc<Change>>,
-    owned: Mutex<OwnerIndex>,
+    owned: Arc<Mutex<OwnerIndex>>,
+    task: tokio::task::AbortHandle,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// Which cached objects each owner (by uid) has, so finding a parent's children does not
@@ -155,43 +162,68 @@ impl Watch {
     }
 }
 
-/// Watches by (apiVersion, kind).
-type WatchMap = HashMap<(String, String), Arc<Watch>>;
+/// Watches by (apiVersion, kind). Users hold the watches; this map only finds them, so a
+/// watch nobody needs any more stops.
+type WatchMap = HashMap<(String, String), Weak<Watch>>;
 
 /// All watches of the process, by kind.
+///
+/// One cluster-wide watch per kind, shared by every controller of every namespace that needs
+/// it: a watch per namespace would multiply connections and relists by the number of
+/// tenants. A runtime started for one namespace (`kubewasm run --namespace`) watches only
+/// that namespace, so it needs no cluster-wide read rights.
 #[derive(Clone)]
 pub struct SharedWatches {
     client: Client,
+    namespace: Option<String>,
     watches: Arc<Mutex<WatchMap>>,
 }
 
 impl SharedWatches {
-    /// No watches yet; they start on first use.
-    pub fn new(client: Client) -> Self {
+    /// No watches yet; they start on first use, in `namespace` only if given.
+    pub fn new(client: Client, namespace: Option<String>) -> Self {
         SharedWatches {
             client,
+            namespace,
             watches: Arc::default(),
         }
     }
 
-    /// The watch of a kind, started on first request and shared afterwards.
+    /// The watch of a kind, started on first request and shared while anyone holds it.
     pub fn watch(&self, kind: &Kind) -> Arc<Watch> {
         let key = (
             kind.resource.api_version.clone(),
             kind.resource.kind.clone(),
         );
         let mut watches = self.watches.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(w) = watches.get(&key) {
-            return w.clone();
+        if let Some(w) = watches.get(&key).and_then(Weak::upgrade) {
+            return w;
         }
-        let watch = start(self.client.clone(), kind.clone());
-        watches.insert(key, watch.clone());
+        let watch = start(self.client.clone(), kind.clone(), self.namespace.as_deref());
+        watches.insert(key, Arc::downgrade(&watch));
         watch
+    }
+
+    /// Forgets watches nobody holds any more (they stopped when their last holder let go).
+    pub fn release_unused(&self) {
+        let mut watches = self.watches.lock().unwrap_or_else(|e| e.into_inner());
+        watches.retain(|(api_version, kind), w| {
+            let alive = w.strong_count() > 0;
+            if !alive {
+                tracing::info!(kind = %kind, api_version = %api_version, "stopped shared watch: no controller needs it");
+            }
+            alive
+        });
     }
 
     /// How many watches run (one per kind).
     pub fn len(&self) -> usize {
-        self.watches.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.watches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|w| w.strong_count() > 0)
+            .count()
     }
 
     /// Whether no watch runs.
@@ -200,20 +232,18 @@ impl SharedWatches {
     }
 }
 
-fn start(client: Client, kind: Kind) -> Arc<Watch> {
+fn start(client: Client, kind: Kind, namespace: Option<&str>) -> Arc<Watch> {
     let writer = reflector::store::Writer::<DynamicObject>::new(kind.resource.clone());
     let store = writer.as_reader();
     let (changes, _) = broadcast::channel(4096);
-    let watch = Arc::new(Watch {
-        kind: kind.clone(),
-        store: store.clone(),
-        changes: changes.clone(),
-        owned: Mutex::default(),
-    });
-    let index = watch.clone();
-    let api = kind.api(client, None);
+    let owned: Arc<Mutex<OwnerIndex>> = Arc::default();
+    let index = owned.clone();
+    let api = kind.api(client, namespace);
     let what = format!("{} ({})", kind.resource.kind, kind.resource.api_version);
-    tokio::spawn(async move {
+    let task_store = store.clone();
+    let task_changes = changes.clone();
+    let task = tokio::spawn(async move {
+        let (store, changes) = (task_store, task_changes);
         tracing::info!(kind = what.as_str(), "starting shared watch");
         let stream = reflector::reflector(
             writer,
@@ -229,7 +259,7 @@ fn start(client: Client, kind: Kind) -> Arc<Watch> {
                     owners,
                 }));
             };
-            let lock = || index.owned.lock().unwrap_or_else(|e| e.into_inner());
+            let lock = || index.lock().unwrap_or_else(|e| e.into_inner());
             match event {
                 Ok(watcher::Event::Apply(o)) => {
                     lock().set(ObjectKey::of(&o), owner_uids(&o));
@@ -276,7 +306,13 @@ fn start(client: Client, kind: Kind) -> Arc<Watch> {
             }
         }
     });
-    watch
+    Arc::new(Watch {
+        kind,
+        store,
+        changes,
+        owned,
+        task: task.abort_handle(),
+    })
 }
 
 #[cfg(test)]

@@ -12,14 +12,16 @@ use kube::api::{
     DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, Preconditions,
 };
 use kube::{Api, Client};
+use kubewasm_guest_sdk::query;
 use kubewasm_guest_sdk::selector::Selector;
 use serde_json::{Value, json};
 
 use crate::api::{UpdateStrategy, Verb};
-use crate::controller::{Kind, Resolver};
+use crate::controller::Kind;
 use crate::sandbox::{Action, Event, EventType, ObjectRef};
 
 use super::grants::{Denied, Permissions};
+use super::kinds::DeclaredKinds;
 
 /// An action that could not be carried out.
 #[derive(Debug, thiserror::Error)]
@@ -27,17 +29,6 @@ pub enum ActionError {
     /// The declaration does not allow it.
     #[error(transparent)]
     Denied(#[from] Denied),
-    /// The kind is unknown to the API server.
-    #[error("unknown kind {kind} ({api_version}): {source}")]
-    UnknownKind {
-        /// apiVersion asked for.
-        api_version: String,
-        /// kind asked for.
-        kind: String,
-        /// Discovery error.
-        #[source]
-        source: kube::Error,
-    },
     /// The API server refused or failed.
     #[error("{what} failed: {}", api_message(.source))]
     Api {
@@ -74,8 +65,8 @@ pub struct ChildKind {
 pub struct Executor<'a> {
     /// Client acting as the controller's ServiceAccount.
     pub client: Client,
-    /// Kind lookups.
-    pub resolver: &'a Resolver,
+    /// The kinds the controller declared, resolved when it started.
+    pub kinds: &'a DeclaredKinds,
     /// What the controller may do.
     pub permissions: &'a Permissions,
     /// Field manager for server-side apply (one per controller).
@@ -153,15 +144,34 @@ impl Executor<'_> {
         Ok(outcome)
     }
 
-    async fn resolve(&self, api_version: &str, kind: &str) -> Result<Kind, ActionError> {
-        self.resolver
-            .resolve(api_version, kind)
-            .await
-            .map_err(|source| ActionError::UnknownKind {
-                api_version: api_version.to_owned(),
-                kind: kind.to_owned(),
-                source,
-            })
+    /// The declared kind of an action, with the namespace it acts in (checked, not yet
+    /// authorized). An undeclared kind is refused here, before discovery or any API call.
+    fn resolve(&self, verb: Verb, r: &ObjectRef) -> Result<(&Kind, Option<String>), ActionError> {
+        let Some(kind) = self.kinds.get(&r.api_version, &r.kind) else {
+            let namespace = r.namespace.as_deref().or(self.target.namespace.as_deref());
+            self.permissions
+                .check(verb, &r.api_version, &r.kind, namespace)?;
+            return Err(ActionError::Invalid(format!(
+                "{} ({}) was not declared in spec.parent, spec.children or spec.grants",
+                r.kind, r.api_version
+            )));
+        };
+        if !kind.namespaced
+            && let Some(ns) = &r.namespace
+        {
+            return Err(ActionError::Invalid(format!(
+                "{} ({}) is cluster-scoped: leave out the namespace (got `{ns}`)",
+                r.kind, r.api_version
+            )));
+        }
+        let namespace = self.namespace_for(kind, r.namespace.as_deref());
+        if let Some(ns) = &namespace {
+            query::validate_namespace(ns).map_err(|e| ActionError::Invalid(e.to_string()))?;
+        }
+        if !r.name.is_empty() {
+            query::validate_name(&r.name).map_err(|e| ActionError::Invalid(e.to_string()))?;
+        }
+        Ok((kind, namespace))
     }
 
     fn namespace_for(&self, kind: &Kind, asked: Option<&str>) -> Option<String> {
@@ -193,8 +203,8 @@ impl Executor<'_> {
         outcome: &mut Outcome,
     ) -> Result<(), ActionError> {
         let r = ObjectRef::of(object).map_err(ActionError::Invalid)?;
-        let kind = self.resolve(&r.api_version, &r.kind).await?;
-        let namespace = self.namespace_for(&kind, r.namespace.as_deref());
+        query::validate_name(&r.name).map_err(|e| ActionError::Invalid(e.to_string()))?;
+        let (kind, namespace) = self.resolve(Verb::Apply, &r)?;
         self.permissions
             .check(Verb::Apply, &r.api_version, &r.kind, namespace.as_deref())?;
         let mut object = object.clone();
@@ -228,7 +238,7 @@ impl Executor<'_> {
                     UpdateStrategy::OnDelete => return Ok(()),
                     UpdateStrategy::Recreate => {
                         let gone = self
-                            .delete_object(&kind, namespace.as_deref(), observed, outcome)
+                            .delete_object(kind, namespace.as_deref(), observed, outcome)
                             .await?;
                         if !gone {
                             outcome.requeue_after = Some(Duration::from_secs(2));
@@ -301,8 +311,8 @@ impl Executor<'_> {
     }
 
     async fn delete_one(&self, r: &ObjectRef, outcome: &mut Outcome) -> Result<(), ActionError> {
-        let kind = self.resolve(&r.api_version, &r.kind).await?;
-        let namespace = self.namespace_for(&kind, r.namespace.as_deref());
+        query::validate_name(&r.name).map_err(|e| ActionError::Invalid(e.to_string()))?;
+        let (kind, namespace) = self.resolve(Verb::Delete, r)?;
         self.permissions
             .check(Verb::Delete, &r.api_version, &r.kind, namespace.as_deref())?;
         let api = kind.api(self.client.clone(), namespace.as_deref());
@@ -332,8 +342,7 @@ impl Executor<'_> {
         Selector::parse(selector).map_err(|e| {
             ActionError::Invalid(format!("invalid label selector `{selector}`: {e}"))
         })?;
-        let kind = self.resolve(&r.api_version, &r.kind).await?;
-        let namespace = self.namespace_for(&kind, r.namespace.as_deref());
+        let (kind, namespace) = self.resolve(Verb::Delete, r)?;
         self.permissions
             .check(Verb::Delete, &r.api_version, &r.kind, namespace.as_deref())?;
         let api: Api<DynamicObject> = kind.api(self.client.clone(), namespace.as_deref());
@@ -346,7 +355,7 @@ impl Executor<'_> {
             })?;
         for object in found.items {
             let value = serde_json::to_value(&object).unwrap_or(Value::Null);
-            self.delete_object(&kind, namespace.as_deref(), &value, outcome)
+            self.delete_object(kind, namespace.as_deref(), &value, outcome)
                 .await?;
         }
         Ok(())

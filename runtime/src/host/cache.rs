@@ -4,11 +4,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use kube::api::DynamicObject;
-use kubewasm_guest_sdk::selector::Selector;
+use kubewasm_guest_sdk::query::{Query, Scope};
 use serde_json::Value;
 
 use crate::controller::{ObjectKey, Watch};
-use crate::sandbox::ObjectRef;
 
 use super::reads::ObjectSource;
 
@@ -53,32 +52,42 @@ pub fn to_json(watch: &Watch, object: &DynamicObject) -> Value {
 }
 
 impl ObjectSource for CacheSource {
-    fn get(&self, object: &ObjectRef) -> Option<Value> {
-        let watch = self.watch(&object.api_version, &object.kind)?;
-        let key = ObjectKey {
-            namespace: object.namespace.clone(),
-            name: object.name.clone(),
-        };
-        watch.get(&key).map(|o| to_json(watch, &o))
+    fn namespaced(&self, api_version: &str, kind: &str) -> Option<bool> {
+        self.watch(api_version, kind).map(|w| w.kind().namespaced)
     }
 
-    fn list(
-        &self,
-        api_version: &str,
-        kind: &str,
-        namespace: Option<&str>,
-        selector: &Selector,
-    ) -> Vec<Value> {
-        let Some(watch) = self.watch(api_version, kind) else {
+    fn get(&self, query: &Query, name: &str) -> Option<Value> {
+        let watch = self.watch(&query.api_version, &query.kind)?;
+        let found = match &query.scope {
+            Scope::Namespace(ns) => watch.get(&ObjectKey {
+                namespace: Some(ns.clone()),
+                name: name.to_owned(),
+            }),
+            Scope::Cluster => watch.get(&ObjectKey {
+                namespace: None,
+                name: name.to_owned(),
+            }),
+            Scope::AllNamespaces => watch
+                .store()
+                .state()
+                .into_iter()
+                .find(|o| o.metadata.name.as_deref() == Some(name)),
+        }?;
+        // The cache's own scope rules are not the query's: check again what was found.
+        query
+            .matches_meta(found.metadata.namespace.as_deref(), &found.metadata.labels)
+            .then(|| to_json(watch, &found))
+    }
+
+    fn list(&self, query: &Query) -> Vec<Value> {
+        let Some(watch) = self.watch(&query.api_version, &query.kind) else {
             return Vec::new();
         };
-        let no_labels = std::collections::BTreeMap::new();
         watch
             .store()
             .state()
             .iter()
-            .filter(|o| namespace.is_none() || o.metadata.namespace.as_deref() == namespace)
-            .filter(|o| selector.matches(o.metadata.labels.as_ref().unwrap_or(&no_labels)))
+            .filter(|o| query.matches_meta(o.metadata.namespace.as_deref(), &o.metadata.labels))
             .map(|o| to_json(watch, o))
             .collect()
     }

@@ -1,15 +1,19 @@
 //! The bridge between the sandbox and Kubernetes: grants, reads for guests (from the shared
 //! caches), module sources, and actions turned into API calls.
 
+mod access;
 pub mod actions;
 mod cache;
 mod grants;
+mod kinds;
 pub mod module;
 mod reads;
 mod runner;
 
+pub use access::{AccessReviews, MissingReads, READ_VERBS, ReviewFailed, ServiceAccount};
 pub use actions::{ActionError, ChildKind, Executor};
 pub use cache::{CacheSource, to_json};
 pub use grants::{Denied, Permissions};
+pub use kinds::DeclaredKinds;
 pub use reads::{GrantedReads, ObjectSet, ObjectSource};
 pub use runner::{ControllerSetup, Runner, Stats};

@@ -1,9 +1,10 @@
-//! Guest reads: checked against the grants, then answered from a source of objects
-//! (the shared watch cache when live, a fixed set of objects offline).
+//! Guest reads: resolved, checked against the grants, then answered from a source of objects
+//! (the shared watch cache when live, a fixed set of objects offline) through one [`Query`].
 
 use std::sync::Arc;
 
-use kubewasm_guest_sdk::selector::Selector;
+use kubewasm_guest_sdk::object;
+use kubewasm_guest_sdk::query::{self, Query};
 use serde_json::Value;
 
 use crate::api::Verb;
@@ -12,18 +13,16 @@ use crate::sandbox::{ObjectRef, Reads};
 use super::grants::Permissions;
 
 /// Where objects are read from. No permission checks here: [`GrantedReads`] does those.
+/// Every answer goes through a [`Query`], the filter the SDK's `FakeCluster` uses too.
 pub trait ObjectSource: Send + Sync {
-    /// One object, if present.
-    fn get(&self, object: &ObjectRef) -> Option<Value>;
-    /// The objects of a kind whose labels match, in one namespace or (`None`) everywhere.
-    /// Sources filter before converting objects to JSON: lists are on the reconcile path.
-    fn list(
-        &self,
-        api_version: &str,
-        kind: &str,
-        namespace: Option<&str>,
-        selector: &Selector,
-    ) -> Vec<Value>;
+    /// Whether objects of the kind live in namespaces; `None` when this source does not hold
+    /// the kind at all (live: it is not one the controller declared for reading).
+    fn namespaced(&self, api_version: &str, kind: &str) -> Option<bool>;
+    /// The object called `name` that `query` can see, if present.
+    fn get(&self, query: &Query, name: &str) -> Option<Value>;
+    /// The objects `query` matches, in any order. Sources filter before converting objects
+    /// to JSON: lists are on the reconcile path.
+    fn list(&self, query: &Query) -> Vec<Value>;
 }
 
 /// A fixed set of objects, e.g. the `--state` files of an offline run.
@@ -44,38 +43,36 @@ impl ObjectSet {
     }
 }
 
-fn str_at<'a>(v: &'a Value, ptr: &str) -> Option<&'a str> {
-    v.pointer(ptr).and_then(Value::as_str)
-}
-
 impl ObjectSource for ObjectSet {
-    fn get(&self, r: &ObjectRef) -> Option<Value> {
-        self.objects
-            .iter()
-            .find(|o| ObjectRef::of(o).as_ref() == Ok(r))
-            .cloned()
+    /// As the objects tell (as `FakeCluster` does): a kind with no objects, or with namespaced
+    /// ones, is taken as namespaced.
+    fn namespaced(&self, api_version: &str, kind: &str) -> Option<bool> {
+        Some(
+            self.objects
+                .iter()
+                .find(|o| {
+                    object::api_version(o) == Some(api_version) && object::kind(o) == Some(kind)
+                })
+                .is_none_or(|o| object::namespace(o).is_some()),
+        )
     }
 
-    fn list(
-        &self,
-        api_version: &str,
-        kind: &str,
-        namespace: Option<&str>,
-        selector: &Selector,
-    ) -> Vec<Value> {
+    fn get(&self, query: &Query, name: &str) -> Option<Value> {
+        self.objects.iter().find(|o| query.finds(o, name)).cloned()
+    }
+
+    fn list(&self, query: &Query) -> Vec<Value> {
         self.objects
             .iter()
-            .filter(|o| {
-                str_at(o, "/apiVersion") == Some(api_version) && str_at(o, "/kind") == Some(kind)
-            })
-            .filter(|o| namespace.is_none() || str_at(o, "/metadata/namespace") == namespace)
-            .filter(|o| selector.matches_object(o))
+            .filter(|o| query.matches(o))
             .cloned()
             .collect()
     }
 }
 
-/// The reads one reconcile may make: grant-checked, namespace-defaulted, selector-filtered.
+/// The reads one reconcile may make: resolved (scope, namespace, selector), then checked
+/// against the declaration, then answered. A kind the source does not hold is refused
+/// without asking the API server anything.
 pub struct GrantedReads<S: ?Sized> {
     source: Arc<S>,
     permissions: Arc<Permissions>,
@@ -96,32 +93,56 @@ impl<S: ObjectSource + ?Sized> GrantedReads<S> {
         }
     }
 
-    /// `None` from the guest means "the target's namespace" (or the controller's own).
-    fn namespace<'a>(&'a self, asked: Option<&'a str>) -> Option<&'a str> {
-        asked
-            .or(self.target_namespace.as_deref())
-            .or(self.permissions.namespace())
+    /// Resolve, then authorize: the query a read means, if the controller may make it.
+    fn authorize(
+        &self,
+        verb: Verb,
+        api_version: &str,
+        kind: &str,
+        namespace: Option<&str>,
+        label_selector: Option<&str>,
+    ) -> Result<Query, String> {
+        let default_namespace = self
+            .target_namespace
+            .as_deref()
+            .or(self.permissions.namespace());
+        let Some(namespaced) = self.source.namespaced(api_version, kind) else {
+            // Not a kind this controller reads: refused with the grant that would allow it
+            // (or, if declared after all, as not readable), never looked up.
+            self.permissions
+                .check(verb, api_version, kind, namespace.or(default_namespace))
+                .map_err(|e| e.to_string())?;
+            return Err(format!(
+                "{kind} ({api_version}) is not readable by this controller: declare it with verbs [get, list] in spec.grants"
+            ));
+        };
+        let query = Query::new(
+            api_version,
+            kind,
+            namespaced,
+            namespace,
+            default_namespace,
+            label_selector,
+        )
+        .map_err(|e| e.to_string())?;
+        self.permissions
+            .check(verb, api_version, kind, query.namespace())
+            .map_err(|e| e.to_string())?;
+        Ok(query)
     }
 }
 
 impl<S: ObjectSource + ?Sized> Reads for GrantedReads<S> {
     fn get(&self, object: &ObjectRef) -> Result<Option<Value>, String> {
-        let namespace = self
-            .namespace(object.namespace.as_deref())
-            .map(str::to_owned);
-        self.permissions
-            .check(
-                Verb::Get,
-                &object.api_version,
-                &object.kind,
-                namespace.as_deref(),
-            )
-            .map_err(|e| e.to_string())?;
-        let object = ObjectRef {
-            namespace,
-            ..object.clone()
-        };
-        Ok(self.source.get(&object))
+        query::validate_name(&object.name).map_err(|e| e.to_string())?;
+        let query = self.authorize(
+            Verb::Get,
+            &object.api_version,
+            &object.kind,
+            object.namespace.as_deref(),
+            None,
+        )?;
+        Ok(self.source.get(&query, &object.name))
     }
 
     fn list(
@@ -131,18 +152,9 @@ impl<S: ObjectSource + ?Sized> Reads for GrantedReads<S> {
         namespace: Option<&str>,
         label_selector: Option<&str>,
     ) -> Result<Vec<Value>, String> {
-        let namespace = self.namespace(namespace);
-        self.permissions
-            .check(Verb::List, api_version, kind, namespace)
-            .map_err(|e| e.to_string())?;
-        let selector = match label_selector {
-            Some(s) => {
-                Selector::parse(s).map_err(|e| format!("invalid label selector `{s}`: {e}"))?
-            }
-            None => Selector::default(),
-        };
-        let mut found: Vec<Value> = self.source.list(api_version, kind, namespace, &selector);
-        found.sort_by(|a, b| str_at(a, "/metadata/name").cmp(&str_at(b, "/metadata/name")));
+        let query = self.authorize(Verb::List, api_version, kind, namespace, label_selector)?;
+        let mut found = self.source.list(&query);
+        query::sort(&mut found);
         Ok(found)
     }
 }
@@ -184,5 +196,106 @@ mod tests {
         let err = reads.list("v1", "Secret", None, None).unwrap_err();
         assert!(err.contains("may not list Secret"), "{err}");
         assert_eq!(reads.list("v1", "ConfigMap", None, None), Ok(vec![]));
+    }
+
+    const STATE: &str = "
+apiVersion: v1
+kind: Pod
+metadata: {name: b, namespace: web, labels: {app: frontend}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: a, namespace: web, labels: {app: frontend}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: a, namespace: other, labels: {app: frontend}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: cluster-admin}
+";
+
+    #[test]
+    fn object_set_and_fake_cluster_answer_alike() {
+        use kubewasm_guest_sdk::Cluster;
+        use kubewasm_guest_sdk::testing::{FakeCluster, objects_from_yaml};
+        let fake = FakeCluster::from_yaml(STATE).with_default_namespace("web");
+        let reads = GrantedReads::new(
+            Arc::new(ObjectSet::new(objects_from_yaml(STATE))),
+            Arc::new(Permissions::allow_all("t")),
+            Some("web".into()),
+        );
+        let crb = "rbac.authorization.k8s.io/v1";
+        let lists: [(&str, &str, Option<&str>, Option<&str>); 6] = [
+            ("v1", "Pod", None, None),
+            ("v1", "Pod", Some("other"), Some("app=frontend")),
+            ("v1", "Pod", None, Some("app notin (frontend)")),
+            ("v1", "Pod", None, Some("app in (")),
+            (crb, "ClusterRoleBinding", None, None),
+            (crb, "ClusterRoleBinding", Some("web"), None),
+        ];
+        for (av, kind, ns, sel) in lists {
+            let live = reads.list(av, kind, ns, sel);
+            let native = fake.list(av, kind, ns, sel).map_err(|e| e.message);
+            assert_eq!(live, native, "list {kind} in {ns:?} matching {sel:?}");
+        }
+        let gets: [(&str, &str, Option<&str>, &str); 5] = [
+            ("v1", "Pod", None, "a"),
+            ("v1", "Pod", Some("other"), "a"),
+            ("v1", "Pod", None, "x?fieldManager=y"),
+            (crb, "ClusterRoleBinding", None, "cluster-admin"),
+            (crb, "ClusterRoleBinding", Some("web"), "cluster-admin"),
+        ];
+        for (av, kind, ns, name) in gets {
+            let r = ObjectRef {
+                api_version: av.into(),
+                kind: kind.into(),
+                namespace: ns.map(str::to_owned),
+                name: name.into(),
+            };
+            let live = reads.get(&r);
+            let native = fake.get(av, kind, ns, name).map_err(|e| e.message);
+            assert_eq!(live, native, "get {r}");
+        }
+        let names: Vec<_> = reads
+            .list("v1", "Pod", None, None)
+            .unwrap()
+            .iter()
+            .map(|p| p["metadata"]["name"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(names, ["a", "b"], "sorted by name within the namespace");
+    }
+
+    #[test]
+    fn a_namespaced_controller_cannot_read_cluster_scoped_kinds() {
+        let spec = serde_yaml::from_str(
+            "module: {configMap: {name: m, key: m.wasm}}\nparent: {apiVersion: v1, kind: ConfigMap}\n\
+             grants: [{apiVersion: rbac.authorization.k8s.io/v1, kind: ClusterRoleBinding, verbs: [get, list]}]",
+        )
+        .unwrap();
+        let perms = Arc::new(Permissions::from_spec("web/c", Some("web"), &spec));
+        let reads = GrantedReads::new(
+            Arc::new(ObjectSet::new(
+                kubewasm_guest_sdk::testing::objects_from_yaml(STATE),
+            )),
+            perms,
+            Some("web".into()),
+        );
+        let r = ObjectRef {
+            api_version: "rbac.authorization.k8s.io/v1".into(),
+            kind: "ClusterRoleBinding".into(),
+            namespace: None,
+            name: "cluster-admin".into(),
+        };
+        let err = reads.get(&r).unwrap_err();
+        assert!(err.contains("only in its own namespace `web`"), "{err}");
+        let err = reads
+            .get(&ObjectRef {
+                namespace: Some("web".into()),
+                ..r
+            })
+            .unwrap_err();
+        assert!(err.contains("is cluster-scoped"), "{err}");
     }
 }

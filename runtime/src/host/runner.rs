@@ -12,13 +12,14 @@ use serde_json::Value;
 use tokio::sync::{Semaphore, broadcast};
 use tracing::Instrument;
 
-use crate::controller::{Backoff, Change, ObjectKey, Resolver, Watch, WorkQueue};
+use crate::controller::{Backoff, Change, ObjectKey, Watch, WorkQueue};
 use crate::metrics::Metrics;
 use crate::sandbox::{GuestPre, Limits, ObjectRef, Request, Sandbox};
 
 use super::actions::{ChildKind, Executor};
 use super::cache::{CacheSource, to_json};
 use super::grants::Permissions;
+use super::kinds::DeclaredKinds;
 use super::reads::GrantedReads;
 
 /// Counters and the last error, for the controller's status.
@@ -56,8 +57,8 @@ pub struct ControllerSetup {
     pub resync: Duration,
     /// Client impersonating the controller's ServiceAccount.
     pub client: Client,
-    /// Kind lookups.
-    pub resolver: Resolver,
+    /// Every kind the controller declared, resolved when it started.
+    pub kinds: DeclaredKinds,
     /// The shared sandbox.
     pub sandbox: Sandbox,
     /// Where reconcile counts and durations go.
@@ -318,7 +319,7 @@ impl Runner {
         let child_kinds: Vec<ChildKind> = s.children.iter().map(|(c, _)| c.clone()).collect();
         let executor = Executor {
             client: s.client.clone(),
-            resolver: &s.resolver,
+            kinds: &s.kinds,
             permissions: &s.permissions,
             field_manager: format!("kubewasm/{}", s.id),
             parent_kind: parent_watch.kind(),

@@ -16,8 +16,11 @@ use kubewasm_guest_sdk::selector::Selector;
 use tokio::task::JoinHandle;
 
 use crate::api::{ClusterWasmController, Verb, WasmController, WasmControllerSpec};
-use crate::controller::{Resolver, SharedWatches, Watch};
-use crate::host::{CacheSource, ChildKind, ControllerSetup, Permissions, Runner};
+use crate::controller::{Kind, Resolver, SharedWatches, Watch};
+use crate::host::{
+    AccessReviews, CacheSource, ChildKind, ControllerSetup, DeclaredKinds, Permissions, Runner,
+    ServiceAccount,
+};
 use crate::metrics::Metrics;
 use crate::sandbox::{GuestPre, Sandbox, SandboxConfig};
 
@@ -87,6 +90,8 @@ struct Managed {
     guest: Option<Arc<GuestPre>>,
     module_problem: Option<Problem>,
     setup_problem: Option<Problem>,
+    /// What its ServiceAccount was found allowed to read when it started.
+    access: Option<ReadAccess>,
     written: Option<crate::api::WasmControllerStatus>,
 }
 
@@ -99,6 +104,7 @@ pub struct Manager {
     metrics: Arc<Metrics>,
     watches: SharedWatches,
     resolver: Resolver,
+    access: AccessReviews,
     controllers: HashMap<ControllerId, Managed>,
     config_maps: Option<Arc<Watch>>,
 }
@@ -115,8 +121,9 @@ impl Manager {
         let client = Client::try_from(base_config.clone())?;
         let sandbox = Sandbox::new(config.sandbox.clone())?;
         Ok(Manager {
-            watches: SharedWatches::new(client.clone()),
+            watches: SharedWatches::new(client.clone(), config.namespace.clone()),
             resolver: Resolver::new(client.clone()),
+            access: AccessReviews::new(client.clone(), config.access_review_ttl),
             client,
             base_config,
             config,
@@ -176,6 +183,8 @@ impl Manager {
         let mut status_tick = tokio::time::interval(self.config.status_interval);
         let mut retry_tick = tokio::time::interval(self.config.retry_interval);
         let mut poll_tick = tokio::time::interval(self.config.module_poll);
+        let mut access_tick = tokio::time::interval(self.config.access_review_ttl);
+        access_tick.tick().await;
         let mut shutdown = std::pin::pin!(shutdown);
         tracing::info!("kubewasm runtime started");
         loop {
@@ -192,6 +201,7 @@ impl Manager {
                     self.write_statuses().await
                 }
                 _ = retry_tick.tick() => self.retry_failed().await,
+                _ = access_tick.tick() => self.recheck_access().await,
                 _ = poll_tick.tick() => self.reload_all(|spec| spec.module.path.is_some()).await,
             }
         }
@@ -220,6 +230,7 @@ impl Manager {
                     guest,
                     module_problem: None,
                     setup_problem: None,
+                    access: None,
                     written: None,
                 };
                 self.controllers.insert(id.clone(), managed);
@@ -249,6 +260,8 @@ impl Manager {
         if let Some((runner, task)) = self.controllers.get_mut(id).and_then(|m| m.runner.take()) {
             runner.stop();
             let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+            drop(runner);
+            self.watches.release_unused();
         }
     }
 
@@ -260,18 +273,22 @@ impl Manager {
         };
         let Some(guest) = m.guest.clone() else { return };
         match self.setup(id, &m.spec).await {
-            Ok(setup) => {
+            Ok((setup, access)) => {
                 let runner = Runner::new(setup, guest);
                 let task = tokio::spawn(runner.clone().run());
                 if let Some(m) = self.controllers.get_mut(id) {
                     m.setup_problem = None;
+                    m.access = Some(access);
                     m.runner = Some((runner, task));
                 }
                 tracing::info!(controller = %id, "controller started");
             }
             Err(problem) => {
-                tracing::warn!(controller = %id, reason = problem.reason, "controller cannot start: {}", problem.message);
                 if let Some(m) = self.controllers.get_mut(id) {
+                    // Said once per new problem: retries of the same one stay quiet.
+                    if m.setup_problem.as_ref() != Some(&problem) {
+                        tracing::warn!(controller = %id, reason = problem.reason, "controller cannot start: {}", problem.message);
+                    }
                     m.setup_problem = Some(problem);
                 }
             }
@@ -282,7 +299,7 @@ impl Manager {
         &self,
         id: &ControllerId,
         spec: &WasmControllerSpec,
-    ) -> Result<ControllerSetup, Problem> {
+    ) -> Result<(ControllerSetup, ReadAccess), Problem> {
         let limits = spec
             .limits
             .resolve()
@@ -296,59 +313,77 @@ impl Manager {
             })?),
             None => None,
         };
-        let resolve = |api_version: &str, kind: &str| {
-            let (av, k) = (api_version.to_owned(), kind.to_owned());
-            async move {
-                self.resolver.resolve(&av, &k).await.map_err(|e| {
-                    Problem::new(
-                        "KindNotFound",
-                        format!("the API server does not serve {k} ({av}): {e}; apply its CustomResourceDefinition"),
-                    )
-                })
+        // The operator's rules come first: nothing is looked up for a kind it does not allow.
+        for (field, api_version, kind) in readable_declarations(spec) {
+            if !self.config.watchable.allows(api_version, kind) {
+                return Err(Problem::new(
+                    "NotWatchable",
+                    format!(
+                        "{field} names {kind} ({api_version}), which this runtime does not let controllers watch or read (its operator's `kubewasm run --watchable-kinds {}`); remove it from the spec or ask the operator",
+                        self.config.watchable
+                    ),
+                ));
             }
+        }
+        // Resolve every declared kind (and only those): scope is known before any check.
+        let mut kinds = DeclaredKinds::default();
+        let declared = std::iter::once((&spec.parent.api_version, &spec.parent.kind))
+            .chain(spec.children.iter().map(|c| (&c.api_version, &c.kind)))
+            .chain(spec.grants.iter().map(|g| (&g.api_version, &g.kind)));
+        for (api_version, kind) in declared {
+            let resolved = self.resolver.resolve(api_version, kind).await.map_err(|e| {
+                Problem::new(
+                    "KindNotFound",
+                    format!("the API server does not serve {kind} ({api_version}): {e}; apply its CustomResourceDefinition"),
+                )
+            })?;
+            if id.namespace.is_some() && !resolved.namespaced {
+                return Err(Problem::new(
+                    "InvalidSpec",
+                    format!(
+                        "{kind} ({api_version}) is cluster-scoped, and a WasmController acts only in its own namespace; remove it from the spec, or ask a cluster admin for a ClusterWasmController"
+                    ),
+                ));
+            }
+            kinds.insert(resolved);
+        }
+        let kind_of = |api_version: &str, kind: &str| {
+            kinds
+                .get(api_version, kind)
+                .cloned()
+                .expect("every declared kind was resolved above")
         };
-        let parent_kind = resolve(&spec.parent.api_version, &spec.parent.kind).await?;
+        // Authorize: the ServiceAccount must be allowed to read whatever it will be handed.
+        let access = ReadAccess {
+            account: service_account(id, spec),
+            kinds: readable_declarations(spec)
+                .map(|(_, api_version, kind)| kind_of(api_version, kind))
+                .collect(),
+        };
+        self.check_access(id, &access).await?;
+
+        let parent_kind = kind_of(&spec.parent.api_version, &spec.parent.kind);
         let parent = self.watches.watch(&parent_kind);
         let mut children = Vec::new();
         let mut readable = vec![parent.clone()];
         for c in &spec.children {
-            let kind = resolve(&c.api_version, &c.kind).await?;
-            let watch = self.watches.watch(&kind);
+            let watch = self.watches.watch(&kind_of(&c.api_version, &c.kind));
             readable.push(watch.clone());
             children.push((
                 ChildKind {
-                    kind,
+                    kind: watch.kind().clone(),
                     strategy: c.update_strategy,
                 },
                 watch,
             ));
         }
-        for g in spec
-            .grants
-            .iter()
-            .filter(|g| g.verbs.iter().any(|v| matches!(v, Verb::Get | Verb::List)))
-        {
-            let kind = resolve(&g.api_version, &g.kind).await?;
-            readable.push(self.watches.watch(&kind));
+        for g in spec.grants.iter().filter(|g| g.verbs.iter().any(is_read)) {
+            readable.push(self.watches.watch(&kind_of(&g.api_version, &g.kind)));
         }
-        let sa_namespace = id
-            .namespace
-            .clone()
-            .or_else(|| {
-                spec.module
-                    .config_map
-                    .as_ref()
-                    .and_then(|c| c.namespace.clone())
-            })
-            .unwrap_or_else(|| "default".into());
-        let sa = spec
-            .service_account_name
-            .clone()
-            .unwrap_or_else(|| "default".into());
         let client = self
-            .impersonating(&sa_namespace, &sa)
+            .impersonating(&access.account.namespace, &access.account.name)
             .map_err(|e| Problem::new("ClientError", e.to_string()))?;
-        Ok(ControllerSetup {
+        let setup = ControllerSetup {
             id: id.to_string(),
             namespace: id.namespace.clone(),
             parent,
@@ -364,10 +399,46 @@ impl Manager {
             concurrency: spec.limits.concurrency.unwrap_or(1).max(1) as usize,
             resync: spec.resync_period(),
             client,
-            resolver: self.resolver.clone(),
+            kinds,
             sandbox: self.sandbox.clone(),
             metrics: self.metrics.clone(),
-        })
+        };
+        Ok((setup, access))
+    }
+
+    /// Whether the controller's ServiceAccount may still read what it is handed.
+    async fn check_access(&self, id: &ControllerId, access: &ReadAccess) -> Result<(), Problem> {
+        let kinds: Vec<&Kind> = access.kinds.iter().collect();
+        match self
+            .access
+            .check_reads(&id.name, &access.account, id.namespace.as_deref(), &kinds)
+            .await
+        {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(missing)) => Err(Problem::new("Forbidden", missing.to_string())),
+            Err(failed) => Err(Problem::new("AccessReviewFailed", failed.to_string())),
+        }
+    }
+
+    /// Stops running controllers whose ServiceAccount lost a read they need; they start
+    /// again by themselves (on the retry timer) once RBAC allows it.
+    async fn recheck_access(&mut self) {
+        let running: Vec<(ControllerId, ReadAccess)> = self
+            .controllers
+            .iter()
+            .filter(|(_, m)| m.runner.is_some())
+            .filter_map(|(id, m)| Some((id.clone(), m.access.clone()?)))
+            .collect();
+        for (id, access) in running {
+            if let Err(problem) = self.check_access(&id, &access).await {
+                tracing::warn!(controller = %id, reason = problem.reason, "stopping the controller: {}", problem.message);
+                self.stop(&id).await;
+                if let Some(m) = self.controllers.get_mut(&id) {
+                    m.setup_problem = Some(problem);
+                }
+                self.watches.release_unused();
+            }
+        }
     }
 
     /// A client that acts as the ServiceAccount (impersonation), so RBAC judges every write.
@@ -403,6 +474,62 @@ impl Manager {
             }
             self.start(&id).await;
         }
+    }
+}
+
+/// What a running controller's ServiceAccount must keep being allowed to read.
+#[derive(Debug, Clone)]
+struct ReadAccess {
+    account: ServiceAccount,
+    kinds: Vec<Kind>,
+}
+
+fn is_read(verb: &Verb) -> bool {
+    matches!(verb, Verb::Get | Verb::List)
+}
+
+/// The kinds a controller is handed objects of: parent, children, read grants (with the
+/// field that declares each, for messages).
+fn readable_declarations(
+    spec: &WasmControllerSpec,
+) -> impl Iterator<Item = (&'static str, &str, &str)> {
+    std::iter::once((
+        "spec.parent",
+        spec.parent.api_version.as_str(),
+        spec.parent.kind.as_str(),
+    ))
+    .chain(
+        spec.children
+            .iter()
+            .map(|c| ("spec.children", c.api_version.as_str(), c.kind.as_str())),
+    )
+    .chain(
+        spec.grants
+            .iter()
+            .filter(|g| g.verbs.iter().any(is_read))
+            .map(|g| ("spec.grants", g.api_version.as_str(), g.kind.as_str())),
+    )
+}
+
+/// The ServiceAccount a controller acts as: in its own namespace (a ClusterWasmController:
+/// its module's namespace, else `default`), named by the spec or `default`.
+fn service_account(id: &ControllerId, spec: &WasmControllerSpec) -> ServiceAccount {
+    let namespace = id
+        .namespace
+        .clone()
+        .or_else(|| {
+            spec.module
+                .config_map
+                .as_ref()
+                .and_then(|c| c.namespace.clone())
+        })
+        .unwrap_or_else(|| "default".into());
+    ServiceAccount {
+        namespace,
+        name: spec
+            .service_account_name
+            .clone()
+            .unwrap_or_else(|| "default".into()),
     }
 }
 

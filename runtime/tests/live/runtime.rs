@@ -26,11 +26,18 @@ pub struct RuntimeProcess {
     dir: Option<tempfile::TempDir>,
     log: PathBuf,
     child: Option<Child>,
+    /// More arguments of `kubewasm run`.
+    args: Vec<String>,
 }
 
 impl RuntimeProcess {
     /// Starts `kubewasm run --namespace <namespace>` against `kubeconfig`.
     pub fn start(kubeconfig: &Path, namespace: &str) -> RuntimeProcess {
+        Self::start_with_args(kubeconfig, namespace, &[])
+    }
+
+    /// Starts `kubewasm run [--namespace <namespace>] <args>` (`""`: every namespace).
+    pub fn start_with_args(kubeconfig: &Path, namespace: &str, args: &[&str]) -> RuntimeProcess {
         let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("live-runtime-logs");
         std::fs::create_dir_all(&root).expect("creating the directory for runtime logs");
         let dir = tempfile::Builder::new()
@@ -51,6 +58,7 @@ impl RuntimeProcess {
             dir: Some(dir),
             log,
             child: None,
+            args: args.iter().map(|a| a.to_string()).collect(),
         };
         runtime.start_again();
         runtime
@@ -78,6 +86,7 @@ impl RuntimeProcess {
                 ns => vec!["--namespace", ns],
             })
             .args(["--metrics-addr", "127.0.0.1:0"])
+            .args(&self.args)
             .env("KUBECONFIG", &self.kubeconfig)
             .env("RUST_LOG", "info,kubewasm=debug")
             .env("NO_COLOR", "1")
