@@ -67,6 +67,8 @@ pub struct Watch {
 impl Drop for Watch {
     fn drop(&mut self) {
         self.task.abort();
+        let r = &self.kind.resource;
+        tracing::info!(kind = %r.kind, api_version = %r.api_version, "stopped shared watch: no controller needs it");
     }
 }
 
@@ -204,16 +206,10 @@ impl SharedWatches {
         watch
     }
 
-    /// Forgets watches nobody holds any more (they stopped when their last holder let go).
+    /// Forgets watches nobody holds any more (each stopped when its last holder let go).
     pub fn release_unused(&self) {
         let mut watches = self.watches.lock().unwrap_or_else(|e| e.into_inner());
-        watches.retain(|(api_version, kind), w| {
-            let alive = w.strong_count() > 0;
-            if !alive {
-                tracing::info!(kind = %kind, api_version = %api_version, "stopped shared watch: no controller needs it");
-            }
-            alive
-        });
+        watches.retain(|_, w| w.strong_count() > 0);
     }
 
     /// How many watches run (one per kind).

@@ -234,7 +234,22 @@ async fn isolation(client: &Client, a: &str, b: &str, runtime: &RuntimeProcess) 
         "the runtime grew to {} MiB resident under team-a's attacks",
         rss >> 20
     );
-    Ok(())
+
+    // Once no controller needs Probes, the runtime stops watching them.
+    for ns in [a, b] {
+        let controllers: Api<kubewasm::api::WasmController> = Api::namespaced(client.clone(), ns);
+        controllers
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await?;
+    }
+    eventually("the runtime stops its Probe watch", WAIT, || async {
+        let stopped = runtime
+            .log()
+            .lines()
+            .any(|l| l.contains("stopped shared watch") && l.contains("kind=Probe"));
+        Ok(stopped.then_some(()))
+    })
+    .await
 }
 
 /// team-a's guest reads Secrets and ConfigMaps (its own namespace and team-b's), a
@@ -417,6 +432,32 @@ async fn attacks_through_actions_and_errors(
     })
     .await?;
     api.delete("bad-delete", &DeleteParams::default()).await?;
+
+    // An undeclared kind is refused as such: the runtime does not go and discover it.
+    let ghost = json!({"apiVersion": "ghost.example.com/v1", "kind": "Ghost", "name": "g"});
+    apply(
+        client,
+        &probe(a, "ghost-delete", "intruder", json!({"deletes": [ghost]})),
+    )
+    .await?;
+    wait_status(
+        client,
+        a,
+        "intruder",
+        "the delete of an undeclared kind refused",
+        |s| {
+            let e = s.last_error.as_deref().unwrap_or_default();
+            ensure!(
+                e.contains("ghost-delete")
+                    && e.contains("may not delete Ghost (ghost.example.com/v1)")
+                    && e.contains("not declared"),
+                "lastError is {e:?}"
+            );
+            Ok(())
+        },
+    )
+    .await?;
+    api.delete("ghost-delete", &DeleteParams::default()).await?;
 
     apply(
         client,
