@@ -29,7 +29,9 @@ pub struct RuntimeProcess {
 }
 
 impl RuntimeProcess {
-    /// Starts `kubewasm run --namespace <namespace>` against `kubeconfig`.
+    /// Starts `kubewasm run --namespace <namespace>` with `kubeconfig`: the runtime's own
+    /// identity ([`crate::support::ControlPlane::runtime_kubeconfig`]), never the admin's, so
+    /// that a rule missing from `deploy/runtime/rbac.yaml` fails the test.
     pub fn start(kubeconfig: &Path, namespace: &str) -> RuntimeProcess {
         let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("live-runtime-logs");
         std::fs::create_dir_all(&root).expect("creating the directory for runtime logs");
