@@ -1,5 +1,7 @@
 //! Leader election over a real API server: one holder at a time, takeover after release or
-//! expiry, and two `kubewasm run --leader-elect` replicas of which only one leads.
+//! expiry, and two `kubewasm run --leader-elect` replicas of which only one leads. All of it as
+//! the runtime's own ServiceAccount, whose Lease rights are in its namespace only; each test
+//! names its Lease after a namespace of its own, so that tests do not share one.
 
 mod support;
 
@@ -10,17 +12,25 @@ use anyhow::{Context, Result};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use kubewasm::controller::LeaderElector;
-use support::{ControlPlane, eventually};
+use support::{ControlPlane, RUNTIME_NAMESPACE, eventually};
 
 const WAIT: Duration = Duration::from_secs(30);
 
 #[tokio::test]
 async fn one_holder_at_a_time_and_takeover_after_release_or_expiry() -> Result<()> {
     let cp = ControlPlane::shared();
-    let ns = cp.namespace("leader").await?;
-    let client = cp.client().await?;
-    let a = LeaderElector::new(client.clone(), &ns, "lease", "a", Duration::from_secs(3));
-    let b = LeaderElector::new(client.clone(), &ns, "lease", "b", Duration::from_secs(3));
+    let lease = cp.namespace("leader").await?;
+    let client = cp.runtime_client().await?;
+    let elector = |id| {
+        LeaderElector::new(
+            client.clone(),
+            RUNTIME_NAMESPACE,
+            &lease,
+            id,
+            Duration::from_secs(3),
+        )
+    };
+    let (a, b) = (elector("a"), elector("b"));
 
     assert!(
         a.try_acquire_or_renew().await?,
@@ -51,7 +61,9 @@ async fn one_holder_at_a_time_and_takeover_after_release_or_expiry() -> Result<(
         a.try_acquire_or_renew().await?,
         "a should take the lease b let expire"
     );
-    let lease = Api::<Lease>::namespaced(client, &ns).get("lease").await?;
+    let lease = Api::<Lease>::namespaced(client, RUNTIME_NAMESPACE)
+        .get(&lease)
+        .await?;
     let spec = lease.spec.context("lease has a spec")?;
     assert_eq!(spec.holder_identity.as_deref(), Some("a"));
     assert_eq!(spec.lease_transitions, Some(2));
@@ -67,19 +79,16 @@ impl Drop for Replica {
     }
 }
 
+/// `kubewasm run` hosting namespace `ns`, electing its leader with Lease
+/// `kubewasm-system/<ns>`.
 fn replica(cp: &ControlPlane, ns: &str, log: &std::path::Path) -> Result<Replica> {
     let log = std::fs::File::create(log)?;
     let child = Command::new(env!("CARGO_BIN_EXE_kubewasm"))
-        .args([
-            "run",
-            "--namespace",
-            ns,
-            "--leader-elect",
-            "--leader-election-namespace",
-            ns,
-        ])
+        .args(["run", "--namespace", ns, "--leader-elect"])
+        .args(["--leader-election-namespace", RUNTIME_NAMESPACE])
+        .args(["--leader-election-id", ns])
         .args(["--lease-duration-seconds", "3"])
-        .env("KUBECONFIG", cp.kubeconfig())
+        .env("KUBECONFIG", cp.runtime_kubeconfig())
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -88,9 +97,9 @@ fn replica(cp: &ControlPlane, ns: &str, log: &std::path::Path) -> Result<Replica
     Ok(Replica(child))
 }
 
-async fn holder(api: &Api<Lease>) -> Result<Option<String>> {
+async fn holder(api: &Api<Lease>, name: &str) -> Result<Option<String>> {
     Ok(api
-        .get_opt("kubewasm")
+        .get_opt(name)
         .await?
         .and_then(|l| l.spec)
         .and_then(|s| s.holder_identity))
@@ -100,18 +109,20 @@ async fn holder(api: &Api<Lease>) -> Result<Option<String>> {
 async fn two_replicas_one_leader_and_the_standby_takes_over() -> Result<()> {
     let cp = ControlPlane::shared();
     let ns = cp.namespace("replicas").await?;
-    let leases = Api::<Lease>::namespaced(cp.client().await?, &ns);
+    let leases = Api::<Lease>::namespaced(cp.client().await?, RUNTIME_NAMESPACE);
     let dir = tempfile::tempdir()?;
     let mut first = replica(cp, &ns, &dir.path().join("first.log"))?;
     let first_id = format!("-{}", first.0.id());
     eventually("the first replica becoming the leader", WAIT, || async {
-        Ok(holder(&leases).await?.filter(|h| h.ends_with(&first_id)))
+        Ok(holder(&leases, &ns)
+            .await?
+            .filter(|h| h.ends_with(&first_id)))
     })
     .await?;
     let second = replica(cp, &ns, &dir.path().join("second.log"))?;
     let second_id = format!("-{}", second.0.id());
     tokio::time::sleep(Duration::from_secs(4)).await;
-    let now = holder(&leases).await?.unwrap_or_default();
+    let now = holder(&leases, &ns).await?.unwrap_or_default();
     assert!(
         now.ends_with(&first_id),
         "the standby must not take a renewed lease (holder: {now})"
@@ -136,7 +147,9 @@ async fn two_replicas_one_leader_and_the_standby_takes_over() -> Result<()> {
         "the leader should exit cleanly on SIGTERM: {status}"
     );
     eventually("the standby taking over the lease", WAIT, || async {
-        Ok(holder(&leases).await?.filter(|h| h.ends_with(&second_id)))
+        Ok(holder(&leases, &ns)
+            .await?
+            .filter(|h| h.ends_with(&second_id)))
     })
     .await?;
     eventually("the new leader starting its controllers", WAIT, || async {

@@ -4,7 +4,9 @@
 //! RBAC (and the declaration) having the final word.
 //!
 //! Every test has its own namespace and its own `kubewasm run --namespace <ns>`, so tests run
-//! side by side without seeing each other's controllers.
+//! side by side without seeing each other's controllers. Each runs as the runtime's own
+//! ServiceAccount with `deploy/runtime/rbac.yaml`, not as the admin, so a rule missing from it
+//! fails them; `identity` proves it holds no more than that.
 
 mod support;
 
@@ -12,6 +14,8 @@ mod support;
 mod apiserver;
 #[path = "live/cluster.rs"]
 mod cluster;
+#[path = "live/identity.rs"]
+mod identity;
 #[path = "live/isolation.rs"]
 mod isolation;
 #[path = "live/reload.rs"]
@@ -65,7 +69,7 @@ fn without_controller_manager(control_plane: &ControlPlane) -> bool {
 async fn hello_world_tutorial_step_by_step() {
     let control_plane = ControlPlane::shared();
     let (client, ns) = prepare(control_plane, "hello").await;
-    let mut runtime = RuntimeProcess::start(control_plane.kubeconfig(), &ns);
+    let mut runtime = RuntimeProcess::start(&control_plane.runtime_kubeconfig(), &ns);
     let result = hello_world(control_plane, &client, &ns, &mut runtime).await;
     finish(result, &mut [&mut runtime]);
     drop(runtime);
@@ -192,7 +196,7 @@ async fn configmap_restarter_tutorial_restarts_exactly_the_selected_pods() {
         return;
     }
     let (client, ns) = prepare(control_plane, "test-space").await;
-    let mut runtime = RuntimeProcess::start(control_plane.kubeconfig(), &ns);
+    let mut runtime = RuntimeProcess::start(&control_plane.runtime_kubeconfig(), &ns);
     let result = configmap_restarter(&client, &ns, &mut runtime).await;
     finish(result, &mut [&mut runtime]);
     drop(runtime);
@@ -337,7 +341,7 @@ async fn runtime_survives_an_api_server_restart() {
         .expect("starting a control plane of this test's own");
     let control_plane = StopOnDrop(control_plane);
     let (client, ns) = prepare(&control_plane.0, "restart").await;
-    let mut runtime = RuntimeProcess::start(control_plane.0.kubeconfig(), &ns);
+    let mut runtime = RuntimeProcess::start(&control_plane.0.runtime_kubeconfig(), &ns);
     let result = api_server_restart(&control_plane.0, &client, &ns, &mut runtime).await;
     finish(result, &mut [&mut runtime]);
 }
@@ -403,7 +407,7 @@ async fn api_server_restart(
 async fn rbac_refuses_what_the_service_account_may_not_do() {
     let control_plane = ControlPlane::shared();
     let (client, ns) = prepare(control_plane, "rbac-forbidden").await;
-    let mut runtime = RuntimeProcess::start(control_plane.kubeconfig(), &ns);
+    let mut runtime = RuntimeProcess::start(&control_plane.runtime_kubeconfig(), &ns);
     let result = restarter_refused(&client, &ns, Refusal::Rbac).await;
     finish(result, &mut [&mut runtime]);
     drop(runtime);
@@ -414,7 +418,7 @@ async fn rbac_refuses_what_the_service_account_may_not_do() {
 async fn undeclared_actions_are_refused_before_the_api_server() {
     let control_plane = ControlPlane::shared();
     let (client, ns) = prepare(control_plane, "undeclared").await;
-    let mut runtime = RuntimeProcess::start(control_plane.kubeconfig(), &ns);
+    let mut runtime = RuntimeProcess::start(&control_plane.runtime_kubeconfig(), &ns);
     let result = restarter_refused(&client, &ns, Refusal::Undeclared).await;
     finish(result, &mut [&mut runtime]);
     drop(runtime);
@@ -510,7 +514,7 @@ async fn restarter_refused(client: &Client, ns: &str, refusal: Refusal) -> Resul
 async fn many_controllers_share_one_watch_per_kind() {
     let control_plane = ControlPlane::shared();
     let (client, ns) = prepare(control_plane, "shared-watch").await;
-    let mut runtime = RuntimeProcess::start(control_plane.kubeconfig(), &ns);
+    let mut runtime = RuntimeProcess::start(&control_plane.runtime_kubeconfig(), &ns);
     let result = shared_watches(&client, &ns, &runtime).await;
     finish(result, &mut [&mut runtime]);
     drop(runtime);
@@ -561,7 +565,7 @@ async fn cluster_wasm_controller_acts_in_every_namespace() {
         .expect("starting a control plane of this test's own");
     let control_plane = StopOnDrop(control_plane);
     let (client, modules) = prepare(&control_plane.0, "modules").await;
-    let mut runtime = RuntimeProcess::start_cluster_wide(control_plane.0.kubeconfig());
+    let mut runtime = RuntimeProcess::start_cluster_wide(&control_plane.0.runtime_kubeconfig());
     let result = cluster_scoped(&control_plane.0, &client, &modules).await;
     finish(result, &mut [&mut runtime]);
 }
@@ -585,7 +589,7 @@ async fn cluster_scoped(
         "metadata": {"name": format!("{modules}-restarter")},
         "rules": [
             {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "patch"]},
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "delete"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
             {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]});
     let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
         "metadata": {"name": format!("{modules}-restarter")},
@@ -655,7 +659,7 @@ async fn cluster_scoped(
 async fn module_from_a_file_path_is_polled_and_pinned() {
     let control_plane = ControlPlane::shared();
     let (client, ns) = prepare(control_plane, "file-module").await;
-    let mut runtime = RuntimeProcess::start(control_plane.kubeconfig(), &ns);
+    let mut runtime = RuntimeProcess::start(&control_plane.runtime_kubeconfig(), &ns);
     let result = file_module(&client, &ns).await;
     finish(result, &mut [&mut runtime]);
     drop(runtime);

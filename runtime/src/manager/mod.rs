@@ -442,14 +442,11 @@ impl Manager {
     }
 
     /// A client that acts as the ServiceAccount (impersonation), so RBAC judges every write.
+    /// No groups are named: the API server gives an impersonated ServiceAccount its own, and
+    /// the runtime needs `impersonate` on `serviceaccounts` only, not on `groups`.
     fn impersonating(&self, namespace: &str, name: &str) -> Result<Client, kube::Error> {
         let mut config = self.base_config.clone();
         config.auth_info.impersonate = Some(format!("system:serviceaccount:{namespace}:{name}"));
-        config.auth_info.impersonate_groups = Some(vec![
-            "system:serviceaccounts".into(),
-            format!("system:serviceaccounts:{namespace}"),
-            "system:authenticated".into(),
-        ]);
         Client::try_from(config)
     }
 

@@ -14,21 +14,17 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{
     ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
 };
-use kube::discovery::Scope;
 use kube::{Api, Client, ResourceExt};
 use kubewasm::api::{WasmController, WasmControllerStatus};
-use serde::Deserialize as _;
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 
-use crate::support::{ControlPlane, eventually};
+use crate::support::{ControlPlane, FIELD_MANAGER, eventually};
+pub use crate::support::{apply, apply_all, documents};
 
 /// How long anything the runtime or kube-controller-manager does may take on a busy
 /// 2-core machine.
 pub const WAIT: Duration = Duration::from_secs(60);
-
-/// Field manager of what the tests apply (as `kubectl apply --server-side` would).
-const FIELD_MANAGER: &str = "kubewasm-live-test";
 
 /// The workspace root.
 pub fn workspace() -> PathBuf {
@@ -53,18 +49,6 @@ pub fn sha256(bytes: &[u8]) -> String {
         .map(|b| format!("{b:02x}"))
         .collect();
     format!("sha256:{hex}")
-}
-
-/// The documents of a YAML stream (empty documents left out).
-pub fn documents(yaml: &str) -> Result<Vec<Value>> {
-    let mut docs = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(yaml) {
-        let value = Value::deserialize(doc)?;
-        if !value.is_null() {
-            docs.push(value);
-        }
-    }
-    Ok(docs)
 }
 
 /// A manifest of `deploy/examples/` (e.g. `hello-world/rbac.yaml`) moved into `namespace`:
@@ -111,37 +95,6 @@ pub fn take(docs: &mut Vec<Value>, kind: &str) -> Result<Value> {
         .position(|d| d["kind"] == kind)
         .with_context(|| format!("no {kind} in the manifest"))?;
     Ok(docs.remove(at))
-}
-
-/// Server-side applies any object (`kubectl apply --server-side --force-conflicts`).
-pub async fn apply(client: &Client, object: &Value) -> Result<DynamicObject> {
-    let api_version = object["apiVersion"].as_str().context("no apiVersion")?;
-    let kind = object["kind"].as_str().context("no kind")?;
-    let name = object["metadata"]["name"].as_str().context("no name")?;
-    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
-    let gvk = GroupVersionKind::gvk(group, version, kind);
-    let (resource, caps) = kube::discovery::pinned_kind(client, &gvk)
-        .await
-        .with_context(|| format!("discovering {kind} ({api_version})"))?;
-    let api: Api<DynamicObject> = match (&caps.scope, object["metadata"]["namespace"].as_str()) {
-        (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, &resource),
-        _ => Api::all_with(client.clone(), &resource),
-    };
-    api.patch(
-        name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(object),
-    )
-    .await
-    .with_context(|| format!("applying {kind} {name}"))
-}
-
-/// Applies every object, in order.
-pub async fn apply_all(client: &Client, objects: &[Value]) -> Result<()> {
-    for object in objects {
-        apply(client, object).await?;
-    }
-    Ok(())
 }
 
 /// The module ConfigMap the tutorial makes with

@@ -79,8 +79,9 @@ async fn a_tenant_reads_and_touches_only_what_its_rbac_allows() {
         .namespace("team-b")
         .await
         .expect("creating team-b's namespace");
+    // As installed: with the runtime's own identity from deploy/runtime/rbac.yaml.
     let mut runtime = RuntimeProcess::start_with_args(
-        control_plane.0.kubeconfig(),
+        &control_plane.0.runtime_kubeconfig(),
         "",
         &["--access-review-seconds", "2"],
     );

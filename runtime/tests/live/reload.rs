@@ -20,7 +20,7 @@ use crate::{SELECTOR_ANNOTATION, merge};
 async fn hot_reload_swaps_the_module_and_keeps_the_last_good_one() {
     let control_plane = ControlPlane::shared();
     let (client, ns) = prepare(control_plane, "reload").await;
-    let mut runtime = RuntimeProcess::start(control_plane.kubeconfig(), &ns);
+    let mut runtime = RuntimeProcess::start(&control_plane.runtime_kubeconfig(), &ns);
     let result = hot_reload(&client, &ns, &mut runtime).await;
     finish(result, &mut [&mut runtime]);
     drop(runtime);

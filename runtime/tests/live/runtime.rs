@@ -31,7 +31,9 @@ pub struct RuntimeProcess {
 }
 
 impl RuntimeProcess {
-    /// Starts `kubewasm run --namespace <namespace>` against `kubeconfig`.
+    /// Starts `kubewasm run --namespace <namespace>` with `kubeconfig`: the runtime's own
+    /// identity ([`crate::support::ControlPlane::runtime_kubeconfig`]), never the admin's, so
+    /// that a rule missing from `deploy/runtime/rbac.yaml` fails the test.
     pub fn start(kubeconfig: &Path, namespace: &str) -> RuntimeProcess {
         Self::start_with_args(kubeconfig, namespace, &[])
     }

@@ -12,6 +12,8 @@
 //! own clients with [`ControlPlane::client`].
 #![allow(dead_code)] // each test binary uses its own part of this module
 
+mod identity;
+mod manifest;
 mod wait;
 
 use std::{
@@ -33,6 +35,11 @@ use kube::{
     api::{DeleteParams, PostParams},
     config::{KubeConfigOptions, Kubeconfig},
 };
+// Each test binary uses its own part of these too.
+#[allow(unused_imports)]
+pub use identity::{RUNTIME_ACCOUNT, RUNTIME_NAMESPACE, RUNTIME_WATCH_ROLE, runtime_rbac};
+#[allow(unused_imports)]
+pub use manifest::{FIELD_MANAGER, apply, apply_all, documents};
 pub use wait::eventually;
 
 /// Names a kubeconfig of an existing cluster to run the tests against.
@@ -50,6 +57,8 @@ pub struct ControlPlane {
     kubeconfig: PathBuf,
     /// The `cluster.sh` state directory, for a control plane that we started.
     state_dir: Option<PathBuf>,
+    /// The kubeconfig `kubewasm run` uses, made on first use ([`Self::runtime_kubeconfig`]).
+    runtime_kubeconfig: OnceLock<Result<PathBuf, String>>,
 }
 
 /// `deploy/local/cluster.sh` of this checkout.
@@ -81,6 +90,7 @@ impl ControlPlane {
             return Ok(ControlPlane {
                 kubeconfig,
                 state_dir: None,
+                runtime_kubeconfig: OnceLock::new(),
             });
         }
         let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("control-planes");
@@ -124,6 +134,7 @@ impl ControlPlane {
         Ok(ControlPlane {
             kubeconfig: kubeconfig.into(),
             state_dir: Some(state_dir.to_owned()),
+            runtime_kubeconfig: OnceLock::new(),
         })
     }
 
@@ -225,24 +236,36 @@ impl ControlPlane {
     /// A client that authenticates as ServiceAccount `namespace/name` with a token from the
     /// TokenRequest API, so Kubernetes RBAC decides what it may do.
     pub async fn client_for_service_account(&self, namespace: &str, name: &str) -> Result<Client> {
+        let token = self
+            .service_account_token(namespace, name, Duration::from_secs(3600))
+            .await?;
+        let mut config = self.config().await?;
+        config.auth_info = serde_json::from_value(serde_json::json!({ "token": token }))?;
+        Ok(Client::try_from(config)?)
+    }
+
+    /// A token for ServiceAccount `namespace/name` from the TokenRequest API.
+    pub async fn service_account_token(
+        &self,
+        namespace: &str,
+        name: &str,
+        lifetime: Duration,
+    ) -> Result<String> {
         let accounts: Api<ServiceAccount> = Api::namespaced(self.client().await?, namespace);
         let request = TokenRequest {
             spec: TokenRequestSpec {
-                expiration_seconds: Some(3600),
+                expiration_seconds: Some(lifetime.as_secs().try_into()?),
                 ..Default::default()
             },
             ..Default::default()
         };
-        let token = accounts
+        Ok(accounts
             .create_token_request(name, &PostParams::default(), &request)
             .await
             .with_context(|| format!("TokenRequest for ServiceAccount {namespace}/{name}"))?
             .status
             .context("TokenRequest came back without a status")?
-            .token;
-        let mut config = self.config().await?;
-        config.auth_info = serde_json::from_value(serde_json::json!({ "token": token }))?;
-        Ok(Client::try_from(config)?)
+            .token)
     }
 
     /// Creates a namespace named `<prefix>-<random>`, labelled [`TEST_NAMESPACE_LABEL`], and
