@@ -32,6 +32,17 @@ pub struct Args {
     /// reused; running controllers are checked again this often.
     #[arg(long, default_value_t = 30)]
     access_review_seconds: u64,
+    /// The shortest delay before a reconcile that a guest asked for (`requeue-after`), in
+    /// milliseconds: a guest asking for less (or 0) waits this long.
+    #[arg(long, default_value_t = 1000)]
+    min_requeue_millis: u64,
+    /// API writes (applies, deletes, statuses, Events) each controller may make per second;
+    /// a controller over it waits, and no other controller notices.
+    #[arg(long, default_value_t = 10.0)]
+    max_writes_per_second: f64,
+    /// Writes each controller may make at once after a quiet spell.
+    #[arg(long, default_value_t = 50)]
+    write_burst: u32,
     /// Serve `/metrics` (Prometheus), `/healthz` and `/readyz` here, e.g. `0.0.0.0:8080`.
     #[arg(long)]
     metrics_addr: Option<std::net::SocketAddr>,
@@ -63,6 +74,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config.module_dir = args.module_dir;
         config.watchable = args.watchable_kinds;
         config.access_review_ttl = Duration::from_secs(args.access_review_seconds.max(1));
+        config.requeue_floor = Duration::from_millis(args.min_requeue_millis);
+        config.writes_per_second = args.max_writes_per_second;
+        config.write_burst = args.write_burst;
         let manager = Manager::new(kube_config.clone(), config)?;
         if let Some(addr) = args.metrics_addr {
             let bound = kubewasm::metrics::serve(addr, manager.metrics())

@@ -1,12 +1,14 @@
 //! Kubernetes machinery, kube-rs only: kind discovery, shared watches, the work queue,
 //! leader election, and which kinds may be watched at all.
 
+mod budget;
 mod discovery;
 mod leader;
 mod queue;
 mod watchable;
 mod watches;
 
+pub use budget::TokenBucket;
 pub use discovery::{Kind, Resolver};
 pub use leader::LeaderElector;
 pub use queue::{Backoff, WorkQueue};

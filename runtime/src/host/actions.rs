@@ -17,7 +17,7 @@ use kubewasm_guest_sdk::selector::Selector;
 use serde_json::{Value, json};
 
 use crate::api::{UpdateStrategy, Verb};
-use crate::controller::Kind;
+use crate::controller::{Kind, TokenBucket};
 use crate::sandbox::{Action, Event, EventType, ObjectRef};
 
 use super::grants::{Denied, Permissions};
@@ -67,6 +67,9 @@ pub struct Executor<'a> {
     pub client: Client,
     /// The kinds the controller declared, resolved when it started.
     pub kinds: &'a DeclaredKinds,
+    /// The controller's API write budget: every write (and a delete-by-selector's list) takes
+    /// a token, waiting when there is none.
+    pub budget: &'a TokenBucket,
     /// What the controller may do.
     pub permissions: &'a Permissions,
     /// Field manager for server-side apply (one per controller).
@@ -256,6 +259,7 @@ impl Executor<'_> {
         }
         let api = kind.api(self.client.clone(), namespace.as_deref());
         let params = PatchParams::apply(&self.field_manager).force();
+        self.budget.take().await;
         api.patch(&r.name, &params, &Patch::Apply(&object))
             .await
             .map_err(|source| ActionError::Api {
@@ -297,6 +301,7 @@ impl Executor<'_> {
             namespace.unwrap_or("-"),
             name
         );
+        self.budget.take().await;
         match api.delete(name, &params).await {
             Ok(either) => {
                 outcome.changes.push(format!("deleted {what}"));
@@ -320,6 +325,7 @@ impl Executor<'_> {
             namespace,
             ..r.clone()
         };
+        self.budget.take().await;
         match api.delete(&r.name, &DeleteParams::background()).await {
             Ok(_) => outcome.changes.push(format!("deleted {what}")),
             Err(kube::Error::Api(s)) if s.code == 404 => {}
@@ -346,6 +352,7 @@ impl Executor<'_> {
         self.permissions
             .check(Verb::Delete, &r.api_version, &r.kind, namespace.as_deref())?;
         let api: Api<DynamicObject> = kind.api(self.client.clone(), namespace.as_deref());
+        self.budget.take().await;
         let found = api
             .list(&ListParams::default().labels(selector))
             .await
@@ -379,6 +386,7 @@ impl Executor<'_> {
         });
         // With a status subresource, status is written there (server-side apply, so fields
         // the guest stops setting go away); without one it is part of the object itself.
+        self.budget.take().await;
         let result = if self.parent_kind.has_status {
             let params = PatchParams::apply(&self.field_manager).force();
             api.patch_status(&self.target.name, &params, &Patch::Apply(&body))
@@ -442,6 +450,7 @@ impl Executor<'_> {
             ..CoreEvent::default()
         };
         let api: Api<CoreEvent> = Api::namespaced(self.client.clone(), &namespace);
+        self.budget.take().await;
         api.create(&PostParams::default(), &core)
             .await
             .map_err(|source| ActionError::Api {

@@ -12,7 +12,7 @@ use serde_json::Value;
 use tokio::sync::{Semaphore, broadcast};
 use tracing::Instrument;
 
-use crate::controller::{Backoff, Change, ObjectKey, Watch, WorkQueue};
+use crate::controller::{Backoff, Change, ObjectKey, TokenBucket, Watch, WorkQueue};
 use crate::metrics::Metrics;
 use crate::sandbox::{GuestPre, Limits, ObjectRef, Request, Sandbox};
 
@@ -55,6 +55,10 @@ pub struct ControllerSetup {
     pub concurrency: usize,
     /// Reconcile every parent at least this often.
     pub resync: Duration,
+    /// The shortest `requeue-after` honoured (a guest asking for less gets this).
+    pub requeue_floor: Duration,
+    /// API writes this controller may make (operator's `--max-writes-per-second`).
+    pub budget: TokenBucket,
     /// Client impersonating the controller's ServiceAccount.
     pub client: Client,
     /// Every kind the controller declared, resolved when it started.
@@ -320,6 +324,7 @@ impl Runner {
         let executor = Executor {
             client: s.client.clone(),
             kinds: &s.kinds,
+            budget: &s.budget,
             permissions: &s.permissions,
             field_manager: format!("kubewasm/{}", s.id),
             parent_kind: parent_watch.kind(),
@@ -343,7 +348,8 @@ impl Runner {
         let after = [outcome.response.requeue_after(), done.requeue_after]
             .into_iter()
             .flatten()
-            .min();
+            .min()
+            .map(|after| after.max(s.requeue_floor));
         Ok(after)
     }
 

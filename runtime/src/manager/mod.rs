@@ -16,7 +16,7 @@ use kubewasm_guest_sdk::selector::Selector;
 use tokio::task::JoinHandle;
 
 use crate::api::{ClusterWasmController, Verb, WasmController, WasmControllerSpec};
-use crate::controller::{Kind, Resolver, SharedWatches, Watch};
+use crate::controller::{Kind, Resolver, SharedWatches, TokenBucket, Watch};
 use crate::host::{
     AccessReviews, CacheSource, ChildKind, ControllerSetup, DeclaredKinds, Permissions, Runner,
     ServiceAccount,
@@ -44,6 +44,12 @@ pub struct ManagerConfig {
     pub module_dir: Option<std::path::PathBuf>,
     /// Kinds controllers may make the runtime watch.
     pub watchable: crate::controller::WatchableKinds,
+    /// The shortest `requeue-after` a guest gets (a guest asking for less gets this).
+    pub requeue_floor: Duration,
+    /// API writes per second each controller may make, and its burst.
+    pub writes_per_second: f64,
+    /// Writes a controller may make at once after a quiet spell.
+    pub write_burst: u32,
     /// How long an answer of a SubjectAccessReview is reused, and how often running
     /// controllers' read permissions are checked again.
     pub access_review_ttl: Duration,
@@ -60,6 +66,9 @@ impl Default for ManagerConfig {
             module_dir: None,
             watchable: crate::controller::WatchableKinds::default(),
             access_review_ttl: Duration::from_secs(30),
+            requeue_floor: Duration::from_secs(1),
+            writes_per_second: 10.0,
+            write_burst: 50,
         }
     }
 }
@@ -398,6 +407,8 @@ impl Manager {
             limits,
             concurrency: spec.limits.concurrency.unwrap_or(1).max(1) as usize,
             resync: spec.resync_period(),
+            requeue_floor: self.config.requeue_floor,
+            budget: TokenBucket::new(self.config.writes_per_second, self.config.write_burst),
             client,
             kinds,
             sandbox: self.sandbox.clone(),

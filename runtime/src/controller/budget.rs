@@ -1,0 +1,88 @@
+//! A token bucket: how many API writes one controller may make per second, with a burst.
+//!
+//! tokio has no rate limiter and a bucket is a few lines; waiting is async, so a controller
+//! over its budget waits without holding a thread, and no other controller notices.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Writes per second, and how many may go at once after a quiet spell.
+#[derive(Debug)]
+pub struct TokenBucket {
+    per_second: f64,
+    burst: f64,
+    state: Mutex<(f64, Instant)>,
+}
+
+impl TokenBucket {
+    /// A full bucket of `burst` tokens (at least 1), refilled at `per_second` (at least 0.001).
+    pub fn new(per_second: f64, burst: u32) -> Self {
+        let burst = f64::from(burst.max(1));
+        TokenBucket {
+            per_second: per_second.max(0.001),
+            burst,
+            state: Mutex::new((burst, Instant::now())),
+        }
+    }
+
+    /// Takes one token, waiting until there is one.
+    pub async fn take(&self) {
+        loop {
+            let wait = {
+                let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                let (tokens, at) = &mut *state;
+                let now = Instant::now();
+                *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * self.per_second)
+                    .min(self.burst);
+                *at = now;
+                if *tokens >= 1.0 {
+                    *tokens -= 1.0;
+                    return;
+                }
+                Duration::from_secs_f64((1.0 - *tokens) / self.per_second)
+            };
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_goes_at_once_then_the_rate_holds() {
+        let bucket = TokenBucket::new(10.0, 5);
+        let started = Instant::now();
+        for _ in 0..5 {
+            bucket.take().await;
+        }
+        assert_eq!(
+            started.elapsed(),
+            Duration::ZERO,
+            "the burst waits for nothing"
+        );
+        for _ in 0..10 {
+            bucket.take().await;
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        assert!(
+            (0.99..1.01).contains(&elapsed),
+            "10 more at 10/s took {elapsed} s"
+        );
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let before = Instant::now();
+        for _ in 0..5 {
+            bucket.take().await;
+        }
+        assert_eq!(
+            before.elapsed(),
+            Duration::ZERO,
+            "refilled to the burst, not beyond"
+        );
+        bucket.take().await;
+        assert!(before.elapsed() >= Duration::from_millis(99));
+    }
+}
