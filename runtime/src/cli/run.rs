@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use kubewasm::controller::LeaderElector;
+use kubewasm::controller::{Fence, LeaderElector};
 use kubewasm::manager::{Manager, ManagerConfig};
 
 /// Arguments of `kubewasm run`.
@@ -106,19 +106,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             _ = shutdown_signal() => return Ok(()),
         }
         tracing::info!(identity, lease, "became the leader");
-        let lost = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let stop = {
-            let (elector, lost) = (elector.clone(), lost.clone());
+        // Renewal runs in a task of its own, so that nothing the manager does can delay it;
+        // losing the Lease closes the fence, which aborts every controller at once.
+        let fence = Fence::default();
+        let holder = tokio::spawn({
+            let (elector, fence) = (elector.clone(), fence.clone());
             async move {
-                tokio::select! {
-                    _ = shutdown_signal() => {}
-                    _ = elector.hold() => lost.store(true, std::sync::atomic::Ordering::SeqCst),
-                }
+                elector.hold().await;
+                fence.close();
             }
-        };
-        manager.run(stop).await?;
-        if lost.load(std::sync::atomic::Ordering::SeqCst) {
-            anyhow::bail!("lost the leader Lease {lease}: stopped all controllers; restart to stand by again");
+        });
+        manager.with_fence(fence.clone()).run(shutdown_signal()).await?;
+        holder.abort();
+        if !fence.is_open() {
+            anyhow::bail!("lost the leader Lease {lease}: aborted all controllers; restart to stand by again");
         }
         if let Err(e) = elector.release().await {
             tracing::warn!("could not release the leader Lease: {e}");

@@ -1,13 +1,45 @@
 //! Leader election with a `coordination.k8s.io/v1` Lease, so that of several runtime
 //! replicas exactly one acts while the others wait to take over.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::sync::watch;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::PostParams;
 use kube::{Api, Client};
+
+/// Whether this process may act: open unless leadership was lost. Every reconcile checks it
+/// before it starts, and every API write of a guest's action just before it is sent.
+#[derive(Clone, Debug)]
+pub struct Fence(Arc<watch::Sender<bool>>);
+
+impl Default for Fence {
+    fn default() -> Self {
+        Fence(Arc::new(watch::Sender::new(true)))
+    }
+}
+
+impl Fence {
+    /// Whether acting is allowed.
+    pub fn is_open(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Forbids acting from now on, for good.
+    pub fn close(&self) {
+        self.0.send_replace(false);
+    }
+
+    /// Waits until the fence is closed.
+    pub async fn closed(&self) {
+        let mut rx = self.0.subscribe();
+        let _ = rx.wait_for(|open| !open).await;
+    }
+}
 
 /// Holds or waits for one Lease.
 #[derive(Clone)]
@@ -56,21 +88,29 @@ impl LeaderElector {
         }
     }
 
-    /// Keeps renewing; returns once leadership is lost (another holder, or no successful
-    /// renewal for a whole lease duration). The caller must stop acting then.
+    /// Keeps renewing; returns once leadership is lost: another holder, or no successful
+    /// renewal for two thirds of the lease duration (the renew deadline: this replica stops
+    /// acting a third of a lease before another may take over). Run it in a task of its own,
+    /// so that nothing else the process does can delay a renewal, and close a [`Fence`] when
+    /// it returns.
     pub async fn hold(&self) {
+        let deadline = self.duration * 2 / 3;
         let mut last_renewal = tokio::time::Instant::now();
         loop {
             tokio::time::sleep(self.retry).await;
-            match self.try_acquire_or_renew().await {
-                Ok(true) => last_renewal = tokio::time::Instant::now(),
-                Ok(false) => return,
-                Err(e) => {
-                    tracing::warn!("could not renew the leader Lease: {e}");
-                    if last_renewal.elapsed() >= self.duration {
-                        return;
-                    }
-                }
+            let renewal = tokio::time::timeout(
+                deadline.saturating_sub(last_renewal.elapsed()),
+                self.try_acquire_or_renew(),
+            )
+            .await;
+            match renewal {
+                Ok(Ok(true)) => last_renewal = tokio::time::Instant::now(),
+                Ok(Ok(false)) => return,
+                Ok(Err(e)) => tracing::warn!("could not renew the leader Lease: {e}"),
+                Err(_) => tracing::warn!("renewing the leader Lease did not finish in time"),
+            }
+            if last_renewal.elapsed() >= deadline {
+                return;
             }
         }
     }
@@ -153,5 +193,27 @@ impl LeaderElector {
             Err(e) if conflict(&e) => Ok(false),
             Err(e) => Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_closed_fence_stays_closed_and_wakes_every_waiter() {
+        let fence = Fence::default();
+        assert!(fence.is_open());
+        let waiter = tokio::spawn({
+            let fence = fence.clone();
+            async move { fence.closed().await }
+        });
+        fence.clone().close();
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("a waiter saw the fence close")
+            .unwrap();
+        assert!(!fence.is_open());
+        fence.closed().await; // already closed: returns at once
     }
 }

@@ -10,7 +10,7 @@ mod watches;
 
 pub use budget::TokenBucket;
 pub use discovery::{Kind, Resolver};
-pub use leader::LeaderElector;
+pub use leader::{Fence, LeaderElector};
 pub use queue::{Backoff, WorkQueue};
 pub use watchable::{DEFAULT_WATCHABLE_KINDS, InvalidRule, WatchableKinds};
 pub use watches::{Change, ObjectKey, SharedWatches, Watch};

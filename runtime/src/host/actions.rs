@@ -17,7 +17,7 @@ use kubewasm_guest_sdk::selector::Selector;
 use serde_json::{Value, json};
 
 use crate::api::{UpdateStrategy, Verb};
-use crate::controller::{Kind, TokenBucket};
+use crate::controller::{Fence, Kind, TokenBucket};
 use crate::sandbox::{Action, Event, EventType, ObjectRef};
 
 use super::grants::{Denied, Permissions};
@@ -70,6 +70,8 @@ pub struct Executor<'a> {
     /// The controller's API write budget: every write (and a delete-by-selector's list) takes
     /// a token, waiting when there is none.
     pub budget: &'a TokenBucket,
+    /// Closed once this process may no longer act: no write is sent after that.
+    pub fence: &'a Fence,
     /// What the controller may do.
     pub permissions: &'a Permissions,
     /// Field manager for server-side apply (one per controller).
@@ -145,6 +147,18 @@ impl Executor<'_> {
                 .await?;
         }
         Ok(outcome)
+    }
+
+    /// Waits for the write budget, then checks that this process may still act.
+    async fn may_write(&self) -> Result<(), ActionError> {
+        self.budget.take().await;
+        if self.fence.is_open() {
+            Ok(())
+        } else {
+            Err(ActionError::Invalid(
+                "not sent: this runtime lost its leader Lease".into(),
+            ))
+        }
     }
 
     /// The declared kind of an action, with the namespace it acts in (checked, not yet
@@ -259,7 +273,7 @@ impl Executor<'_> {
         }
         let api = kind.api(self.client.clone(), namespace.as_deref());
         let params = PatchParams::apply(&self.field_manager).force();
-        self.budget.take().await;
+        self.may_write().await?;
         api.patch(&r.name, &params, &Patch::Apply(&object))
             .await
             .map_err(|source| ActionError::Api {
@@ -301,7 +315,7 @@ impl Executor<'_> {
             namespace.unwrap_or("-"),
             name
         );
-        self.budget.take().await;
+        self.may_write().await?;
         match api.delete(name, &params).await {
             Ok(either) => {
                 outcome.changes.push(format!("deleted {what}"));
@@ -325,7 +339,7 @@ impl Executor<'_> {
             namespace,
             ..r.clone()
         };
-        self.budget.take().await;
+        self.may_write().await?;
         match api.delete(&r.name, &DeleteParams::background()).await {
             Ok(_) => outcome.changes.push(format!("deleted {what}")),
             Err(kube::Error::Api(s)) if s.code == 404 => {}
@@ -352,7 +366,7 @@ impl Executor<'_> {
         self.permissions
             .check(Verb::Delete, &r.api_version, &r.kind, namespace.as_deref())?;
         let api: Api<DynamicObject> = kind.api(self.client.clone(), namespace.as_deref());
-        self.budget.take().await;
+        self.may_write().await?;
         let found = api
             .list(&ListParams::default().labels(selector))
             .await
@@ -386,7 +400,7 @@ impl Executor<'_> {
         });
         // With a status subresource, status is written there (server-side apply, so fields
         // the guest stops setting go away); without one it is part of the object itself.
-        self.budget.take().await;
+        self.may_write().await?;
         let result = if self.parent_kind.has_status {
             let params = PatchParams::apply(&self.field_manager).force();
             api.patch_status(&self.target.name, &params, &Patch::Apply(&body))
@@ -450,7 +464,7 @@ impl Executor<'_> {
             ..CoreEvent::default()
         };
         let api: Api<CoreEvent> = Api::namespaced(self.client.clone(), &namespace);
-        self.budget.take().await;
+        self.may_write().await?;
         api.create(&PostParams::default(), &core)
             .await
             .map_err(|source| ActionError::Api {

@@ -12,7 +12,7 @@ use serde_json::Value;
 use tokio::sync::{Semaphore, broadcast};
 use tracing::Instrument;
 
-use crate::controller::{Backoff, Change, ObjectKey, TokenBucket, Watch, WorkQueue};
+use crate::controller::{Backoff, Change, Fence, ObjectKey, TokenBucket, Watch, WorkQueue};
 use crate::metrics::Metrics;
 use crate::sandbox::{GuestPre, Limits, ObjectRef, Request, Sandbox};
 
@@ -59,6 +59,8 @@ pub struct ControllerSetup {
     pub requeue_floor: Duration,
     /// API writes this controller may make (operator's `--max-writes-per-second`).
     pub budget: TokenBucket,
+    /// Closed when this process may no longer act (leadership lost).
+    pub fence: Fence,
     /// Client impersonating the controller's ServiceAccount.
     pub client: Client,
     /// Every kind the controller declared, resolved when it started.
@@ -176,12 +178,15 @@ impl Runner {
         feeders.push(tokio::spawn(self.clone().resync()));
 
         let permits = Arc::new(Semaphore::new(self.setup.concurrency.max(1)));
+        // Owned here, so that aborting this task (leadership lost) aborts them all.
+        let mut running = tokio::task::JoinSet::new();
         while let Some(key) = self.queue.next().await {
             let Ok(permit) = permits.clone().acquire_owned().await else {
                 break;
             };
+            while running.try_join_next().is_some() {}
             let this = self.clone();
-            tokio::spawn(async move {
+            running.spawn(async move {
                 this.reconcile(&key).await;
                 this.queue.done(&key);
                 drop(permit);
@@ -191,9 +196,7 @@ impl Runner {
             f.abort();
         }
         // Let running reconciles finish.
-        let _ = permits
-            .acquire_many(self.setup.concurrency.max(1) as u32)
-            .await;
+        while running.join_next().await.is_some() {}
     }
 
     async fn feed(self: Arc<Self>, mut rx: broadcast::Receiver<Arc<Change>>, child: Option<()>) {
@@ -236,6 +239,9 @@ impl Runner {
     }
 
     async fn reconcile(&self, key: &ObjectKey) {
+        if !self.setup.fence.is_open() {
+            return; // leadership lost: the process is stopping, nothing starts any more
+        }
         let span =
             tracing::info_span!("reconcile", controller = self.setup.id.as_str(), object = %key);
         let in_flight = self.setup.metrics.start_reconcile();
@@ -325,6 +331,7 @@ impl Runner {
             client: s.client.clone(),
             kinds: &s.kinds,
             budget: &s.budget,
+            fence: &s.fence,
             permissions: &s.permissions,
             field_manager: format!("kubewasm/{}", s.id),
             parent_kind: parent_watch.kind(),

@@ -16,7 +16,7 @@ use kubewasm_guest_sdk::selector::Selector;
 use tokio::task::JoinHandle;
 
 use crate::api::{ClusterWasmController, Verb, WasmController, WasmControllerSpec};
-use crate::controller::{Kind, Resolver, SharedWatches, TokenBucket, Watch};
+use crate::controller::{Fence, Kind, Resolver, SharedWatches, TokenBucket, Watch};
 use crate::host::{
     AccessReviews, CacheSource, ChildKind, ControllerSetup, DeclaredKinds, Permissions, Runner,
     ServiceAccount,
@@ -114,6 +114,7 @@ pub struct Manager {
     watches: SharedWatches,
     resolver: Resolver,
     access: AccessReviews,
+    fence: Fence,
     controllers: HashMap<ControllerId, Managed>,
     config_maps: Option<Arc<Watch>>,
 }
@@ -133,6 +134,7 @@ impl Manager {
             watches: SharedWatches::new(client.clone(), config.namespace.clone()),
             resolver: Resolver::new(client.clone()),
             access: AccessReviews::new(client.clone(), config.access_review_ttl),
+            fence: Fence::default(),
             client,
             base_config,
             config,
@@ -141,6 +143,14 @@ impl Manager {
             controllers: HashMap::new(),
             config_maps: None,
         })
+    }
+
+    /// Acts only while `fence` is open: once it closes (leadership lost), every controller is
+    /// aborted at once, no reconcile starts, no write is sent, and [`Manager::run`] returns.
+    #[must_use]
+    pub fn with_fence(mut self, fence: Fence) -> Self {
+        self.fence = fence;
+        self
     }
 
     /// The runtime's metrics, to serve them (see [`crate::metrics::serve`]).
@@ -196,9 +206,11 @@ impl Manager {
         access_tick.tick().await;
         let mut shutdown = std::pin::pin!(shutdown);
         tracing::info!("kubewasm runtime started");
+        let fence = self.fence.clone();
         loop {
             tokio::select! {
                 _ = &mut shutdown => break,
+                _ = fence.closed() => break,
                 Some(event) = declared.recv() => self.on_declared(event).await,
                 change = cm_changes.recv() => match change {
                     Ok(change) => self.on_config_map(&change.key).await,
@@ -213,6 +225,16 @@ impl Manager {
                 _ = access_tick.tick() => self.recheck_access().await,
                 _ = poll_tick.tick() => self.reload_all(|spec| spec.module.path.is_some()).await,
             }
+        }
+        if !self.fence.is_open() {
+            tracing::warn!("leadership lost: aborting every controller");
+            for m in self.controllers.values_mut() {
+                if let Some((runner, task)) = m.runner.take() {
+                    runner.stop();
+                    task.abort();
+                }
+            }
+            return Ok(());
         }
         tracing::info!("shutting down: stopping controllers");
         let ids: Vec<ControllerId> = self.controllers.keys().cloned().collect();
@@ -409,6 +431,7 @@ impl Manager {
             resync: spec.resync_period(),
             requeue_floor: self.config.requeue_floor,
             budget: TokenBucket::new(self.config.writes_per_second, self.config.write_burst),
+            fence: self.fence.clone(),
             client,
             kinds,
             sandbox: self.sandbox.clone(),

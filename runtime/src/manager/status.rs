@@ -150,6 +150,9 @@ fn keep_transition_times(new: &mut WasmControllerStatus, old: Option<&WasmContro
 impl Manager {
     /// Writes every controller's status that changed since it was last written.
     pub(super) async fn write_statuses(&mut self) {
+        if !self.fence.is_open() {
+            return; // the new leader writes them now
+        }
         let ids: Vec<ControllerId> = self.controllers.keys().cloned().collect();
         for id in ids {
             let Some(m) = self.controllers.get(&id) else {
