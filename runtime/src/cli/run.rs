@@ -32,6 +32,16 @@ pub struct Args {
     /// reused; running controllers are checked again this often.
     #[arg(long, default_value_t = 30)]
     access_review_seconds: u64,
+    /// The most memory a controller's spec may ask per reconcile (a Kubernetes quantity);
+    /// more is clamped and its status says so.
+    #[arg(long, default_value = "256Mi")]
+    max_memory: String,
+    /// The most time per reconcile a spec may ask, in milliseconds (clamped above).
+    #[arg(long, default_value_t = 10_000)]
+    max_timeout_millis: u64,
+    /// The most reconciles of one controller at once a spec may ask (clamped above).
+    #[arg(long, default_value_t = 8)]
+    max_concurrency: usize,
     /// The shortest delay before a reconcile that a guest asked for (`requeue-after`), in
     /// milliseconds: a guest asking for less (or 0) waits this long.
     #[arg(long, default_value_t = 1000)]
@@ -75,6 +85,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config.watchable = args.watchable_kinds;
         config.access_review_ttl = Duration::from_secs(args.access_review_seconds.max(1));
         config.requeue_floor = Duration::from_millis(args.min_requeue_millis);
+        config.caps = kubewasm::manager::LimitCaps {
+            memory_bytes: kubewasm::api::parse_bytes(&args.max_memory)
+                .map_err(|e| anyhow::anyhow!("--max-memory {}: {e}", args.max_memory))?,
+            timeout: Duration::from_millis(args.max_timeout_millis.max(1)),
+            concurrency: args.max_concurrency.max(1),
+        };
         config.writes_per_second = args.max_writes_per_second;
         config.write_burst = args.write_burst;
         let manager = Manager::new(kube_config.clone(), config)?;

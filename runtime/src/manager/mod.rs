@@ -1,6 +1,7 @@
 //! The live runtime: watches WasmControllers and the ConfigMaps holding their modules, starts
 //! and stops controllers, hot-reloads modules, and writes each controller's status.
 
+mod caps;
 mod modules;
 mod status;
 
@@ -24,6 +25,7 @@ use crate::host::{
 use crate::metrics::Metrics;
 use crate::sandbox::{GuestPre, Sandbox, SandboxConfig};
 
+pub use caps::LimitCaps;
 pub use status::Problem;
 
 /// Settings of the live runtime.
@@ -44,6 +46,8 @@ pub struct ManagerConfig {
     pub module_dir: Option<std::path::PathBuf>,
     /// Kinds controllers may make the runtime watch.
     pub watchable: crate::controller::WatchableKinds,
+    /// The most a spec may ask for (memory, time, concurrency).
+    pub caps: LimitCaps,
     /// The shortest `requeue-after` a guest gets (a guest asking for less gets this).
     pub requeue_floor: Duration,
     /// API writes per second each controller may make, and its burst.
@@ -66,6 +70,7 @@ impl Default for ManagerConfig {
             module_dir: None,
             watchable: crate::controller::WatchableKinds::default(),
             access_review_ttl: Duration::from_secs(30),
+            caps: LimitCaps::default(),
             requeue_floor: Duration::from_secs(1),
             writes_per_second: 10.0,
             write_burst: 50,
@@ -331,10 +336,12 @@ impl Manager {
         id: &ControllerId,
         spec: &WasmControllerSpec,
     ) -> Result<(ControllerSetup, ReadAccess), Problem> {
-        let limits = spec
+        let asked = spec
             .limits
             .resolve()
             .map_err(|m| Problem::new("InvalidSpec", m))?;
+        let asked_concurrency = spec.limits.concurrency.unwrap_or(1).max(1) as usize;
+        let (limits, concurrency, clamped) = self.config.caps.apply(asked, asked_concurrency);
         let parent_selector = match &spec.parent.label_selector {
             Some(s) => Some(Selector::parse(s).map_err(|e| {
                 Problem::new(
@@ -386,6 +393,7 @@ impl Manager {
         };
         // Authorize: the ServiceAccount must be allowed to read whatever it will be handed.
         let access = ReadAccess {
+            clamped,
             account: service_account(id, spec),
             kinds: readable_declarations(spec)
                 .map(|(_, api_version, kind)| kind_of(api_version, kind))
@@ -427,7 +435,7 @@ impl Manager {
                 spec,
             )),
             limits,
-            concurrency: spec.limits.concurrency.unwrap_or(1).max(1) as usize,
+            concurrency,
             resync: spec.resync_period(),
             requeue_floor: self.config.requeue_floor,
             budget: TokenBucket::new(self.config.writes_per_second, self.config.write_burst),
@@ -511,6 +519,8 @@ impl Manager {
 /// What a running controller's ServiceAccount must keep being allowed to read.
 #[derive(Debug, Clone)]
 struct ReadAccess {
+    /// What the operator's caps changed in the spec's limits, for the status.
+    clamped: Vec<String>,
     account: ServiceAccount,
     kinds: Vec<Kind>,
 }

@@ -86,13 +86,18 @@ fn desired(m: &Managed) -> WasmControllerStatus {
             ),
             g,
         ),
-        (Some(_), _, _) => condition(
-            "Ready",
-            true,
-            "Running",
-            format!("reconciling {} objects", m.spec.parent.kind),
-            g,
-        ),
+        (Some(_), _, _) => {
+            let clamped = m
+                .access
+                .as_ref()
+                .map(|a| a.clamped.join("; "))
+                .filter(|c| !c.is_empty());
+            let message = match clamped {
+                Some(c) => format!("reconciling {} objects; {c}", m.spec.parent.kind),
+                None => format!("reconciling {} objects", m.spec.parent.kind),
+            };
+            condition("Ready", true, "Running", message, g)
+        }
         (None, Some(p), _) => condition("Ready", false, p.reason, p.message.clone(), g),
         (None, None, Some(p)) => condition("Ready", false, "ModuleNotReady", p.message.clone(), g),
         (None, None, None) => condition("Ready", false, "Starting", "starting".into(), g),
