@@ -230,6 +230,10 @@ async fn isolation(client: &Client, a: &str, b: &str, runtime: &RuntimeProcess) 
     }
     markers.ensure_hidden("the runtime's log", &runtime.log(), true)?;
     let rss = resident_bytes(runtime.pid())?;
+    eprintln!(
+        "isolation: the runtime is {} MiB resident after the attacks",
+        rss >> 20
+    );
     ensure!(
         rss < MAX_RUNTIME_RSS_BYTES,
         "the runtime grew to {} MiB resident under team-a's attacks",
@@ -562,6 +566,7 @@ async fn read_granted_later_makes_the_controller_ready(
         ],
     )
     .await?;
+    let granted = std::time::Instant::now();
     wait_status(
         client,
         a,
@@ -570,6 +575,10 @@ async fn read_granted_later_makes_the_controller_ready(
         |s| ensure_condition(s, "Ready", "True").map(drop),
     )
     .await?;
+    eprintln!(
+        "isolation: nosy Ready {:.1?} after its Role was granted (--access-review-seconds 2)",
+        granted.elapsed()
+    );
     eventually("nosy reads its own namespace's ConfigMap", WAIT, || async {
         let p = probes(client, a).get("nosy").await?;
         let outcome = p
