@@ -565,8 +565,18 @@ async fn cluster_wasm_controller_acts_in_every_namespace() {
         .expect("starting a control plane of this test's own");
     let control_plane = StopOnDrop(control_plane);
     let (client, modules) = prepare(&control_plane.0, "modules").await;
-    let mut runtime = RuntimeProcess::start_cluster_wide(&control_plane.0.runtime_kubeconfig());
-    let result = cluster_scoped(&control_plane.0, &client, &modules).await;
+    let module_dir = tempfile::tempdir().expect("a temporary module directory");
+    let dir_arg = module_dir.path().to_string_lossy().into_owned();
+    let mut runtime = RuntimeProcess::start_with_args(
+        &control_plane.0.runtime_kubeconfig(),
+        "",
+        &["--module-dir", &dir_arg],
+    );
+    let result = async {
+        cluster_scoped(&control_plane.0, &client, &modules).await?;
+        file_module(&client, &modules, module_dir.path()).await
+    }
+    .await;
     finish(result, &mut [&mut runtime]);
 }
 
@@ -655,67 +665,164 @@ async fn cluster_scoped(
     Ok(())
 }
 
-#[tokio::test]
-async fn module_from_a_file_path_is_polled_and_pinned() {
-    let control_plane = ControlPlane::shared();
-    let (client, ns) = prepare(control_plane, "file-module").await;
-    let mut runtime = RuntimeProcess::start(&control_plane.runtime_kubeconfig(), &ns);
-    let result = file_module(&client, &ns).await;
-    finish(result, &mut [&mut runtime]);
-    drop(runtime);
-    let _ = control_plane.delete_namespace(&ns).await;
+/// The status of ClusterWasmController `name` once it passes `check`.
+async fn wait_cluster_status<F>(client: &Client, name: &str, what: &str, check: F) -> Result<()>
+where
+    F: Fn(&kubewasm::api::WasmControllerStatus) -> Result<()>,
+{
+    let api: Api<kubewasm::api::ClusterWasmController> = Api::all(client.clone());
+    eventually(what, cluster::WAIT, || async {
+        let status = api.get(name).await?.status.unwrap_or_default();
+        check(&status)?;
+        Ok(Some(()))
+    })
+    .await
 }
 
-/// A module given as a file (as a ConfigMap volume would mount it, gzipped here): it runs;
-/// garbage written over it keeps the last good module running with ModuleReady=False; a
-/// WasmController whose sha256 pin does not match never loads it.
-async fn file_module(client: &Client, ns: &str) -> Result<()> {
+/// Module files, as a ConfigMap volume would mount them (gzipped here), for
+/// ClusterWasmControllers only and only under `--module-dir`: a file there runs; garbage
+/// written over it keeps the last good module running with ModuleReady=False; a wrong sha256
+/// pin is refused without showing the file's digest; files outside the directory
+/// (`/etc/hostname`, `/dev/zero`) are refused, and a WasmController may not name a file at all.
+async fn file_module(client: &Client, ns: &str, dir: &std::path::Path) -> Result<()> {
     use std::io::Write as _;
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("hello_world.wasm.gz");
+    let path = dir.join("hello_world.wasm.gz");
     let wasm = guest("hello_world");
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     gz.write_all(&wasm)?;
     std::fs::write(&path, gz.finish()?)?;
 
+    let mut wc = take(
+        &mut example("hello-world/controller.yaml", ns)?,
+        "WasmController",
+    )?;
+    wc["spec"]["module"] = json!({"path": "/etc/hostname"});
+    let refused = apply(client, &wc).await.err().map(|e| format!("{e:#}"));
+    ensure!(
+        refused
+            .as_deref()
+            .is_some_and(|e| e.contains("spec.module.path")),
+        "a WasmController naming a module file was not refused by the API server: {refused:?}"
+    );
+
     apply_all(client, &example("hello-world/rbac.yaml", ns)?).await?;
-    let mut controller = example("hello-world/controller.yaml", ns)?;
-    let mut wc = take(&mut controller, "WasmController")?;
-    wc["spec"]["module"] = json!({"path": path.to_string_lossy()});
-    apply(client, &wc).await?;
-    let mut pinned = wc.clone();
-    pinned["metadata"]["name"] = json!("pinned");
-    pinned["spec"]["module"]["sha256"] = json!("0".repeat(64));
-    pinned["spec"]["parent"]["labelSelector"] = json!("never=matches");
-    apply(client, &pinned).await?;
+    let role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": format!("{ns}-hello")},
+        "rules": [
+            {"apiGroups": ["example.com"], "resources": ["helloworlds"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["example.com"], "resources": ["helloworlds/status"], "verbs": ["get", "patch", "update"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "patch", "update", "delete"]},
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}]});
+    let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": format!("{ns}-hello")},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": format!("{ns}-hello")},
+        "subjects": [{"kind": "ServiceAccount", "name": "hello-controller", "namespace": ns}]});
+    apply_all(client, &[role, binding]).await?;
+    let controller = |name: &str, module: Value, selector: &str| {
+        json!({"apiVersion": "kubewasm.dev/v1alpha1", "kind": "ClusterWasmController",
+            "metadata": {"name": format!("{ns}-{name}")},
+            "spec": {
+                "module": module,
+                "parent": {"apiVersion": "example.com/v1", "kind": "HelloWorld", "labelSelector": selector},
+                "children": [{"apiVersion": "v1", "kind": "Pod", "updateStrategy": "Recreate"}],
+                "serviceAccountName": "hello-controller"}})
+    };
+    // The ServiceAccount lives in the module's namespace: with a file, `default`.
+    let account = json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": "hello-controller", "namespace": "default"}});
+    let default_binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": format!("{ns}-hello-default")},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": format!("{ns}-hello")},
+        "subjects": [{"kind": "ServiceAccount", "name": "hello-controller", "namespace": "default"}]});
+    apply_all(client, &[account, default_binding]).await?;
+    let file = path.to_string_lossy().into_owned();
+    apply(
+        client,
+        &controller("from-file", json!({"path": file}), "!never"),
+    )
+    .await?;
+    apply(
+        client,
+        &controller(
+            "pinned",
+            json!({"path": file, "sha256": "0".repeat(64)}),
+            "never=matches",
+        ),
+    )
+    .await?;
+    apply(
+        client,
+        &controller(
+            "hostname",
+            json!({"path": "/etc/hostname"}),
+            "never=matches",
+        ),
+    )
+    .await?;
+    apply(
+        client,
+        &controller(
+            "zero",
+            json!({"path": "/dev/zero", "sha256": "0".repeat(64)}),
+            "never=matches",
+        ),
+    )
+    .await?;
 
     create_hello_world(client, ns, "from-file", "File").await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     wait_greeting_pod(&pods, "from-file", "Hello, File!", None).await?;
     let digest = sha256(&wasm);
-    wait_status(
-        client,
-        ns,
-        "pinned",
-        "the pinned controller refusing the module",
-        |s| {
+    let refused = |reason: &'static str, says: &'static str| {
+        let digest = digest.clone();
+        move |s: &kubewasm::api::WasmControllerStatus| {
             let c = ensure_condition(s, "ModuleReady", "False")?;
-            ensure!(c.reason == "DigestMismatch", "reason is {}", c.reason);
+            ensure!(c.reason == reason, "reason is {}: {}", c.reason, c.message);
             ensure!(
-                c.message.contains(&digest),
-                "message does not name the digest: {}",
+                c.message.contains(says),
+                "the message does not say `{says}`: {}",
                 c.message
             );
+            ensure!(
+                !c.message.contains(&digest[7..]),
+                "the message shows the file's digest: {}",
+                c.message
+            );
+            ensure!(
+                s.module_digest.is_none(),
+                "moduleDigest is {:?}",
+                s.module_digest
+            );
             ensure_condition(s, "Ready", "False").map(drop)
-        },
+        }
+    };
+    wait_cluster_status(
+        client,
+        &format!("{ns}-pinned"),
+        "the pinned controller refusing the file",
+        refused(
+            "DigestMismatch",
+            "does not match the spec.module.sha256 pin",
+        ),
     )
     .await?;
+    for name in ["hostname", "zero"] {
+        wait_cluster_status(
+            client,
+            &format!("{ns}-{name}"),
+            &format!("{name}: a file outside --module-dir refused"),
+            refused(
+                "ModuleNotFound",
+                "is not a regular file under the module directory",
+            ),
+        )
+        .await?;
+    }
 
     std::fs::write(&path, b"not a module at all")?;
-    wait_status(
+    wait_cluster_status(
         client,
-        ns,
-        "hello-world",
+        &format!("{ns}-from-file"),
         "ModuleReady=False after garbage replaced the file",
         |s| {
             let c = ensure_condition(s, "ModuleReady", "False")?;

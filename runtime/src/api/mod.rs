@@ -84,7 +84,8 @@ pub struct ModuleSource {
     /// A key of a ConfigMap's `binaryData` (or `data`) holding the component, optionally gzipped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_map: Option<ConfigMapKey>,
-    /// A file inside the runtime's filesystem, e.g. a ConfigMap mounted as a volume.
+    /// A file inside the runtime's filesystem, e.g. a ConfigMap mounted as a volume; only for
+    /// ClusterWasmControllers, and only under the operator's `kubewasm run --module-dir`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
     /// If set, the module is only loaded when its sha256 (hex, after gunzip) matches.
@@ -234,14 +235,57 @@ impl WasmControllerSpec {
     }
 }
 
+/// Why a `WasmController` may not name a module file, in its CRD and in its status.
+pub const NO_MODULE_FILES: &str = "a WasmController may not load a module from a file of the runtime (spec.module.path): put the module in a ConfigMap of its namespace (spec.module.configMap); only a ClusterWasmController may name a file, under the operator's --module-dir";
+
 /// All CRDs of the API as one multi-document YAML stream.
+///
+/// The two kinds share one spec type; their schemas differ where the API server itself
+/// must refuse: a `WasmController` takes no `spec.module.path` (the 1.20 API server has no
+/// CEL, so `maxLength: 0` does it) and needs `configMap`; a `ClusterWasmController` needs
+/// exactly one of the two.
 pub fn crds_yaml() -> String {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps;
     use kube::CustomResourceExt;
-    [WasmController::crd(), ClusterWasmController::crd()]
+    let required = |field: &str| JSONSchemaProps {
+        required: Some(vec![field.to_owned()]),
+        ..JSONSchemaProps::default()
+    };
+    let mut namespaced = WasmController::crd();
+    with_module_schema(&mut namespaced, |module| {
+        if let Some(path) = module.properties.as_mut().and_then(|p| p.get_mut("path")) {
+            path.max_length = Some(0);
+            path.description = Some(format!("Must be empty: {NO_MODULE_FILES}."));
+        }
+        module.required = Some(vec!["configMap".to_owned()]);
+    });
+    let mut cluster = ClusterWasmController::crd();
+    with_module_schema(&mut cluster, |module| {
+        module.one_of = Some(vec![required("configMap"), required("path")]);
+    });
+    [namespaced, cluster]
         .iter()
         .map(|crd| serde_yaml::to_string(crd).expect("CRDs serialise"))
         .collect::<Vec<_>>()
         .join("---\n")
+}
+
+fn with_module_schema(
+    crd: &mut k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    edit: impl Fn(
+        &mut k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps,
+    ),
+) {
+    for version in &mut crd.spec.versions {
+        let module = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+            .and_then(|root| root.properties.as_mut()?.get_mut("spec"))
+            .and_then(|spec| spec.properties.as_mut()?.get_mut("module"))
+            .expect("the generated CRD has spec.module");
+        edit(module);
+    }
 }
 
 #[cfg(test)]

@@ -150,14 +150,17 @@ fn module_bytes(args: &Args, declared: &Declared, state: &[Value]) -> anyhow::Re
             .spec
             .as_ref()
             .and_then(|s| s.module.sha256.as_deref());
-        return Ok(module::unpack(raw, pin)?);
+        return Ok(module::unpack(raw, pin, true)?);
     }
     let spec = declared
         .spec
         .as_ref()
         .context("no module: give --module or --controller")?;
     let raw = match (&spec.module.path, &spec.module.config_map) {
-        (Some(path), _) => module::bytes_from_file(path)?,
+        // Offline: the user's own files, read as they are.
+        (Some(path), _) => {
+            std::fs::read(path).with_context(|| format!("cannot read module file `{path}`"))?
+        }
         (None, Some(cm)) => {
             let found = state.iter().find(|o| {
                 o.get("kind").and_then(Value::as_str) == Some("ConfigMap")
@@ -174,7 +177,7 @@ fn module_bytes(args: &Args, declared: &Declared, state: &[Value]) -> anyhow::Re
         }
         (None, None) => bail!("spec.module names neither configMap nor path"),
     };
-    Ok(module::unpack(raw, spec.module.sha256.as_deref())?)
+    Ok(module::unpack(raw, spec.module.sha256.as_deref(), true)?)
 }
 
 /// Objects in the state that the parent owns (ownerReference by kind and name, or by uid),

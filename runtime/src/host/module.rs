@@ -2,6 +2,7 @@
 //! gzip accepted, optionally pinned by sha256.
 
 use std::io::Read;
+use std::path::Path;
 
 use serde_json::Value;
 
@@ -38,13 +39,35 @@ pub enum ModuleError {
     Gzip(#[source] std::io::Error),
     /// The bytes differ from the pinned digest.
     #[error(
-        "module digest is {actual} but spec.module.sha256 pins sha256:{pinned}; update the pin or the module"
+        "module digest {} spec.module.sha256 pin sha256:{pinned}; update the pin or the module",
+        match .actual { Some(d) => format!("is {d}, not the"), None => "does not match the".to_owned() }
     )]
     DigestMismatch {
-        /// Digest found.
-        actual: Digest,
+        /// Digest found; `None` where it must not be shown (a file of the runtime).
+        actual: Option<Digest>,
         /// Digest expected.
         pinned: String,
+    },
+    /// More bytes than any module may have.
+    #[error("the module is larger than {} MiB (after gunzip), the most a module may be", MAX_MODULE_BYTES >> 20)]
+    TooBig,
+    /// The operator allows no module files.
+    #[error(
+        "spec.module.path `{path}`: this runtime loads no module files; its operator can allow a directory with `kubewasm run --module-dir DIR`, or put the module in a ConfigMap"
+    )]
+    NoModuleDir {
+        /// The path asked for.
+        path: String,
+    },
+    /// The file is not a regular file under the operator's module directory.
+    #[error(
+        "spec.module.path `{path}` is not a regular file under the module directory {dir} (`kubewasm run --module-dir`)"
+    )]
+    OutsideModuleDir {
+        /// The path asked for.
+        path: String,
+        /// The operator's directory.
+        dir: String,
     },
     /// A file could not be read.
     #[error("cannot read module file `{path}`: {source}")]
@@ -102,22 +125,59 @@ pub fn bytes_from_configmap(config_map: &Value, key: &str) -> Result<Vec<u8>, Mo
     })
 }
 
-/// Reads a module file.
-pub fn bytes_from_file(path: &str) -> Result<Vec<u8>, ModuleError> {
-    std::fs::read(path).map_err(|source| ModuleError::File {
+/// The most bytes a module may have, read from a file or after gunzip.
+pub const MAX_MODULE_BYTES: u64 = 32 << 20;
+
+/// Reads a module file of a ClusterWasmController: `path` (absolute, or relative to `dir`)
+/// must resolve — symlinks and `..` followed — to a regular file inside `dir`, and is read
+/// up to [`MAX_MODULE_BYTES`]. Blocking: call it off the async workers.
+pub fn read_module_file(dir: &Path, path: &str) -> Result<Vec<u8>, ModuleError> {
+    let outside = || ModuleError::OutsideModuleDir {
+        path: path.to_owned(),
+        dir: dir.display().to_string(),
+    };
+    let file_error = |source| ModuleError::File {
         path: path.to_owned(),
         source,
-    })
+    };
+    let root = dir.canonicalize().map_err(|source| ModuleError::File {
+        path: dir.display().to_string(),
+        source,
+    })?;
+    let real = root.join(path).canonicalize().map_err(file_error)?;
+    if !real.starts_with(&root) || !std::fs::metadata(&real).map_err(file_error)?.is_file() {
+        return Err(outside());
+    }
+    let file = std::fs::File::open(&real).map_err(file_error)?;
+    if !file.metadata().map_err(file_error)?.is_file() {
+        return Err(outside());
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_MODULE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(file_error)?;
+    if bytes.len() as u64 > MAX_MODULE_BYTES {
+        return Err(ModuleError::TooBig);
+    }
+    Ok(bytes)
 }
 
-/// Gunzips when the bytes are gzip, then checks the optional sha256 pin.
-pub fn unpack(bytes: Vec<u8>, pinned_sha256: Option<&str>) -> Result<Vec<u8>, ModuleError> {
+/// Gunzips when the bytes are gzip, then checks the optional sha256 pin. `show_digest`: the
+/// error may name the digest found (not for files of the runtime).
+pub fn unpack(
+    bytes: Vec<u8>,
+    pinned_sha256: Option<&str>,
+    show_digest: bool,
+) -> Result<Vec<u8>, ModuleError> {
     let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
         let mut out = Vec::new();
         flate2::read::GzDecoder::new(bytes.as_slice())
-            .take(64 << 20)
+            .take(MAX_MODULE_BYTES + 1)
             .read_to_end(&mut out)
             .map_err(ModuleError::Gzip)?;
+        if out.len() as u64 > MAX_MODULE_BYTES {
+            return Err(ModuleError::TooBig);
+        }
         out
     } else {
         bytes
@@ -129,7 +189,10 @@ pub fn unpack(bytes: Vec<u8>, pinned_sha256: Option<&str>) -> Result<Vec<u8>, Mo
             .to_ascii_lowercase();
         let actual = Digest::of(&bytes);
         if actual.hex() != pinned {
-            return Err(ModuleError::DigestMismatch { actual, pinned });
+            return Err(ModuleError::DigestMismatch {
+                actual: show_digest.then_some(actual),
+                pinned,
+            });
         }
     }
     Ok(bytes)
@@ -150,9 +213,25 @@ mod tests {
         let cm = json!({"metadata": {"name": "m"}, "binaryData": {"g.wasm": base64::engine::general_purpose::STANDARD.encode(&gz)}});
         let raw = bytes_from_configmap(&cm, "g.wasm").unwrap();
         let pin = Digest::of(b"\0asm-module").hex();
-        assert_eq!(unpack(raw.clone(), Some(&pin)).unwrap(), b"\0asm-module");
-        let err = unpack(raw, Some("00")).unwrap_err().to_string();
-        assert!(err.contains("pins sha256:00"), "{err}");
+        assert_eq!(
+            unpack(raw.clone(), Some(&pin), true).unwrap(),
+            b"\0asm-module"
+        );
+        let err = unpack(raw.clone(), Some("00"), true)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!(
+                "is sha256:{pin}, not the spec.module.sha256 pin sha256:00"
+            )),
+            "{err}"
+        );
+        let err = unpack(raw, Some("00"), false).unwrap_err().to_string();
+        assert!(
+            err.contains("does not match the spec.module.sha256 pin sha256:00"),
+            "{err}"
+        );
+        assert!(!err.contains(&pin), "{err}");
         let err = bytes_from_configmap(&cm, "other.wasm")
             .unwrap_err()
             .to_string();
@@ -160,5 +239,48 @@ mod tests {
             err.contains("no key `other.wasm`") && err.contains("keys: g.wasm"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn module_files_come_only_from_regular_files_inside_the_module_dir() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("modules");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("ok.wasm"), b"\0asm").unwrap();
+        std::fs::write(root.path().join("secret"), b"hush").unwrap();
+        std::os::unix::fs::symlink(root.path().join("secret"), dir.join("link.wasm")).unwrap();
+        std::fs::create_dir(dir.join("sub")).unwrap();
+        assert_eq!(read_module_file(&dir, "ok.wasm").unwrap(), b"\0asm");
+        let ok = dir.join("ok.wasm");
+        assert_eq!(
+            read_module_file(&dir, ok.to_str().unwrap()).unwrap(),
+            b"\0asm"
+        );
+        for outside in [
+            "../secret",
+            "link.wasm",
+            "/etc/hostname",
+            "/dev/zero",
+            "sub",
+            "/proc/self/environ",
+        ] {
+            let err = read_module_file(&dir, outside).unwrap_err().to_string();
+            assert!(
+                err.contains("is not a regular file under the module directory"),
+                "{outside}: {err}"
+            );
+            assert!(!err.contains("hush"), "{err}");
+        }
+        let err = read_module_file(&dir, "missing.wasm")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("cannot read module file `missing.wasm`"),
+            "{err}"
+        );
+        let big = std::fs::File::create(dir.join("big.wasm")).unwrap();
+        big.set_len(MAX_MODULE_BYTES + 1).unwrap();
+        let err = read_module_file(&dir, "big.wasm").unwrap_err().to_string();
+        assert!(err.contains("larger than 32 MiB"), "{err}");
     }
 }

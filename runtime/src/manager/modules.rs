@@ -14,7 +14,8 @@ impl Manager {
         let Some(m) = self.controllers.get(id) else {
             return;
         };
-        let loaded = self.read_module(id, &m.spec).and_then(|bytes| {
+        let spec = m.spec.clone();
+        let loaded = self.read_module(id, &spec).await.and_then(|bytes| {
             self.sandbox
                 .load(&bytes)
                 .map_err(|e| Problem::new("ModuleInvalid", e.to_string()))
@@ -53,13 +54,19 @@ impl Manager {
         self.sandbox.retain(&keep);
     }
 
-    fn read_module(
+    async fn read_module(
         &self,
         id: &ControllerId,
         spec: &WasmControllerSpec,
     ) -> Result<Vec<u8>, Problem> {
-        let raw = match (&spec.module.config_map, &spec.module.path) {
-            (Some(cm), _) => {
+        let (raw, from_file) = match (&spec.module.config_map, &spec.module.path) {
+            (Some(_), Some(_)) => {
+                return Err(Problem::new(
+                    "InvalidSpec",
+                    "spec.module names both configMap and path; name exactly one",
+                ));
+            }
+            (Some(cm), None) => {
                 let namespace = id
                     .namespace
                     .clone()
@@ -85,11 +92,29 @@ impl Manager {
                     )
                 })?;
                 let value = serde_json::to_value(&*found).unwrap_or_default();
-                module::bytes_from_configmap(&value, &cm.key)
-                    .map_err(|e| Problem::new("ModuleNotFound", e.to_string()))?
+                let raw = module::bytes_from_configmap(&value, &cm.key)
+                    .map_err(|e| Problem::new("ModuleNotFound", e.to_string()))?;
+                (raw, false)
             }
-            (None, Some(path)) => module::bytes_from_file(path)
-                .map_err(|e| Problem::new("ModuleNotFound", e.to_string()))?,
+            (None, Some(_)) if id.namespace.is_some() => {
+                return Err(Problem::new("InvalidSpec", crate::api::NO_MODULE_FILES));
+            }
+            (None, Some(path)) => {
+                let Some(dir) = self.config.module_dir.clone() else {
+                    return Err(Problem::new(
+                        "ModuleNotFound",
+                        module::ModuleError::NoModuleDir { path: path.clone() }.to_string(),
+                    ));
+                };
+                // Off the manager loop: a file read can block.
+                let path = path.clone();
+                let raw =
+                    tokio::task::spawn_blocking(move || module::read_module_file(&dir, &path))
+                        .await
+                        .map_err(|e| Problem::new("ModuleNotFound", e.to_string()))?
+                        .map_err(|e| Problem::new("ModuleNotFound", e.to_string()))?;
+                (raw, true)
+            }
             (None, None) => {
                 return Err(Problem::new(
                     "InvalidSpec",
@@ -97,14 +122,19 @@ impl Manager {
                 ));
             }
         };
-        module::unpack(raw, spec.module.sha256.as_deref()).map_err(|e| {
-            let reason = if matches!(e, module::ModuleError::DigestMismatch { .. }) {
-                "DigestMismatch"
-            } else {
-                "ModuleInvalid"
-            };
-            Problem::new(reason, e.to_string())
-        })
+        // Gunzip (bounded) off the manager loop too; a file's digest is never shown.
+        let pin = spec.module.sha256.clone();
+        tokio::task::spawn_blocking(move || module::unpack(raw, pin.as_deref(), !from_file))
+            .await
+            .map_err(|e| Problem::new("ModuleInvalid", e.to_string()))?
+            .map_err(|e| {
+                let reason = if matches!(e, module::ModuleError::DigestMismatch { .. }) {
+                    "DigestMismatch"
+                } else {
+                    "ModuleInvalid"
+                };
+                Problem::new(reason, e.to_string())
+            })
     }
 
     pub(super) async fn on_config_map(&mut self, key: &ObjectKey) {

@@ -66,12 +66,6 @@ impl RuntimeProcess {
         runtime
     }
 
-    /// Starts `kubewasm run` hosting every namespace and the ClusterWasmControllers; only for
-    /// a control plane of the test's own (it would host other tests' controllers too).
-    pub fn start_cluster_wide(kubeconfig: &Path) -> RuntimeProcess {
-        Self::start(kubeconfig, "")
-    }
-
     /// Starts the process again after [`Self::stop`]; its output is appended to the same log.
     pub fn start_again(&mut self) {
         assert!(self.child.is_none(), "kubewasm run is already running");
