@@ -504,7 +504,7 @@ fn pinned_digest_must_match() {
         OsStr::new("--object"),
         fixture("your-name.yaml").as_os_str(),
     ])
-    .failure(&["pins sha256:00"]);
+    .failure(&["not the spec.module.sha256 pin sha256:00"]);
 }
 
 #[test]
