@@ -73,7 +73,8 @@ impl FromStr for WatchableKinds {
                 && group
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '*'));
-            let kind_ok = kind == "*" || (!kind.is_empty() && kind.chars().all(|c| c.is_ascii_alphanumeric()));
+            let kind_ok = kind == "*"
+                || (!kind.is_empty() && kind.chars().all(|c| c.is_ascii_alphanumeric()));
             if !group_ok || !kind_ok {
                 return Err(InvalidRule(raw.to_owned()));
             }
@@ -132,7 +133,10 @@ mod tests {
         assert!(w.allows("v1", "Secret"));
         assert!(!w.allows("v1", "ConfigMap"));
         assert!(w.allows("apps/v1", "ReplicaSet"));
-        assert!(!w.allows("batch/v1", "Job"), "no rule matches: not watchable");
+        assert!(
+            !w.allows("batch/v1", "Job"),
+            "no rule matches: not watchable"
+        );
         let w: WatchableKinds = "*.example.com/*".parse().unwrap();
         assert!(w.allows("kool.example.com/v1", "Guitar"));
         assert!(!w.allows("example.org/v1", "Guitar"));
