@@ -16,6 +16,7 @@
 //! | `a>1`, `a<1` | label `a` is present, an integer, and greater/less than the bound |
 //!
 //! Requirements are joined with `,` and must all hold; the empty selector matches everything.
+//! A selector is at most [`MAX_SELECTOR_BYTES`] long.
 //!
 //! ```
 //! use kubewasm_guest_sdk::selector::Selector;
@@ -28,9 +29,14 @@
 //! assert!("app in ()".parse::<Selector>().is_err());
 //! ```
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::str::FromStr;
+
+/// The longest selector accepted, in bytes: far more than any real one (a label key is at
+/// most 317 bytes and a value 63), and short enough that parsing and echoing it in an error
+/// stay cheap whoever wrote it.
+pub const MAX_SELECTOR_BYTES: usize = 4096;
 
 /// Where a selector can look up label values: a map from key to value.
 pub trait Labels {
@@ -115,6 +121,19 @@ impl Requirement {
         &self.values
     }
 
+    /// Whether only objects that carry this requirement's label can satisfy it (`=`, `in`,
+    /// exists, `>`, `<`); `!=`, `notin` and `!key` also match objects without the label.
+    pub fn needs_label(&self) -> bool {
+        match self.operator {
+            Operator::Equals
+            | Operator::In
+            | Operator::Exists
+            | Operator::GreaterThan
+            | Operator::LessThan => true,
+            Operator::NotEquals | Operator::NotIn | Operator::DoesNotExist => false,
+        }
+    }
+
     /// Whether `labels` satisfy this requirement.
     pub fn matches<L: Labels + ?Sized>(&self, labels: &L) -> bool {
         let value = labels.label(&self.key);
@@ -166,7 +185,19 @@ pub struct Selector {
 
 impl Selector {
     /// Parse the string form of a label selector, as `kubectl -l` and the API server take it.
+    /// Selectors longer than [`MAX_SELECTOR_BYTES`] are refused before anything else.
     pub fn parse(selector: &str) -> Result<Self, ParseError> {
+        if selector.len() > MAX_SELECTOR_BYTES {
+            let shown = &selector[..selector.floor_char_boundary(64)];
+            return Err(ParseError {
+                selector: format!("{shown}…"),
+                position: MAX_SELECTOR_BYTES,
+                message: format!(
+                    "the selector is {} bytes, more than the limit of {MAX_SELECTOR_BYTES}; select on fewer or shorter labels",
+                    selector.len()
+                ),
+            });
+        }
         Parser::new(selector).parse()
     }
 
@@ -178,6 +209,15 @@ impl Selector {
     /// Whether the selector has no requirements (and so matches everything).
     pub fn is_empty(&self) -> bool {
         self.requirements.is_empty()
+    }
+
+    /// Whether the selector narrows a set of objects down to those carrying some label: at
+    /// least one requirement needs its label to exist ([`Requirement::needs_label`]). One that
+    /// does not, such as `""`, `!legacy`, `app!=x` or `app notin (x)`, matches every object
+    /// without those labels, which is usually nearly all of them; use it for reads, not for
+    /// deleting.
+    pub fn narrows(&self) -> bool {
+        self.requirements.iter().any(Requirement::needs_label)
     }
 
     /// Whether `labels` satisfy every requirement.
@@ -462,6 +502,8 @@ impl<'a> Parser<'a> {
             ));
         }
         let mut values = Vec::new();
+        // Duplicates are dropped, keeping the first: a set so that many values stay linear.
+        let mut seen = HashSet::new();
         loop {
             // A value, or nothing (an empty value) before "," or ")".
             let value = match self.peek().clone() {
@@ -472,7 +514,7 @@ impl<'a> Parser<'a> {
                 }
                 _ => String::new(),
             };
-            if !values.contains(&value) {
+            if seen.insert(value.clone()) {
                 values.push(value);
             }
             match self.advance() {
@@ -741,6 +783,55 @@ mod tests {
         let bare = serde_json::json!({"metadata": {"name": "p"}});
         assert!(!sel.matches_object(&bare));
         assert!(Selector::parse("!app").unwrap().matches_object(&bare));
+    }
+
+    #[test]
+    fn narrows_needs_a_label_that_must_exist() {
+        for selector in [
+            "a=b", "a==b", "a", "a in (b)", "a>1", "a<1", "!a,b=c", "a!=b,c",
+        ] {
+            assert!(Selector::parse(selector).unwrap().narrows(), "{selector}");
+        }
+        for selector in [
+            "",
+            "!nonexistent",
+            "a!=b",
+            "a notin (b)",
+            "!a,b!=c,d notin (e)",
+        ] {
+            assert!(!Selector::parse(selector).unwrap().narrows(), "{selector}");
+        }
+    }
+
+    #[test]
+    fn long_selectors_are_refused_before_parsing() {
+        let at_limit = format!("a in ({})", "x,".repeat((MAX_SELECTOR_BYTES - 7) / 2));
+        assert!(at_limit.len() <= MAX_SELECTOR_BYTES);
+        assert_eq!(
+            Selector::parse(&at_limit).unwrap().requirements()[0]
+                .values()
+                .len(),
+            2
+        );
+        let too_long = format!("a={}", "é".repeat(MAX_SELECTOR_BYTES));
+        let err = Selector::parse(&too_long).unwrap_err();
+        assert!(
+            err.message().contains("more than the limit of 4096"),
+            "{err}"
+        );
+        assert!(
+            err.to_string().len() < 300,
+            "the error echoes the whole selector: {err}"
+        );
+    }
+
+    #[test]
+    fn duplicate_values_are_dropped_in_order() {
+        let values: Vec<String> = (0..600).map(|i| format!("v{i}")).collect();
+        let selector = format!("a in ({},{})", values.join(","), values[..100].join(","));
+        assert!(selector.len() <= MAX_SELECTOR_BYTES);
+        let parsed = Selector::parse(&selector).unwrap();
+        assert_eq!(parsed.requirements()[0].values(), values);
     }
 
     #[test]

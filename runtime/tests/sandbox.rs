@@ -5,12 +5,12 @@
 mod common;
 
 use std::sync::mpsc;
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use kubewasm::sandbox::{
-    Action, CallError, CallOutcome, Digest, GuestPre, Limits, LoadError, NoReads, ObjectRef, Reads,
-    Request, Sandbox, SandboxConfig,
+    Action, CallError, CallOutcome, Digest, GuestPre, Limits, LoadError, MAX_GUEST_LOG_LINE_BYTES,
+    MAX_GUEST_MESSAGE_BYTES, NoReads, ObjectRef, Reads, Request, Sandbox, SandboxConfig,
 };
 use serde_json::{Value, json};
 
@@ -262,6 +262,115 @@ fn flooding_stdout_keeps_the_first_bytes_and_succeeds() {
             .starts_with("hostile guest flooding stdout 00000000\n"),
         "{:?}",
         &out.text()[..80]
+    );
+    assert_still_serves();
+}
+
+/// The hostile guest's `huge-error` message and each `huge-log` line: 1 MiB.
+const HUGE_BYTES: usize = 1 << 20;
+
+/// How many lines `huge-log` logs.
+const HUGE_LOG_LINES: usize = 64;
+
+#[test]
+fn huge_guest_error_is_cut_to_the_bound() {
+    let err = hostile_err("huge-error", Limits::default());
+    match &err {
+        CallError::Guest { message, retryable } => {
+            assert!(
+                message.len() <= MAX_GUEST_MESSAGE_BYTES,
+                "the guest's error is kept at {} bytes",
+                message.len()
+            );
+            assert!(message.starts_with("hostile guest error éé"), "{message}");
+            assert!(message.ends_with(" more bytes)"), "{message}");
+            assert!(!retryable, "the hostile guest's error is permanent");
+        }
+        other => panic!("expected a Guest error, got {other:?}"),
+    }
+    assert_eq!(err.reason(), "ReconcileFailed");
+    assert_still_serves();
+}
+
+/// Everything `tracing` writes while a call runs, one line per event.
+#[derive(Clone, Default)]
+struct LogCapture(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogCapture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn huge_log_lines_are_cut_and_the_rest_dropped() {
+    let capture = LogCapture::default();
+    let subscriber = tracing_subscriber::fmt()
+        .json()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer({
+            let capture = capture.clone();
+            move || capture.clone()
+        })
+        .finish();
+    // Generous: each of the 64 lines crosses into the host as 1 MiB. This is about bounds.
+    let limits = Limits::default().with_timeout(Duration::from_secs(10));
+    // The subscriber is set per thread: the call's own, under the watchdog.
+    let (tx, rx) = mpsc::channel();
+    let guest = Arc::clone(&HOSTILE);
+    std::thread::spawn(move || {
+        tracing::subscriber::with_default(subscriber, || {
+            let _ = tx.send(guest.call(&hostile_request("huge-log"), Arc::new(NoReads), &limits));
+        });
+    });
+    let outcome = rx
+        .recv_timeout(WATCHDOG)
+        .unwrap_or_else(|_| panic!("huge-log did not return within {WATCHDOG:?}"))
+        .expect("logging too much is not a failure");
+    assert_ok_response("huge-log", &outcome);
+
+    let logged = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
+    let messages: Vec<String> = logged
+        .lines()
+        .map(|line| {
+            let event: Value = serde_json::from_str(line).expect("one JSON event per line");
+            event["fields"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    let guest_lines: Vec<&String> = messages
+        .iter()
+        .filter(|m| m.starts_with("hostile guest log line éé"))
+        .collect();
+    // 64 KiB of budget holds 15 lines of 4 KiB (plus one byte each), then a cut 16th.
+    assert_eq!(guest_lines.len(), 16, "{} lines logged", guest_lines.len());
+    for line in &guest_lines {
+        assert!(
+            line.len() <= MAX_GUEST_LOG_LINE_BYTES,
+            "a {}-byte line",
+            line.len()
+        );
+        assert!(line.ends_with(" more bytes)"), "not marked as cut: {line}");
+    }
+    let kept: usize = guest_lines.iter().map(|l| l.len() + 1).sum();
+    assert!(kept <= limits.log_bytes, "{kept} bytes logged");
+    let written = (HUGE_LOG_LINES * HUGE_BYTES) as u64;
+    assert!(
+        outcome.log_dropped > written - limits.log_bytes as u64 && outcome.log_dropped < written,
+        "dropped {} of {written}",
+        outcome.log_dropped
+    );
+    assert!(
+        messages.iter().any(|m| m.contains("were dropped"))
+            && logged.contains(&format!("\"dropped_bytes\":{}", outcome.log_dropped)),
+        "no warning about the dropped lines"
     );
     assert_still_serves();
 }

@@ -14,13 +14,15 @@
 //! | `error` | returns the permanent error `hostile guest refuses` |
 //! | `bad-object` | Applies the JSON number `42` |
 //! | `read` | lists ConfigMaps once and sets status `{"seen": <count>}` |
+//! | `huge-error` | returns a permanent error whose message is [`HUGE_BYTES`] long |
+//! | `huge-log` | logs a [`HUGE_BYTES`] line [`HUGE_LOG_LINES`] times through the host, then behaves like `ok` |
 //!
 //! Any other mode is a permanent error naming the mode.
 
 use std::hint::black_box;
 use std::io::Write as _;
 
-use kubewasm_guest_sdk::{Cluster, Error, Request, Response, object};
+use kubewasm_guest_sdk::{Cluster, Error, LogLevel, Request, Response, object};
 use serde_json::json;
 
 /// The line `flood` writes, so tests can recognise it in captured output.
@@ -28,6 +30,12 @@ pub const FLOOD_LINE: &str = "hostile guest flooding stdout";
 
 /// How much `flood` writes.
 pub const FLOOD_BYTES: usize = 8 << 20;
+
+/// How long the text of `huge-error` and each line of `huge-log` is (1 MiB).
+pub const HUGE_BYTES: usize = 1 << 20;
+
+/// How many lines `huge-log` logs.
+pub const HUGE_LOG_LINES: usize = 64;
 
 /// Do whatever `spec.mode` asks for.
 pub fn reconcile(req: &Request, cluster: &dyn Cluster) -> Result<Response, Error> {
@@ -58,6 +66,14 @@ pub fn reconcile(req: &Request, cluster: &dyn Cluster) -> Result<Response, Error
         "read" => {
             let seen = cluster.list("v1", "ConfigMap", None, None)?.len();
             Ok(Response::new().set_status(json!({ "seen": seen })))
+        }
+        "huge-error" => Err(Error::permanent(huge_text("hostile guest error"))),
+        "huge-log" => {
+            let line = huge_text("hostile guest log line");
+            for _ in 0..HUGE_LOG_LINES {
+                cluster.log(LogLevel::Warn, black_box(&line));
+            }
+            Ok(well_behaved(req))
         }
         other => Err(Error::permanent(format!("unknown hostile mode {other:?}"))),
     }
@@ -113,6 +129,16 @@ fn flood() {
         line += 1;
     }
     let _ = stdout.flush();
+}
+
+/// `HUGE_BYTES` of text starting with `start`, with multi-byte characters at every cut.
+fn huge_text(start: &str) -> String {
+    let mut text = format!("{start} ");
+    while text.len() + "é".len() <= HUGE_BYTES {
+        text.push('é');
+    }
+    text.push_str(&"x".repeat(HUGE_BYTES - text.len()));
+    text
 }
 
 fn huge_response(req: &Request) -> Response {

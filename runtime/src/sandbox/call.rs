@@ -10,7 +10,8 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use super::bindings::{Controller, ControllerPre, kubewasm::controller as wit_if, wit};
 use super::error::{CallError, HostCallLimitHit};
 use super::limits::{Limits, MemoryLimiter};
-use super::output::{BoundedOutput, Captured};
+use super::output::{BoundedOutput, Captured, LogBudget};
+use super::text::{MAX_GUEST_LOG_LINE_BYTES, MAX_GUEST_MESSAGE_BYTES, bounded};
 use super::types::{ObjectRef, Reads, Request, Response};
 
 /// What a successful call produced, besides the response.
@@ -24,6 +25,9 @@ pub struct CallOutcome {
     pub stderr: Captured,
     /// Host reads the guest made.
     pub host_calls: u32,
+    /// Bytes of host `log` lines not logged: cut from lines longer than
+    /// [`MAX_GUEST_LOG_LINE_BYTES`] or past [`Limits::log_bytes`].
+    pub log_dropped: u64,
     /// Wall-clock time of instantiation plus the call.
     pub elapsed: Duration,
 }
@@ -36,6 +40,7 @@ pub(crate) struct CallState {
     reads: Arc<dyn Reads>,
     host_calls: u32,
     host_call_limit: u32,
+    logs: LogBudget,
     controller: String,
     object: String,
 }
@@ -63,6 +68,9 @@ impl wit::Host for CallState {}
 
 impl wit_if::host::Host for CallState {
     fn log(&mut self, level: wit::LogLevel, message: String) -> wasmtime::Result<()> {
+        let Some(message) = self.logs.admit(&message) else {
+            return Ok(());
+        };
         let (controller, object) = (&self.controller, &self.object);
         match level {
             wit::LogLevel::Trace => tracing::trace!(controller, object, "{message}"),
@@ -140,6 +148,7 @@ pub(crate) fn run(
         reads,
         host_calls: 0,
         host_call_limit: limits.host_calls,
+        logs: LogBudget::new(limits.log_bytes),
         controller: request.controller.clone(),
         object: request.target.to_string(),
     };
@@ -157,24 +166,27 @@ pub(crate) fn run(
     log_output(request, "stdout", &stdout);
     log_output(request, "stderr", &stderr);
     let state = store.into_data();
+    log_dropped_lines(request, &state.logs, limits);
 
     let response = match result {
         Ok(Ok(response)) => response,
         Ok(Err(e)) => {
             return Err(CallError::Guest {
-                message: e.message,
+                message: bounded(&e.message, MAX_GUEST_MESSAGE_BYTES).into_owned(),
                 retryable: e.retryable,
             });
         }
         Err(err) => return Err(classify(err, &state, &stderr, limits)),
     };
-    let response =
-        Response::from_wit(response, limits.response_bytes).map_err(CallError::InvalidResponse)?;
+    let response = Response::from_wit(response, limits.response_bytes).map_err(|e| {
+        CallError::InvalidResponse(bounded(&e, MAX_GUEST_MESSAGE_BYTES).into_owned())
+    })?;
     Ok(CallOutcome {
         response,
         stdout,
         stderr,
         host_calls: state.host_calls,
+        log_dropped: state.logs.dropped(),
         elapsed,
     })
 }
@@ -208,14 +220,31 @@ fn classify(
             Some(message) => CallError::Panicked {
                 message: Some(message),
             },
-            None => CallError::Trap(format!("{err:#}")),
+            None => CallError::Trap(trap_text(&err)),
         },
-        _ => CallError::Trap(format!("{err:#}")),
+        _ => CallError::Trap(trap_text(&err)),
     }
 }
 
+/// The trap with its wasm backtrace, cut to [`MAX_GUEST_MESSAGE_BYTES`]: the backtrace names
+/// the guest's functions, and the guest chose those names. When it is cut, the cause (which
+/// comes last) goes first so that it survives.
+fn trap_text(err: &wasmtime::Error) -> String {
+    let text = format!("{err:#}");
+    if text.len() <= MAX_GUEST_MESSAGE_BYTES {
+        return text;
+    }
+    let cause = bounded(&err.root_cause().to_string(), MAX_GUEST_MESSAGE_BYTES / 4).into_owned();
+    let room = MAX_GUEST_MESSAGE_BYTES - cause.len() - "; ".len();
+    format!("{cause}; {}", bounded(&text, room))
+}
+
+/// Most bytes kept of a panic's location, so that a long one leaves room for the message.
+const MAX_PANIC_LOCATION_BYTES: usize = 256;
+
 /// Pulls the panic message out of what Rust's default panic hook printed:
-/// `thread '<unnamed>' panicked at src/lib.rs:5:9:\n<message>\nnote: ...`.
+/// `thread '<unnamed>' panicked at src/lib.rs:5:9:\n<message>\nnote: ...`. The guest wrote
+/// it, so the result is cut to [`MAX_GUEST_MESSAGE_BYTES`], location included.
 fn panic_message(stderr: &str) -> Option<String> {
     let at = stderr.find("panicked at ")?;
     let rest = &stderr[at + "panicked at ".len()..];
@@ -224,14 +253,18 @@ fn panic_message(stderr: &str) -> Option<String> {
         .lines()
         .take_while(|l| !l.starts_with("note: "))
         .collect();
-    let location = location.trim_end_matches(':');
-    Some(format!("{} (at {location})", message.join("\n").trim()))
+    let location = bounded(location.trim_end_matches(':'), MAX_PANIC_LOCATION_BYTES);
+    let room = MAX_GUEST_MESSAGE_BYTES - location.len() - " (at )".len();
+    let message = message.join("\n");
+    Some(format!("{} (at {location})", bounded(message.trim(), room)))
 }
 
 fn log_output(request: &Request, stream: &str, captured: &Captured) {
     let controller = request.controller.as_str();
     let object = request.target.to_string();
-    for line in captured.text().lines().filter(|l| !l.is_empty()) {
+    let text = captured.text();
+    let lines = text.lines().filter(|l| !l.is_empty());
+    for line in lines.map(|l| bounded(l, MAX_GUEST_LOG_LINE_BYTES)) {
         if stream == "stderr" {
             tracing::warn!(
                 controller,
@@ -260,6 +293,18 @@ fn log_output(request: &Request, stream: &str, captured: &Captured) {
     }
 }
 
+fn log_dropped_lines(request: &Request, logs: &LogBudget, limits: &Limits) {
+    if logs.dropped() > 0 {
+        tracing::warn!(
+            controller = request.controller.as_str(),
+            object = request.target.to_string(),
+            dropped_bytes = logs.dropped(),
+            "guest log lines past {MAX_GUEST_LOG_LINE_BYTES} bytes each or {} bytes per call were dropped",
+            limits.log_bytes
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,6 +317,42 @@ mod tests {
             Some("boom went the guest (at src/lib.rs:5:9)")
         );
         assert_eq!(panic_message("nothing here"), None);
+    }
+
+    #[test]
+    fn panic_message_and_location_are_bounded() {
+        let huge = format!(
+            "thread '<unnamed>' panicked at {}:1:1:\n{}\n",
+            "l".repeat(1 << 20),
+            "é".repeat(1 << 20)
+        );
+        let message = panic_message(&huge).unwrap();
+        assert!(
+            message.len() <= MAX_GUEST_MESSAGE_BYTES,
+            "{}",
+            message.len()
+        );
+        assert!(message.starts_with("éé"), "{}", &message[..20]);
+        assert!(message.contains(" more bytes) (at llll"), "{message}");
+        assert!(message.ends_with(" more bytes))"), "{message}");
+    }
+
+    #[test]
+    fn long_trap_text_keeps_its_cause() {
+        let err = wasmtime::Error::new(Trap::UnreachableCodeReached)
+            .context(format!("backtrace: {}", "guest_fn_".repeat(1 << 16)));
+        let text = trap_text(&err);
+        assert!(text.len() <= MAX_GUEST_MESSAGE_BYTES, "{}", text.len());
+        assert!(
+            text.starts_with(&format!(
+                "{}; backtrace: guest_fn_",
+                Trap::UnreachableCodeReached
+            )),
+            "{text}"
+        );
+        assert!(text.ends_with(" more bytes)"), "{text}");
+        let short = wasmtime::Error::new(Trap::StackOverflow).context("at f");
+        assert_eq!(trap_text(&short), format!("at f: {}", Trap::StackOverflow));
     }
 
     #[test]

@@ -13,6 +13,9 @@ pub struct Limits {
     pub host_calls: u32,
     /// Bytes of guest stdout and of guest stderr kept per call (the rest is counted and dropped).
     pub output_bytes: usize,
+    /// Bytes of host `log` lines logged per call, each line counting its length plus one (so
+    /// empty lines are not free); the rest is counted and dropped, never failing the guest.
+    pub log_bytes: usize,
     /// Total size of the JSON documents in one response.
     pub response_bytes: usize,
 }
@@ -24,6 +27,7 @@ impl Default for Limits {
             timeout: Duration::from_secs(1),
             host_calls: 10_000,
             output_bytes: 64 << 10,
+            log_bytes: 64 << 10,
             response_bytes: 4 << 20,
         }
     }
@@ -48,6 +52,13 @@ impl Limits {
     #[must_use]
     pub fn with_host_calls(mut self, calls: u32) -> Self {
         self.host_calls = calls;
+        self
+    }
+
+    /// Sets the bytes of host `log` lines logged per call.
+    #[must_use]
+    pub fn with_log_bytes(mut self, bytes: usize) -> Self {
+        self.log_bytes = bytes;
         self
     }
 

@@ -8,6 +8,7 @@ mod engine;
 mod error;
 mod limits;
 mod output;
+mod text;
 mod types;
 
 pub use call::CallOutcome;
@@ -15,6 +16,9 @@ pub use engine::{Digest, GuestPre, Sandbox, SandboxConfig};
 pub use error::{CallError, LoadError};
 pub use limits::Limits;
 pub use output::Captured;
+pub use text::{
+    MAX_EVENT_REASON_BYTES, MAX_GUEST_LOG_LINE_BYTES, MAX_GUEST_MESSAGE_BYTES, bounded,
+};
 pub use types::{
     Action, DeleteSelector, Event, EventType, NoReads, ObjectRef, Reads, Request, Response,
 };

@@ -1,14 +1,18 @@
-//! Bounded capture of guest stdout/stderr: keeps the first bytes, counts the rest.
+//! Bounded guest output: stdout/stderr capture and the host `log` budget keep the first
+//! bytes and count the rest.
 //!
 //! A guest that floods its output is not failed for it (a full pipe would make Rust's
 //! `println!` panic); it just loses what did not fit, and the log says how much.
 
+use std::borrow::Cow;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
+
+use super::text::{MAX_GUEST_LOG_LINE_BYTES, truncated};
 
 /// What a guest wrote to one stream during one call.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -118,9 +122,68 @@ impl StdoutStream for BoundedOutput {
     }
 }
 
+/// What is left of one call's budget for host `log` lines.
+#[derive(Debug)]
+pub(crate) struct LogBudget {
+    limit: usize,
+    used: usize,
+    dropped: u64,
+}
+
+impl LogBudget {
+    pub(crate) fn new(limit: usize) -> Self {
+        LogBudget {
+            limit,
+            used: 0,
+            dropped: 0,
+        }
+    }
+
+    /// What to log of `line`: at most [`MAX_GUEST_LOG_LINE_BYTES`] and what is left of the
+    /// budget, where each line costs its length plus one; `None` once nothing is left.
+    pub(crate) fn admit<'a>(&mut self, line: &'a str) -> Option<Cow<'a, str>> {
+        let room = self.limit.saturating_sub(self.used).saturating_sub(1);
+        let (kept, cut) = truncated(line, room.min(MAX_GUEST_LOG_LINE_BYTES));
+        if self.used >= self.limit || (kept.is_empty() && !line.is_empty()) {
+            self.used = self.limit;
+            self.dropped += line.len() as u64;
+            return None;
+        }
+        self.used += kept.len() + 1;
+        self.dropped += cut as u64;
+        Some(kept)
+    }
+
+    /// Bytes of log lines not logged: cut from long lines or over the budget.
+    pub(crate) fn dropped(&self) -> u64 {
+        self.dropped
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_lines_are_cut_and_the_budget_is_kept() {
+        let mut budget = LogBudget::new(MAX_GUEST_LOG_LINE_BYTES + 10);
+        assert_eq!(budget.admit("abc").as_deref(), Some("abc"));
+        let long = "y".repeat(1 << 20);
+        let line = budget.admit(&long).unwrap();
+        assert_eq!(line.len(), MAX_GUEST_LOG_LINE_BYTES);
+        assert!(
+            line.ends_with(" more bytes)"),
+            "{}",
+            &line[line.len() - 30..]
+        );
+        // 4 + 4097 of 4106 used: 5 left, room for a 4-byte line.
+        assert_eq!(budget.admit("").as_deref(), Some(""));
+        assert_eq!(budget.admit("abcdef").as_deref(), Some("abc"));
+        assert_eq!(budget.admit("more"), None);
+        assert_eq!(budget.admit(""), None);
+        // The long line keeps 4072 bytes and a 24-byte marker `… (1044504 more bytes)`.
+        assert_eq!(budget.dropped(), ((1 << 20) - 4072) + 3 + 4);
+    }
 
     #[test]
     fn keeps_the_first_bytes_and_counts_the_rest() {

@@ -5,10 +5,12 @@
 
 use std::time::Duration;
 
+use kubewasm_guest_sdk::selector::Selector;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::bindings::wit;
+use super::text::{MAX_EVENT_REASON_BYTES, MAX_GUEST_MESSAGE_BYTES, bounded, prefix};
 
 /// Names one Kubernetes object.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -103,7 +105,7 @@ pub struct DeleteSelector {
     /// Namespace; `None` means the target's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
-    /// Label selector, e.g. `app=frontend`.
+    /// Label selector, e.g. `app=frontend`; it parses, and it [narrows](Selector::narrows).
     pub label_selector: String,
 }
 
@@ -123,9 +125,9 @@ pub struct Event {
     /// Normal or Warning.
     #[serde(rename = "type")]
     pub event_type: EventType,
-    /// Short CamelCase reason.
+    /// Short CamelCase reason, at most [`MAX_EVENT_REASON_BYTES`].
     pub reason: String,
-    /// Readable message.
+    /// Readable message, at most [`MAX_GUEST_MESSAGE_BYTES`].
     pub message: String,
 }
 
@@ -217,9 +219,8 @@ impl Action {
             }
             wit::Action::Delete(r) => Action::Delete(r.into()),
             wit::Action::DeleteAllOf(d) => {
-                if d.label_selector.trim().is_empty() {
-                    return Err("delete-all-of: empty label selector would match everything; name the labels to match".into());
-                }
+                check_delete_selector(&d.label_selector)
+                    .map_err(|e| format!("delete-all-of: {e}"))?;
                 Action::DeleteAllOf(DeleteSelector {
                     api_version: d.api_version,
                     kind: d.kind,
@@ -242,12 +243,25 @@ impl Action {
                     wit::EventType::Normal => EventType::Normal,
                     wit::EventType::Warning => EventType::Warning,
                 },
-                reason: e.reason,
-                message: e.message,
+                reason: prefix(&e.reason, MAX_EVENT_REASON_BYTES).to_owned(),
+                message: bounded(&e.message, MAX_GUEST_MESSAGE_BYTES).into_owned(),
             }),
             wit::Action::RequeueAfter(ms) => Action::RequeueAfter(Duration::from_millis(ms)),
         })
     }
+}
+
+/// A delete-all-of selector must parse and must name a label the objects have: one built
+/// only from `!=`, `notin` and `!key` (or nothing) matches nearly every object of the kind.
+fn check_delete_selector(selector: &str) -> Result<(), String> {
+    let parsed = Selector::parse(selector).map_err(|e| e.to_string())?;
+    if !parsed.narrows() {
+        return Err(format!(
+            "label selector {:?} would match every object without those labels, nearly all of them; name at least one label the objects must have, e.g. app=web",
+            bounded(selector, 128)
+        ));
+    }
+    Ok(())
 }
 
 impl From<ObjectRef> for wit::ObjectRef {
@@ -342,6 +356,63 @@ mod tests {
             err.contains("100 bytes, more than the limit of 10"),
             "{err}"
         );
+    }
+
+    fn delete_all_of(selector: &str) -> Result<Response, String> {
+        let response = wit::Response {
+            actions: vec![wit::Action::DeleteAllOf(wit::DeleteSelector {
+                api_version: "v1".into(),
+                kind: "ConfigMap".into(),
+                namespace: None,
+                label_selector: selector.into(),
+            })],
+        };
+        Response::from_wit(response, 4 << 20)
+    }
+
+    #[test]
+    fn delete_all_of_needs_a_label_that_must_exist() {
+        for selector in ["", "  ", "!nonexistent", "a!=b", "a notin (b)", "!a,b!=c"] {
+            let err = delete_all_of(selector).expect_err(selector);
+            assert!(
+                err.contains("name at least one label the objects must have, e.g. app=web"),
+                "{selector}: {err}"
+            );
+        }
+        for selector in ["a=b", "a", "a in (b)", "a=b,!c"] {
+            let response = delete_all_of(selector).unwrap_or_else(|e| panic!("{selector}: {e}"));
+            assert!(
+                matches!(&response.actions[0], Action::DeleteAllOf(d) if d.label_selector == selector),
+                "{response:?}"
+            );
+        }
+        let err = delete_all_of("a in x").unwrap_err();
+        assert!(
+            err.contains("delete-all-of: invalid label selector"),
+            "{err}"
+        );
+        let err = delete_all_of(&format!("a={}", "x".repeat(1 << 20))).unwrap_err();
+        assert!(err.contains("more than the limit of 4096"), "{err}");
+        assert!(err.len() < 400, "{err}");
+    }
+
+    #[test]
+    fn event_reason_and_message_are_cut_not_refused() {
+        let response = wit::Response {
+            actions: vec![wit::Action::EmitEvent(wit::Event {
+                event_type: wit::EventType::Warning,
+                reason: "Reason".repeat(100),
+                message: "é".repeat(1 << 20),
+            })],
+        };
+        let response = Response::from_wit(response, 4 << 20).unwrap();
+        let Action::Event(event) = &response.actions[0] else {
+            panic!("{response:?}")
+        };
+        assert_eq!(event.reason, "Reason".repeat(100)[..MAX_EVENT_REASON_BYTES]);
+        assert!(event.message.len() <= MAX_GUEST_MESSAGE_BYTES);
+        assert!(event.message.starts_with("éé"));
+        assert!(event.message.ends_with(" more bytes)"), "{}", event.message);
     }
 
     #[test]
