@@ -14,13 +14,19 @@ use tracing::Instrument;
 
 use crate::controller::{Backoff, Change, Fence, ObjectKey, TokenBucket, Watch, WorkQueue};
 use crate::metrics::Metrics;
-use crate::sandbox::{GuestPre, Limits, ObjectRef, Request, Sandbox};
+use crate::sandbox::{
+    GuestPre, Limits, MAX_GUEST_MESSAGE_BYTES, ObjectRef, Request, Sandbox, bounded,
+};
 
 use super::actions::{ChildKind, Executor};
 use super::cache::{CacheSource, to_json};
 use super::grants::Permissions;
 use super::kinds::DeclaredKinds;
 use super::reads::GrantedReads;
+
+/// Most bytes of a failure's message kept for the status (`lastError`, `Degraded`) and the
+/// log: room for a guest's own bounded message and the API server's words around it.
+pub const MAX_LAST_ERROR_BYTES: usize = 2 * MAX_GUEST_MESSAGE_BYTES;
 
 /// Counters and the last error, for the controller's status.
 #[derive(Debug, Default)]
@@ -265,6 +271,8 @@ impl Runner {
             Err((reason, message)) => {
                 self.stats.failures.fetch_add(1, Ordering::Relaxed);
                 let delay = self.backoff.failed(key.clone());
+                // Guest text in it is bounded already; API server messages around it are not.
+                let message = bounded(&message, MAX_LAST_ERROR_BYTES);
                 tracing::warn!(reason, retry_in = ?delay, "reconcile failed: {message}");
                 *self
                     .stats
