@@ -190,8 +190,8 @@ impl Sandbox {
         self.lock_modules().retain(|d, _| keep.contains(d));
     }
 
-    /// Runs one reconcile on a blocking thread, waiting for a free instance slot first.
-    /// The epoch deadline stops guest code; the outer timeout also covers time spent in the host.
+    /// Runs one reconcile on the calling task (the guest yields every epoch tick), waiting
+    /// for a free instance slot first; past its deadline the call is dropped and the slot freed.
     pub async fn reconcile(
         &self,
         guest: Arc<GuestPre>,
