@@ -1,6 +1,7 @@
 //! Cost of one reconcile of the HelloWorld seed request: `GuestPre::call` on one thread (a
-//! fresh Store and instance per call), and `Sandbox::reconcile` (the async path with
-//! `spawn_blocking`), plus module compile times and guest sizes.
+//! fresh Store and instance per call, driven by a current-thread runtime), and
+//! `Sandbox::reconcile` (the async path: instance slot, the call on the calling task, epoch
+//! yields), plus module compile times and guest sizes.
 //!
 //! `make bench`, or `cargo bench -p kubewasm --bench reconcile [-- ITERATIONS]`;
 //! `KUBEWASM_BENCH_ITERS` also sets the iterations (default 20000).

@@ -508,3 +508,49 @@ async fn a_looping_call_does_not_hold_up_the_others() {
         }
     }
 }
+
+/// A guest blocked in a WASI call (sleeping on a clock) never reaches an epoch check; its
+/// reconcile must still end at the deadline and give its instance slot back: with a single
+/// slot, a good guest runs right after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_blocked_in_wasi_times_out_and_frees_its_slot() {
+    let one_slot = Sandbox::new(SandboxConfig {
+        max_instances: 1,
+        ..SandboxConfig::default()
+    })
+    .expect("a sandbox with one instance slot");
+    let hostile = one_slot
+        .load(&std::fs::read(common::guest("hostile")).unwrap())
+        .unwrap();
+    let limit = Duration::from_millis(200);
+    for _ in 0..3 {
+        let slept = tokio::time::timeout(
+            WATCHDOG,
+            one_slot.reconcile(
+                hostile.clone(),
+                hostile_request("sleep"),
+                Arc::new(NoReads),
+                Limits::default().with_timeout(limit),
+            ),
+        )
+        .await
+        .expect("a sleeping guest was not stopped");
+        match slept {
+            Err(CallError::Timeout { limit: l }) => assert_eq!(l, limit),
+            other => panic!("the sleeping guest: expected Timeout, got {other:?}"),
+        }
+    }
+    let ok = tokio::time::timeout(
+        WATCHDOG,
+        one_slot.reconcile(
+            hostile,
+            hostile_request("ok"),
+            Arc::new(NoReads),
+            Limits::default(),
+        ),
+    )
+    .await
+    .expect("the only slot was still taken by a sleeping guest")
+    .expect("a good guest after sleeping ones");
+    assert_ok_response("ok", &ok);
+}

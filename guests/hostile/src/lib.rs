@@ -14,6 +14,7 @@
 //! | `error` | returns the permanent error `hostile guest refuses` |
 //! | `bad-object` | Applies the JSON number `42` |
 //! | `read` | lists ConfigMaps once and sets status `{"seen": <count>}` |
+//! | `sleep` | sleeps an hour in WASI (blocked in the host, not computing), then behaves like `ok` |
 //! | `huge-error` | returns a permanent error whose message is [`HUGE_BYTES`] long |
 //! | `huge-log` | logs a [`HUGE_BYTES`] line [`HUGE_LOG_LINES`] times through the host, then behaves like `ok` |
 //!
@@ -68,6 +69,11 @@ pub fn reconcile(req: &Request, cluster: &dyn Cluster) -> Result<Response, Error
             Ok(Response::new().set_status(json!({ "seen": seen })))
         }
         "huge-error" => Err(Error::permanent(huge_text("hostile guest error"))),
+        // Blocked in a WASI poll (a clock), where no epoch deadline can reach it.
+        "sleep" => {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+            Ok(well_behaved(req))
+        }
         "huge-log" => {
             let line = huge_text("hostile guest log line");
             for _ in 0..HUGE_LOG_LINES {

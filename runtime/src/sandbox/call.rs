@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use wasmtime::component::{HasSelf, Linker, ResourceTable};
-use wasmtime::{Engine, Store, Trap};
+use wasmtime::{Engine, Store, Trap, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::bindings::{Controller, ControllerPre, kubewasm::controller as wit_if, wit};
@@ -119,11 +119,11 @@ impl wit_if::host::Host for CallState {
 
 /// Adds WASI 0.2 (with nothing granted per call) and the kubewasm host imports.
 pub(crate) fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
-    wasmtime_wasi::p2::add_to_linker_sync(linker)?;
+    wasmtime_wasi::p2::add_to_linker_async(linker)?;
     Controller::add_to_linker::<CallState, HasSelf<CallState>>(linker, |s| s)
 }
 
-pub(crate) fn run(
+pub(crate) async fn run(
     engine: &Engine,
     pre: &ControllerPre<CallState>,
     tick: Duration,
@@ -154,13 +154,27 @@ pub(crate) fn run(
     };
     let mut store = Store::new(engine, state);
     store.limiter(|s| &mut s.limiter);
-    store.set_epoch_deadline(deadline_ticks(limits.timeout, tick));
-    store.epoch_deadline_trap();
+    // Every epoch tick the guest yields to the executor, so that a caller's timeout can drop
+    // the call (and with it the Store and the instance slot) at any moment; the deadline
+    // itself traps a guest that computes, whoever polls it.
+    let deadline = deadline_ticks(limits.timeout, tick);
+    let mut ticks = 0u64;
+    store.set_epoch_deadline(1);
+    store.epoch_deadline_callback(move |_| {
+        ticks += 1;
+        Ok(if ticks >= deadline {
+            UpdateDeadline::Interrupt
+        } else {
+            UpdateDeadline::Yield(1)
+        })
+    });
 
     let started = Instant::now();
-    let result = pre
-        .instantiate(&mut store)
-        .and_then(|guest| guest.call_reconcile(&mut store, &request.to_wit()));
+    let result = async {
+        let guest = pre.instantiate_async(&mut store).await?;
+        guest.call_reconcile(&mut store, &request.to_wit()).await
+    }
+    .await;
     let elapsed = started.elapsed();
     let (stdout, stderr) = (stdout.take(), stderr.take());
     log_output(request, "stdout", &stdout);

@@ -97,14 +97,40 @@ impl GuestPre {
         reads: Arc<dyn Reads>,
         limits: &Limits,
     ) -> Result<CallOutcome, CallError> {
-        call::run(
+        thread_local! {
+            static RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .expect("a current-thread tokio runtime");
+        }
+        RUNTIME.with(|rt| rt.block_on(self.call_async(request, reads, limits)))
+    }
+
+    /// One reconcile in a fresh Store, ended at `limits.timeout` wherever the guest is
+    /// (computing: the epoch deadline traps; blocked in a host or WASI call: the call is
+    /// dropped). What [`Sandbox::reconcile`] runs after taking an instance slot.
+    pub async fn call_async(
+        &self,
+        request: &Request,
+        reads: Arc<dyn Reads>,
+        limits: &Limits,
+    ) -> Result<CallOutcome, CallError> {
+        let call = call::run(
             &self.engine,
             &self.pre,
             self.epoch_tick,
             request,
             reads,
             limits,
-        )
+        );
+        // The epoch deadline fires first for a computing guest; this catches one that waits.
+        let grace = limits.timeout + self.epoch_tick * 2;
+        match tokio::time::timeout(grace, call).await {
+            Ok(result) => result,
+            Err(_) => Err(CallError::Timeout {
+                limit: limits.timeout,
+            }),
+        }
     }
 }
 
@@ -164,8 +190,8 @@ impl Sandbox {
         self.lock_modules().retain(|d, _| keep.contains(d));
     }
 
-    /// Runs one reconcile on a blocking thread, waiting for a free instance slot first.
-    /// The epoch deadline stops guest code; the outer timeout also covers time spent in the host.
+    /// Runs one reconcile on the calling task (the guest yields every epoch tick), waiting
+    /// for a free instance slot first; past its deadline the call is dropped and the slot freed.
     pub async fn reconcile(
         &self,
         guest: Arc<GuestPre>,
@@ -180,20 +206,11 @@ impl Sandbox {
             .acquire_owned()
             .await
             .map_err(|_| CallError::Internal("sandbox is shutting down".into()))?;
-        let task = tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            guest.call(&request, reads, &limits)
-        });
-        let grace = limits.timeout + Duration::from_secs(1);
-        match tokio::time::timeout(grace, task).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(join)) => Err(CallError::Internal(format!(
-                "guest call thread failed: {join}"
-            ))),
-            Err(_) => Err(CallError::Timeout {
-                limit: limits.timeout,
-            }),
-        }
+        // On this task, not a blocking thread: the guest yields every epoch tick, and a call
+        // past its deadline is dropped with its Store, so the slot is free again at once.
+        let result = guest.call_async(&request, reads, &limits).await;
+        drop(permit);
+        result
     }
 
     fn compile(&self, bytes: &[u8], digest: Digest) -> Result<GuestPre, LoadError> {
@@ -240,7 +257,8 @@ fn engine_config(config: &SandboxConfig) -> Config {
         .max_memories_per_component(2)
         .total_tables(n * 8)
         .max_tables_per_component(8)
-        .max_memory_size(config.max_memory_bytes);
+        .max_memory_size(config.max_memory_bytes)
+        .total_stacks(n);
     let mut cfg = Config::new();
     cfg.wasm_component_model(true)
         .epoch_interruption(true)
