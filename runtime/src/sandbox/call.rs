@@ -141,10 +141,7 @@ pub(crate) async fn run(
     let state = CallState {
         wasi,
         table: ResourceTable::new(),
-        limiter: MemoryLimiter {
-            limit: limits.memory_bytes,
-            exceeded: false,
-        },
+        limiter: MemoryLimiter::new(limits.memory_bytes),
         reads,
         host_calls: 0,
         host_call_limit: limits.host_calls,

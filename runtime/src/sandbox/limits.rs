@@ -71,24 +71,41 @@ impl Limits {
 }
 
 /// Denies memory growth past the limit and remembers that it did, so the trap that follows
-/// (a Rust guest aborts when allocation fails) is reported as "memory limit exceeded".
+/// (a Rust guest aborts when allocation fails) is reported as "memory limit exceeded". The
+/// limit is for all of a call's linear memories together: a component with two memories does
+/// not get twice the limit.
 #[derive(Debug)]
 pub(crate) struct MemoryLimiter {
     pub(crate) limit: usize,
     pub(crate) exceeded: bool,
+    /// Bytes of every linear memory of the call, as last allowed.
+    used: usize,
+}
+
+impl MemoryLimiter {
+    /// A limiter allowing `limit` bytes of linear memory in all.
+    pub(crate) fn new(limit: usize) -> Self {
+        MemoryLimiter {
+            limit,
+            exceeded: false,
+            used: 0,
+        }
+    }
 }
 
 impl wasmtime::ResourceLimiter for MemoryLimiter {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if desired > self.limit {
+        let total = self.used.saturating_sub(current).saturating_add(desired);
+        if total > self.limit {
             self.exceeded = true;
             return Ok(false);
         }
+        self.used = total;
         Ok(true)
     }
 
@@ -99,5 +116,25 @@ impl wasmtime::ResourceLimiter for MemoryLimiter {
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
         Ok(desired <= 100_000)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasmtime::ResourceLimiter as _;
+
+    #[test]
+    fn the_memory_limit_is_for_all_memories_together() {
+        let mut limiter = MemoryLimiter::new(64 << 20);
+        // Two memories created at 16 MiB each, then each grown.
+        assert!(limiter.memory_growing(0, 16 << 20, None).unwrap());
+        assert!(limiter.memory_growing(0, 16 << 20, None).unwrap());
+        assert!(limiter.memory_growing(16 << 20, 40 << 20, None).unwrap());
+        assert!(!limiter.exceeded);
+        // 40 + 16 in use: the second may not reach 40 as well.
+        assert!(!limiter.memory_growing(16 << 20, 40 << 20, None).unwrap());
+        assert!(limiter.exceeded);
+        assert!(limiter.memory_growing(16 << 20, 24 << 20, None).unwrap());
     }
 }
