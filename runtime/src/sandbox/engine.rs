@@ -12,6 +12,7 @@ use super::bindings::ControllerPre;
 use super::call::{self, CallOutcome, CallState};
 use super::error::{CallError, LoadError};
 use super::limits::Limits;
+use super::slots::FairSlots;
 use super::types::{Reads, Request};
 
 /// Engine-wide settings. Per-call limits live in [`Limits`].
@@ -138,7 +139,7 @@ struct Inner {
     engine: Engine,
     linker: Linker<CallState>,
     modules: Mutex<HashMap<Digest, Arc<GuestPre>>>,
-    permits: Arc<tokio::sync::Semaphore>,
+    slots: FairSlots,
     config: SandboxConfig,
 }
 
@@ -168,7 +169,7 @@ impl Sandbox {
                 engine,
                 linker,
                 modules: Mutex::new(HashMap::new()),
-                permits: Arc::new(tokio::sync::Semaphore::new(config.max_instances as usize)),
+                slots: FairSlots::new(config.max_instances as usize),
                 config,
             }),
         })
@@ -199,13 +200,12 @@ impl Sandbox {
         reads: Arc<dyn Reads>,
         limits: Limits,
     ) -> Result<CallOutcome, CallError> {
-        let permit = self
-            .inner
-            .permits
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| CallError::Internal("sandbox is shutting down".into()))?;
+        // Fair between tenants: a namespace's controllers (`ns/name`), or one cluster controller.
+        let tenant = request
+            .controller
+            .split_once('/')
+            .map_or(request.controller.as_str(), |(ns, _)| ns);
+        let permit = self.inner.slots.acquire(tenant).await;
         // On this task, not a blocking thread: the guest yields every epoch tick, and a call
         // past its deadline is dropped with its Store, so the slot is free again at once.
         let result = guest.call_async(&request, reads, &limits).await;

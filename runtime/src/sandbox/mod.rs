@@ -8,6 +8,7 @@ mod engine;
 mod error;
 mod limits;
 mod output;
+mod slots;
 mod text;
 mod types;
 

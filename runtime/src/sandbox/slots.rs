@@ -1,0 +1,202 @@
+//! Sandbox instance slots shared fairly between tenants.
+//!
+//! A plain semaphore hands freed slots to whoever waited first, so a tenant with a thousand
+//! queued reconciles makes every other tenant wait behind all of them. Here a freed slot goes
+//! to the waiting tenant that holds the fewest slots (first come among equals), so a tenant's
+//! next reconcile waits at most for the next slot to free up, whatever others have queued;
+//! and every call ends at its deadline, so that wait is bounded by the longest deadline.
+//! (tokio's Semaphore is FIFO only, hence this small queue.)
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::oneshot;
+
+#[derive(Default)]
+struct State {
+    free: usize,
+    running: HashMap<String, usize>,
+    /// Waiters in arrival order, with their tenant.
+    waiting: VecDeque<(String, oneshot::Sender<Slot>)>,
+}
+
+/// A pool of instance slots shared fairly between tenants.
+#[derive(Clone)]
+pub struct FairSlots {
+    state: Arc<Mutex<State>>,
+}
+
+/// One slot, given back when dropped.
+pub struct Slot {
+    state: Arc<Mutex<State>>,
+    tenant: String,
+    /// False for a slot that never reached a holder (its waiter was gone).
+    armed: bool,
+}
+
+impl FairSlots {
+    /// A pool of `slots` slots (at least one).
+    pub fn new(slots: usize) -> Self {
+        FairSlots {
+            state: Arc::new(Mutex::new(State {
+                free: slots.max(1),
+                ..State::default()
+            })),
+        }
+    }
+
+    /// Waits for a slot for `tenant`.
+    pub async fn acquire(&self, tenant: &str) -> Slot {
+        let rx = {
+            let mut state = lock(&self.state);
+            if state.free > 0 && state.waiting.is_empty() {
+                state.free -= 1;
+                *state.running.entry(tenant.to_owned()).or_default() += 1;
+                return Slot {
+                    state: self.state.clone(),
+                    tenant: tenant.to_owned(),
+                    armed: true,
+                };
+            }
+            let (tx, rx) = oneshot::channel();
+            state.waiting.push_back((tenant.to_owned(), tx));
+            rx
+        };
+        // The sender is only dropped with a slot sent; the pool outlives every waiter.
+        rx.await
+            .expect("a waiter's sender is dropped only after sending a slot")
+    }
+
+    /// Slots held by `tenant` now.
+    #[cfg(test)]
+    fn held_by(&self, tenant: &str) -> usize {
+        lock(&self.state).running.get(tenant).copied().unwrap_or(0)
+    }
+}
+
+fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let mut state = lock(&self.state);
+        if let Some(n) = state.running.get_mut(&self.tenant) {
+            *n -= 1;
+            if *n == 0 {
+                state.running.remove(&self.tenant);
+            }
+        }
+        // Hand the slot to the waiting tenant holding the fewest (first come among equals).
+        loop {
+            state.waiting.retain(|(_, tx)| !tx.is_closed());
+            let next = state
+                .waiting
+                .iter()
+                .enumerate()
+                .min_by_key(|(at, (tenant, _))| {
+                    (state.running.get(tenant).copied().unwrap_or(0), *at)
+                })
+                .map(|(at, _)| at);
+            let Some(at) = next else {
+                state.free += 1;
+                return;
+            };
+            let (tenant, tx) = state.waiting.remove(at).expect("index from the same queue");
+            *state.running.entry(tenant.clone()).or_default() += 1;
+            let slot = Slot {
+                state: self.state.clone(),
+                tenant: tenant.clone(),
+                armed: true,
+            };
+            match tx.send(slot) {
+                Ok(()) => return,
+                Err(mut unsent) => {
+                    // The waiter went away meanwhile: take the slot back, try the next one.
+                    unsent.armed = false;
+                    if let Some(n) = state.running.get_mut(&tenant) {
+                        *n -= 1;
+                        if *n == 0 {
+                            state.running.remove(&tenant);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// The slot, if the waiter got one within a moment.
+    async fn granted(rx: &mut tokio::task::JoinHandle<Slot>) -> Option<Slot> {
+        tokio::time::timeout(Duration::from_millis(50), rx)
+            .await
+            .ok()
+            .map(|joined| joined.expect("the waiter task"))
+    }
+
+    #[tokio::test]
+    async fn a_freed_slot_goes_to_the_tenant_holding_the_fewest() {
+        let pool = FairSlots::new(2);
+        let a1 = pool.acquire("a").await;
+        let a2 = pool.acquire("a").await;
+        // team-a's backlog queues first, team-b's one reconcile after it.
+        let mut backlog: Vec<_> = (0..5)
+            .map(|_| {
+                let pool = pool.clone();
+                tokio::spawn(async move { pool.acquire("a").await })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let mut b = {
+            let pool = pool.clone();
+            tokio::spawn(async move { pool.acquire("b").await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(granted(&mut b).await.is_none(), "no slot is free yet");
+        drop(a1);
+        let b_slot = granted(&mut b).await;
+        assert!(
+            b_slot.is_some(),
+            "team-b got the freed slot before team-a's backlog"
+        );
+        assert_eq!(pool.held_by("b"), 1);
+        assert_eq!(pool.held_by("a"), 1);
+        // The next freed slot goes to team-a's backlog, first come first.
+        drop(a2);
+        let first = granted(&mut backlog[0]).await;
+        assert!(first.is_some());
+        for waiter in &mut backlog[1..] {
+            assert!(granted(waiter).await.is_none());
+        }
+        drop((b_slot, first));
+    }
+
+    #[tokio::test]
+    async fn a_waiter_that_gave_up_does_not_lose_the_slot() {
+        let pool = FairSlots::new(1);
+        let held = pool.acquire("a").await;
+        let gone = {
+            let pool = pool.clone();
+            tokio::spawn(async move { pool.acquire("b").await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        gone.abort();
+        let _ = gone.await;
+        drop(held);
+        let again = tokio::time::timeout(Duration::from_secs(5), pool.acquire("c"))
+            .await
+            .expect("the slot came back");
+        assert_eq!(pool.held_by("c"), 1);
+        drop(again);
+        assert_eq!(pool.held_by("c"), 0);
+    }
+}
