@@ -14,6 +14,9 @@ use crate::host::{
 
 use super::{ControllerId, Manager, Problem};
 
+/// Most kinds one controller may declare (parent, children and grants together).
+pub const MAX_DECLARED_KINDS: usize = 32;
+
 impl Manager {
     pub(super) async fn setup(
         &self,
@@ -35,6 +38,16 @@ impl Manager {
             })?),
             None => None,
         };
+        // Every declared kind costs a discovery, a watch and three access reviews: bounded.
+        let declared_kinds = 1 + spec.children.len() + spec.grants.len();
+        if declared_kinds > MAX_DECLARED_KINDS {
+            return Err(Problem::new(
+                "InvalidSpec",
+                format!(
+                    "the spec declares {declared_kinds} kinds (parent, children and grants); at most {MAX_DECLARED_KINDS} are allowed: split the controller"
+                ),
+            ));
+        }
         // The operator's rules come first: nothing is looked up for a kind it does not allow.
         for (field, api_version, kind) in readable_declarations(spec) {
             if !self.config.watchable.allows(api_version, kind) {

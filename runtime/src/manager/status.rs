@@ -30,6 +30,10 @@ impl Problem {
     }
 }
 
+/// Most bytes of a condition's message: a spec's own strings (kinds, paths) appear in some,
+/// and the status must stay writable whatever the spec says.
+const MAX_CONDITION_MESSAGE_BYTES: usize = 4096;
+
 fn condition(
     type_: &str,
     ok: bool,
@@ -41,7 +45,7 @@ fn condition(
         type_: type_.into(),
         status: if ok { "True" } else { "False" }.into(),
         reason: reason.into(),
-        message,
+        message: crate::sandbox::bounded(&message, MAX_CONDITION_MESSAGE_BYTES).into_owned(),
         observed_generation: generation,
         last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
     }

@@ -138,21 +138,26 @@ pub async fn ensure_crds(control_plane: &ControlPlane, client: &Client) -> Resul
         .with_context(|| format!("applying CRD {name}"))?;
     }
     for crd in &crds {
-        let name = crd["metadata"]["name"].as_str().unwrap_or_default();
-        eventually(&format!("CRD {name} is Established"), WAIT, || async {
-            let crd = api.get(name).await?;
-            let established = crd
-                .status
-                .and_then(|s| s.conditions)
-                .unwrap_or_default()
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True");
-            Ok(established.then_some(()))
-        })
-        .await?;
+        wait_established(client, crd["metadata"]["name"].as_str().unwrap_or_default()).await?;
     }
     DONE.lock().unwrap().get_or_insert_default().insert(key);
     Ok(())
+}
+
+/// Waits until CustomResourceDefinition `name` is Established (its kind is served).
+pub async fn wait_established(client: &Client, name: &str) -> Result<()> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    eventually(&format!("CRD {name} is Established"), WAIT, || async {
+        let crd = api.get(name).await?;
+        let established = crd
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True");
+        Ok(established.then_some(()))
+    })
+    .await
 }
 
 /// A fresh namespace with the CRDs in place, and an admin client.

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::Event;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams,
 };
@@ -129,18 +128,7 @@ async fn install_probe_crd(client: &Client) -> Result<()> {
             "labels": {"kubewasm.dev/aggregate-to-runtime": "true"}},
         "rules": [{"apiGroups": [GROUP], "resources": ["probes"], "verbs": ["list", "watch"]}]});
     apply_all(client, &[crd, watch]).await?;
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    eventually("the Probe CRD is Established", WAIT, || async {
-        let crd = crds.get(&format!("probes.{GROUP}")).await?;
-        let established = crd
-            .status
-            .and_then(|s| s.conditions)
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True");
-        Ok(established.then_some(()))
-    })
-    .await
+    crate::cluster::wait_established(client, &format!("probes.{GROUP}")).await
 }
 
 /// A tenant: ServiceAccount `prober` whose Role allows its Probes (and their status) and
