@@ -20,23 +20,27 @@ pub use wit_bindgen;
 use bindings::kubewasm::controller::{host, types as wit};
 use serde_json::Value;
 
-use crate::{Action, Cluster, Error, EventType, LogLevel, ObjectRef, Request, Response};
+use crate::{Cluster, Error, LogLevel, ObjectRef, Request, Response};
 
 /// The request type of the WIT export.
 pub type WitRequest = wit::Request;
-/// The response type of the WIT export.
-pub type WitResponse = wit::Response;
-/// The error type of the WIT export.
-pub type WitError = wit::Error;
 
 /// The signature of a guest's reconcile function.
 pub type ReconcileFn = fn(&Request, &dyn Cluster) -> Result<Response, Error>;
 
-/// Run one reconcile: convert the WIT request, call the guest, convert its answer back.
-pub fn run(request: WitRequest, reconcile: ReconcileFn) -> Result<WitResponse, WitError> {
-    let request = from_wit_request(request).map_err(to_wit_error)?;
-    let response = reconcile(&request, &HostCluster).map_err(to_wit_error)?;
-    to_wit_response(response).map_err(to_wit_error)
+/// Run one reconcile: convert the WIT request, call the guest, and hand its answer to the
+/// host as one JSON document (`host::respond`).
+pub fn run(request: WitRequest, reconcile: ReconcileFn) {
+    let outcome = from_wit_request(request)
+        .and_then(|request| reconcile(&request, &HostCluster))
+        .and_then(|response| serde_json::to_string(&response).map_err(Error::from));
+    match outcome {
+        Ok(json) => host::respond(Ok(&json)),
+        Err(e) => host::respond(Err(&wit::Error {
+            message: e.message,
+            retryable: e.retryable,
+        })),
+    }
 }
 
 /// The cluster as the host's imports offer it.
@@ -112,59 +116,4 @@ fn from_wit_request(request: WitRequest) -> Result<Request, Error> {
             .map(|json| serde_json::from_str(json))
             .collect::<Result<_, _>>()?,
     })
-}
-
-fn to_wit_response(response: Response) -> Result<WitResponse, Error> {
-    let actions = response
-        .actions
-        .into_iter()
-        .map(to_wit_action)
-        .collect::<Result<_, _>>()?;
-    Ok(WitResponse { actions })
-}
-
-fn to_wit_action(action: Action) -> Result<wit::Action, Error> {
-    Ok(match action {
-        Action::Apply(object) => wit::Action::Apply(serde_json::to_string(&object)?),
-        Action::Delete(target) => wit::Action::Delete(wit::ObjectRef {
-            api_version: target.api_version,
-            kind: target.kind,
-            namespace: target.namespace,
-            name: target.name,
-        }),
-        Action::DeleteAllOf {
-            api_version,
-            kind,
-            namespace,
-            label_selector,
-        } => wit::Action::DeleteAllOf(wit::DeleteSelector {
-            api_version,
-            kind,
-            namespace,
-            label_selector,
-        }),
-        Action::SetStatus(status) => wit::Action::SetStatus(serde_json::to_string(&status)?),
-        Action::Event {
-            event_type,
-            reason,
-            message,
-        } => wit::Action::EmitEvent(wit::Event {
-            event_type: match event_type {
-                EventType::Normal => wit::EventType::Normal,
-                EventType::Warning => wit::EventType::Warning,
-            },
-            reason,
-            message,
-        }),
-        Action::RequeueAfter(delay) => {
-            wit::Action::RequeueAfter(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX))
-        }
-    })
-}
-
-fn to_wit_error(error: Error) -> WitError {
-    WitError {
-        message: error.message,
-        retryable: error.retryable,
-    }
 }

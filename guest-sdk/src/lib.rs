@@ -63,12 +63,7 @@ macro_rules! export_reconciler {
             struct KubewasmGuest;
 
             impl $crate::__private::bindings::Guest for KubewasmGuest {
-                fn reconcile(
-                    request: $crate::__private::WitRequest,
-                ) -> ::core::result::Result<
-                    $crate::__private::WitResponse,
-                    $crate::__private::WitError,
-                > {
+                fn reconcile(request: $crate::__private::WitRequest) {
                     $crate::__private::run(request, $reconcile)
                 }
             }

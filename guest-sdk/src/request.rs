@@ -1,18 +1,21 @@
 //! What one call to `reconcile` is about: the target object, its observed state and children.
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::Error;
 use crate::object;
 
 /// Names one object: what it is (`api_version`, `kind`) and which one (`namespace`, `name`).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ObjectRef {
     /// `apiVersion`, e.g. `v1` or `example.com/v1`.
     pub api_version: String,
     /// `kind`, e.g. `Pod`.
     pub kind: String,
     /// `metadata.namespace`; `None` for cluster-scoped objects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
     /// `metadata.name`.
     pub name: String,
@@ -34,13 +37,20 @@ impl ObjectRef {
         }
     }
 
-    /// The reference to a Kubernetes object given as JSON. Fails (permanently) when the
-    /// object lacks `apiVersion`, `kind` or `metadata.name`.
+    /// The reference to a Kubernetes object given as JSON. Fails (permanently) when `obj` is
+    /// not a JSON object or lacks `apiVersion`, `kind` or `metadata.name`; the message quotes
+    /// at most the first 60 bytes of it.
     pub fn of(obj: &Value) -> Result<Self, Error> {
+        if !obj.is_object() {
+            return Err(Error::permanent(format!(
+                "not a Kubernetes object: expected a JSON object, got `{}`",
+                short(obj)
+            )));
+        }
         let field = |value: Option<&str>, what: &str| {
-            value
-                .map(str::to_string)
-                .ok_or_else(|| Error::permanent(format!("object has no {what}: {obj}")))
+            value.map(str::to_string).ok_or_else(|| {
+                Error::permanent(format!("not a Kubernetes object: missing `{what}`"))
+            })
         };
         Ok(ObjectRef {
             api_version: field(object::api_version(obj), "apiVersion")?,
@@ -56,6 +66,26 @@ impl ObjectRef {
             && object::kind(obj) == Some(self.kind.as_str())
             && object::namespace(obj) == self.namespace.as_deref()
             && object::name(obj) == Some(self.name.as_str())
+    }
+}
+
+/// `Kind namespace/name`, or `Kind name` for a cluster-scoped object.
+impl std::fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{} {}/{}", self.kind, ns, self.name),
+            None => write!(f, "{} {}", self.kind, self.name),
+        }
+    }
+}
+
+/// At most the first 60 bytes of `v` as JSON, for messages.
+fn short(v: &Value) -> String {
+    let s = v.to_string();
+    if s.len() > 60 {
+        format!("{}…", &s[..s.floor_char_boundary(60)])
+    } else {
+        s
     }
 }
 

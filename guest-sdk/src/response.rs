@@ -2,12 +2,13 @@
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::ObjectRef;
 
 /// Whether an Event reports something normal or something to look at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum EventType {
     /// Routine progress.
     Normal,
@@ -17,7 +18,13 @@ pub enum EventType {
 
 /// One thing the guest wants done. The host checks each against the controller's declaration
 /// and carries them out in order.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// In the response document each action is an object with one key, the action's name in
+/// camelCase (`{"apply": {...}}`, `{"deleteAllOf": {...}}`, `{"requeueAfterMillis": 1000}`);
+/// see the `respond` function of the WIT contract. Unknown keys are refused, so a typo does
+/// not pass silently.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub enum Action {
     /// Create or update an object with server-side apply. A partial object (only the fields
     /// this controller manages) touches only those fields.
@@ -25,12 +32,14 @@ pub enum Action {
     /// Delete one object.
     Delete(ObjectRef),
     /// Delete every object of a kind whose labels match a selector.
+    #[serde(rename_all = "camelCase")]
     DeleteAllOf {
         /// `apiVersion` of the objects to delete.
         api_version: String,
         /// `kind` of the objects to delete.
         kind: String,
         /// Namespace to delete in; `None` means the target's namespace.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         namespace: Option<String>,
         /// A label selector such as `app=web,tier!=db` (see [`crate::selector`]).
         label_selector: String,
@@ -40,6 +49,7 @@ pub enum Action {
     /// Record an Event on the target.
     Event {
         /// Normal or Warning.
+        #[serde(rename = "type")]
         event_type: EventType,
         /// A short CamelCase reason, e.g. `PodsRestarted`.
         reason: String,
@@ -47,7 +57,23 @@ pub enum Action {
         message: String,
     },
     /// Reconcile the target again after this delay (millisecond precision).
+    #[serde(rename = "requeueAfterMillis", with = "millis")]
     RequeueAfter(Duration),
+}
+
+/// A delay as whole milliseconds (saturating at `u64::MAX`).
+mod millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(delay: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_millis)
+    }
 }
 
 impl Action {
@@ -81,7 +107,8 @@ impl Action {
 ///     .event(EventType::Normal, "Configured", "wrote ConfigMap c");
 /// assert_eq!(response.actions.len(), 3);
 /// ```
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Response {
     /// The actions, carried out in order.
     pub actions: Vec<Action>,

@@ -243,20 +243,22 @@ fn render(target: &ObjectRef, actions: &[Action], state: &ObjectSet) -> anyhow::
                 out.push_str(&serde_yaml::to_string(&object)?);
             }
             Action::Delete(r) => out.push_str(&format!("# action {n}: delete {r}\n")),
-            Action::DeleteAllOf(d) => {
-                let ns = d
-                    .namespace
+            Action::DeleteAllOf {
+                api_version,
+                kind,
+                namespace,
+                label_selector,
+            } => {
+                let ns = namespace
                     .as_deref()
                     .or(target.namespace.as_deref())
                     .unwrap_or("(cluster)");
                 out.push_str(&format!(
-                    "# action {n}: delete every {} ({}) in namespace {ns} matching `{}`\n",
-                    d.kind, d.api_version, d.label_selector
+                    "# action {n}: delete every {kind} ({api_version}) in namespace {ns} matching `{label_selector}`\n"
                 ));
-                for name in matching(state, &d.api_version, &d.kind, ns, &d.label_selector) {
+                for name in matching(state, api_version, kind, ns, label_selector) {
                     out.push_str(&format!(
-                        "#   would delete {} {ns}/{name} (from --state)\n",
-                        d.kind
+                        "#   would delete {kind} {ns}/{name} (from --state)\n"
                     ));
                 }
             }
@@ -264,9 +266,12 @@ fn render(target: &ObjectRef, actions: &[Action], state: &ObjectSet) -> anyhow::
                 out.push_str(&format!("# action {n}: set status of {target} to:\n"));
                 out.push_str(&comment(&serde_yaml::to_string(status)?));
             }
-            Action::Event(e) => out.push_str(&format!(
-                "# action {n}: record {:?} Event on {target}: {}: {}\n",
-                e.event_type, e.reason, e.message
+            Action::Event {
+                event_type,
+                reason,
+                message,
+            } => out.push_str(&format!(
+                "# action {n}: record {event_type:?} Event on {target}: {reason}: {message}\n"
             )),
             Action::RequeueAfter(d) => out.push_str(&format!(
                 "# action {n}: reconcile {target} again in {d:?}\n"

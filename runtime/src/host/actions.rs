@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 
 use crate::api::{UpdateStrategy, Verb};
 use crate::controller::{Fence, Kind, TokenBucket};
-use crate::sandbox::{Action, Event, EventType, ObjectRef};
+use crate::sandbox::{Action, EventType, ObjectRef};
 
 use super::grants::{Denied, Permissions};
 use super::kinds::DeclaredKinds;
@@ -127,18 +127,30 @@ impl Executor<'_> {
                         .await?
                 }
                 Action::Delete(r) => self.delete_one(r, &mut outcome).await?,
-                Action::DeleteAllOf(d) => {
+                Action::DeleteAllOf {
+                    api_version,
+                    kind,
+                    namespace,
+                    label_selector,
+                } => {
                     let r = ObjectRef {
-                        api_version: d.api_version.clone(),
-                        kind: d.kind.clone(),
-                        namespace: d.namespace.clone(),
+                        api_version: api_version.clone(),
+                        kind: kind.clone(),
+                        namespace: namespace.clone(),
                         name: String::new(),
                     };
-                    self.delete_matching(&r, &d.label_selector, &mut outcome)
+                    self.delete_matching(&r, label_selector, &mut outcome)
                         .await?
                 }
                 Action::SetStatus(status) => self.set_status(status, &mut outcome).await?,
-                Action::Event(event) => self.record_event(event, &mut outcome).await?,
+                Action::Event {
+                    event_type,
+                    reason,
+                    message,
+                } => {
+                    self.record_event(*event_type, reason, message, &mut outcome)
+                        .await?
+                }
                 Action::RequeueAfter(_) => {}
             }
         }
@@ -219,7 +231,7 @@ impl Executor<'_> {
         desired_children: &mut HashSet<(String, String, String)>,
         outcome: &mut Outcome,
     ) -> Result<(), ActionError> {
-        let r = ObjectRef::of(object).map_err(ActionError::Invalid)?;
+        let r = ObjectRef::of(object).map_err(|e| ActionError::Invalid(e.message))?;
         query::validate_name(&r.name).map_err(|e| ActionError::Invalid(e.to_string()))?;
         let (kind, namespace) = self.resolve(Verb::Apply, &r)?;
         self.permissions
@@ -424,7 +436,13 @@ impl Executor<'_> {
         Ok(())
     }
 
-    async fn record_event(&self, event: &Event, outcome: &mut Outcome) -> Result<(), ActionError> {
+    async fn record_event(
+        &self,
+        event_type: EventType,
+        reason: &str,
+        message: &str,
+        outcome: &mut Outcome,
+    ) -> Result<(), ActionError> {
         let Some(parent) = self.parent else {
             return Ok(());
         };
@@ -448,9 +466,9 @@ impl Executor<'_> {
                 uid: str_at(parent, "/metadata/uid").map(str::to_owned),
                 ..ObjectReference::default()
             },
-            reason: Some(event.reason.clone()),
-            message: Some(event.message.clone()),
-            type_: Some(match event.event_type {
+            reason: Some(reason.to_owned()),
+            message: Some(message.to_owned()),
+            type_: Some(match event_type {
                 EventType::Normal => "Normal".into(),
                 EventType::Warning => "Warning".into(),
             }),
@@ -468,13 +486,12 @@ impl Executor<'_> {
         api.create(&PostParams::default(), &core)
             .await
             .map_err(|source| ActionError::Api {
-                what: format!("record Event {} on {}", event.reason, self.target),
+                what: format!("record Event {reason} on {}", self.target),
                 source,
             })?;
-        outcome.changes.push(format!(
-            "recorded Event {} on {}",
-            event.reason, self.target
-        ));
+        outcome
+            .changes
+            .push(format!("recorded Event {reason} on {}", self.target));
         Ok(())
     }
 

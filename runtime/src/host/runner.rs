@@ -15,7 +15,7 @@ use tracing::Instrument;
 use crate::controller::{Backoff, Change, Fence, ObjectKey, TokenBucket, Watch, WorkQueue};
 use crate::metrics::Metrics;
 use crate::sandbox::{
-    GuestPre, Limits, MAX_GUEST_MESSAGE_BYTES, ObjectRef, Request, Sandbox, bounded,
+    GuestPre, Limits, MAX_GUEST_MESSAGE_BYTES, ObjectRef, Request, Sandbox, bounded, requeue_delay,
 };
 
 use super::actions::{ChildKind, Executor};
@@ -360,7 +360,7 @@ impl Runner {
             actions = outcome.response.actions.len(),
             "reconciled"
         );
-        let after = [outcome.response.requeue_after(), done.requeue_after]
+        let after = [requeue_delay(&outcome.response), done.requeue_after]
             .into_iter()
             .flatten()
             .min()

@@ -1,10 +1,11 @@
-//! Host bindings generated from the WIT contract in `guest-sdk/wit/` (never hand-written).
+//! Host bindings generated from the WIT contract in `guest-sdk/wit/` (never hand-written):
+//! the world's types and the `reconcile` export. The host imports are defined in `call.rs`,
+//! by hand, so that they see the guest's strings before copying them.
 #![allow(missing_docs)]
 
 wasmtime::component::bindgen!({
     world: "controller",
     path: "../guest-sdk/wit",
-    imports: { default: trappable },
     // Calls into the guest are async, so that a reconcile past its deadline is dropped
     // (and its Store and instance slot freed) wherever the guest is: computing, or blocked
     // in a host or WASI call.
@@ -12,3 +13,20 @@ wasmtime::component::bindgen!({
 });
 
 pub use self::kubewasm::controller::types as wit;
+
+/// The instance name of the host imports, `kubewasm:controller/host@<version>`: a guest
+/// built against another version of the contract does not link.
+pub const HOST_INTERFACE: &str = "kubewasm:controller/host@0.2.0";
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_host_interface_has_the_contracts_version() {
+        let wit = include_str!("../../../guest-sdk/wit/kubewasm.wit");
+        let version = super::HOST_INTERFACE.rsplit_once('@').unwrap().1;
+        assert!(
+            wit.contains(&format!("package kubewasm:controller@{version};")),
+            "guest-sdk/wit/kubewasm.wit and HOST_INTERFACE disagree on the version"
+        );
+    }
+}

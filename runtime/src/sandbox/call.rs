@@ -3,16 +3,17 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wasmtime::component::{HasSelf, Linker, ResourceTable};
-use wasmtime::{Engine, Store, Trap, UpdateDeadline};
+use kubewasm_guest_sdk::selector::MAX_SELECTOR_BYTES;
+use wasmtime::component::{ComponentType, Lift, Linker, ResourceTable, WasmStr};
+use wasmtime::{Engine, Store, StoreContextMut, Trap, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
-use super::bindings::{Controller, ControllerPre, kubewasm::controller as wit_if, wit};
+use super::bindings::{ControllerPre, HOST_INTERFACE, wit};
 use super::error::{CallError, HostCallLimitHit};
 use super::limits::{Limits, MemoryLimiter};
 use super::output::{BoundedOutput, Captured, LogBudget};
 use super::text::{MAX_GUEST_LOG_LINE_BYTES, MAX_GUEST_MESSAGE_BYTES, bounded};
-use super::types::{ObjectRef, Reads, Request, Response};
+use super::types::{ObjectRef, Reads, Request, Response, decode_response};
 
 /// What a successful call produced, besides the response.
 #[derive(Debug)]
@@ -32,6 +33,13 @@ pub struct CallOutcome {
     pub elapsed: Duration,
 }
 
+/// Most bytes of an `apiVersion`, kind, namespace or name a guest may pass to `get` or
+/// `list`: a group (253) and a version (63) with the slash; longer ones name nothing.
+const MAX_READ_FIELD_BYTES: usize = 320;
+
+/// What the guest answered through `respond`: the checked response, or why not.
+type Answer = Result<Response, CallError>;
+
 /// Everything one Store owns. Created per call, dropped with the Store.
 pub(crate) struct CallState {
     wasi: WasiCtx,
@@ -39,10 +47,11 @@ pub(crate) struct CallState {
     limiter: MemoryLimiter,
     reads: Arc<dyn Reads>,
     host_calls: u32,
-    host_call_limit: u32,
+    limits: Limits,
     logs: LogBudget,
     controller: String,
     object: String,
+    answer: Option<Answer>,
 }
 
 impl WasiView for CallState {
@@ -57,70 +66,181 @@ impl WasiView for CallState {
 impl CallState {
     fn count_host_call(&mut self) -> wasmtime::Result<()> {
         self.host_calls += 1;
-        if self.host_calls > self.host_call_limit {
-            return Err(wasmtime::Error::new(HostCallLimitHit(self.host_call_limit)));
+        if self.host_calls > self.limits.host_calls {
+            return Err(wasmtime::Error::new(HostCallLimitHit(
+                self.limits.host_calls,
+            )));
         }
         Ok(())
     }
 }
 
-impl wit::Host for CallState {}
+/// The WIT `error` record as it lies in guest memory: lifted without copying its message.
+#[derive(ComponentType, Lift)]
+#[component(record)]
+struct GuestError {
+    message: WasmStr,
+    retryable: bool,
+}
 
-impl wit_if::host::Host for CallState {
-    fn log(&mut self, level: wit::LogLevel, message: String) -> wasmtime::Result<()> {
-        let Some(message) = self.logs.admit(&message) else {
-            return Ok(());
-        };
-        let (controller, object) = (&self.controller, &self.object);
-        match level {
-            wit::LogLevel::Trace => tracing::trace!(controller, object, "{message}"),
-            wit::LogLevel::Debug => tracing::debug!(controller, object, "{message}"),
-            wit::LogLevel::Info => tracing::info!(controller, object, "{message}"),
-            wit::LogLevel::Warn => tracing::warn!(controller, object, "{message}"),
-            wit::LogLevel::Error => tracing::error!(controller, object, "{message}"),
-        }
-        Ok(())
+/// A string argument the guest passed, checked against `max` bytes before anything is copied:
+/// for a UTF-8 guest `to_str` borrows its memory. `Err` is the refusal handed back to the guest.
+fn argument<'a>(
+    store: &'a StoreContextMut<'_, CallState>,
+    text: &WasmStr,
+    what: &str,
+    max: usize,
+) -> wasmtime::Result<Result<std::borrow::Cow<'a, str>, String>> {
+    let text = text.to_str(store)?;
+    if text.len() > max {
+        return Ok(Err(format!(
+            "{what} is {} bytes, more than the limit of {max} bytes",
+            text.len()
+        )));
     }
+    Ok(Ok(text))
+}
 
-    fn get(
-        &mut self,
-        api_version: String,
-        kind: String,
-        namespace: Option<String>,
-        name: String,
-    ) -> wasmtime::Result<Result<Option<String>, String>> {
-        self.count_host_call()?;
-        let object = ObjectRef {
+fn optional<'a>(
+    store: &'a StoreContextMut<'_, CallState>,
+    text: &Option<WasmStr>,
+    what: &str,
+    max: usize,
+) -> wasmtime::Result<Result<Option<std::borrow::Cow<'a, str>>, String>> {
+    match text {
+        None => Ok(Ok(None)),
+        Some(text) => Ok(argument(store, text, what, max)?.map(Some)),
+    }
+}
+
+/// The guest's `log`: the line is cut to what is left of the call's budget before it is
+/// copied out of the guest's memory.
+fn log(
+    mut store: StoreContextMut<'_, CallState>,
+    (level, message): (wit::LogLevel, WasmStr),
+) -> wasmtime::Result<()> {
+    let mut logs = store.data().logs;
+    {
+        let message = message.to_str(&store)?;
+        if let Some(line) = logs.admit(&message) {
+            let state = store.data();
+            let (controller, object) = (state.controller.as_str(), state.object.as_str());
+            match level {
+                wit::LogLevel::Trace => tracing::trace!(controller, object, "{line}"),
+                wit::LogLevel::Debug => tracing::debug!(controller, object, "{line}"),
+                wit::LogLevel::Info => tracing::info!(controller, object, "{line}"),
+                wit::LogLevel::Warn => tracing::warn!(controller, object, "{line}"),
+                wit::LogLevel::Error => tracing::error!(controller, object, "{line}"),
+            }
+        }
+    }
+    store.data_mut().logs = logs;
+    Ok(())
+}
+
+type GetParams = (WasmStr, WasmStr, Option<WasmStr>, WasmStr);
+type ReadResult<T> = wasmtime::Result<(Result<T, String>,)>;
+
+fn get(
+    mut store: StoreContextMut<'_, CallState>,
+    (api_version, kind, namespace, name): GetParams,
+) -> ReadResult<Option<String>> {
+    store.data_mut().count_host_call()?;
+    let object = {
+        let field = |text, what| argument(&store, text, what, MAX_READ_FIELD_BYTES);
+        let (api_version, kind, name) = match (
+            field(&api_version, "apiVersion")?,
+            field(&kind, "kind")?,
+            field(&name, "name")?,
+        ) {
+            (Ok(a), Ok(k), Ok(n)) => (a.into_owned(), k.into_owned(), n.into_owned()),
+            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return Ok((Err(e),)),
+        };
+        let namespace = match optional(&store, &namespace, "namespace", MAX_READ_FIELD_BYTES)? {
+            Ok(ns) => ns.map(std::borrow::Cow::into_owned),
+            Err(e) => return Ok((Err(e),)),
+        };
+        ObjectRef {
             api_version,
             kind,
             namespace,
             name,
-        };
-        Ok(self.reads.get(&object).map(|o| o.map(|v| v.to_string())))
-    }
-
-    fn list(
-        &mut self,
-        api_version: String,
-        kind: String,
-        namespace: Option<String>,
-        label_selector: Option<String>,
-    ) -> wasmtime::Result<Result<Vec<String>, String>> {
-        self.count_host_call()?;
-        let found = self.reads.list(
-            &api_version,
-            &kind,
-            namespace.as_deref(),
-            label_selector.as_deref(),
-        );
-        Ok(found.map(|objects| objects.iter().map(|v| v.to_string()).collect()))
-    }
+        }
+    };
+    let found = store.data().reads.get(&object);
+    Ok((found.map(|o| o.map(|v| v.to_string())),))
 }
 
-/// Adds WASI 0.2 (with nothing granted per call) and the kubewasm host imports.
+type ListParams = (WasmStr, WasmStr, Option<WasmStr>, Option<WasmStr>);
+
+fn list(
+    mut store: StoreContextMut<'_, CallState>,
+    (api_version, kind, namespace, selector): ListParams,
+) -> ReadResult<Vec<String>> {
+    store.data_mut().count_host_call()?;
+    let (api_version, kind) = match (
+        argument(&store, &api_version, "apiVersion", MAX_READ_FIELD_BYTES)?,
+        argument(&store, &kind, "kind", MAX_READ_FIELD_BYTES)?,
+    ) {
+        (Ok(a), Ok(k)) => (a, k),
+        (Err(e), _) | (_, Err(e)) => return Ok((Err(e),)),
+    };
+    let (namespace, selector) = match (
+        optional(&store, &namespace, "namespace", MAX_READ_FIELD_BYTES)?,
+        optional(&store, &selector, "label selector", MAX_SELECTOR_BYTES)?,
+    ) {
+        (Ok(n), Ok(s)) => (n, s),
+        (Err(e), _) | (_, Err(e)) => return Ok((Err(e),)),
+    };
+    let found = store.data().reads.list(
+        &api_version,
+        &kind,
+        namespace.as_deref(),
+        selector.as_deref(),
+    );
+    Ok((found.map(|objects| objects.iter().map(|v| v.to_string()).collect()),))
+}
+
+/// The guest's answer. The response's length is checked against
+/// [`Limits::response_bytes`] before it is parsed straight out of the guest's memory; an
+/// error message is cut to [`MAX_GUEST_MESSAGE_BYTES`] before it is copied.
+fn respond(
+    mut store: StoreContextMut<'_, CallState>,
+    (outcome,): (Result<WasmStr, GuestError>,),
+) -> wasmtime::Result<()> {
+    if store.data().answer.is_some() {
+        return Err(wasmtime::Error::msg(
+            "the guest called `respond` twice; a reconcile answers once",
+        ));
+    }
+    let limits = store.data().limits;
+    let answer = match outcome {
+        Ok(json) => {
+            let json = json.to_str(&store)?;
+            decode_response(&json, &limits).map_err(|e| {
+                CallError::InvalidResponse(bounded(&e, MAX_GUEST_MESSAGE_BYTES).into_owned())
+            })
+        }
+        Err(e) => Err(CallError::Guest {
+            message: bounded(&e.message.to_str(&store)?, MAX_GUEST_MESSAGE_BYTES).into_owned(),
+            retryable: e.retryable,
+        }),
+    };
+    store.data_mut().answer = Some(answer);
+    Ok(())
+}
+
+/// Adds WASI 0.2 (with nothing granted per call) and the kubewasm host imports. The imports
+/// are defined by hand, not by bindgen, so that every string a guest passes is lifted as a
+/// [`WasmStr`] (a view of its memory) and checked before the host copies any of it.
 pub(crate) fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
     wasmtime_wasi::p2::add_to_linker_async(linker)?;
-    Controller::add_to_linker::<CallState, HasSelf<CallState>>(linker, |s| s)
+    let mut host = linker.instance(HOST_INTERFACE)?;
+    host.func_wrap("log", log)?;
+    host.func_wrap("get", get)?;
+    host.func_wrap("list", list)?;
+    host.func_wrap("respond", respond)?;
+    Ok(())
 }
 
 pub(crate) async fn run(
@@ -144,10 +264,11 @@ pub(crate) async fn run(
         limiter: MemoryLimiter::new(limits.memory_bytes),
         reads,
         host_calls: 0,
-        host_call_limit: limits.host_calls,
+        limits: *limits,
         logs: LogBudget::new(limits.log_bytes),
         controller: request.controller.clone(),
         object: request.target.to_string(),
+        answer: None,
     };
     let mut store = Store::new(engine, state);
     store.limiter(|s| &mut s.limiter);
@@ -179,18 +300,13 @@ pub(crate) async fn run(
     let state = store.into_data();
     log_dropped_lines(request, &state.logs, limits);
 
-    let response = match result {
-        Ok(Ok(response)) => response,
-        Ok(Err(e)) => {
-            return Err(CallError::Guest {
-                message: bounded(&e.message, MAX_GUEST_MESSAGE_BYTES).into_owned(),
-                retryable: e.retryable,
-            });
-        }
-        Err(err) => return Err(classify(err, &state, &stderr, limits)),
-    };
-    let response = Response::from_wit(response, limits.response_bytes).map_err(|e| {
-        CallError::InvalidResponse(bounded(&e, MAX_GUEST_MESSAGE_BYTES).into_owned())
+    if let Err(err) = result {
+        return Err(classify(err, &state, &stderr, limits));
+    }
+    let response = state.answer.unwrap_or_else(|| {
+        Err(CallError::InvalidResponse(
+            "the guest returned without calling `respond`; build it with the current kubewasm-guest-sdk".into(),
+        ))
     })?;
     Ok(CallOutcome {
         response,

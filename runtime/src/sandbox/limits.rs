@@ -16,8 +16,10 @@ pub struct Limits {
     /// Bytes of host `log` lines logged per call, each line counting its length plus one (so
     /// empty lines are not free); the rest is counted and dropped, never failing the guest.
     pub log_bytes: usize,
-    /// Total size of the JSON documents in one response.
+    /// Largest response document, in bytes (checked before it is parsed).
     pub response_bytes: usize,
+    /// Most actions in one response.
+    pub actions: usize,
 }
 
 impl Default for Limits {
@@ -28,7 +30,8 @@ impl Default for Limits {
             host_calls: 10_000,
             output_bytes: 64 << 10,
             log_bytes: 64 << 10,
-            response_bytes: 4 << 20,
+            response_bytes: 1 << 20,
+            actions: 1000,
         }
     }
 }
@@ -66,6 +69,13 @@ impl Limits {
     #[must_use]
     pub fn with_response_bytes(mut self, bytes: usize) -> Self {
         self.response_bytes = bytes;
+        self
+    }
+
+    /// Sets the most actions accepted in one response.
+    #[must_use]
+    pub fn with_actions(mut self, actions: usize) -> Self {
+        self.actions = actions;
         self
     }
 }

@@ -123,7 +123,7 @@ impl StdoutStream for BoundedOutput {
 }
 
 /// What is left of one call's budget for host `log` lines.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct LogBudget {
     limit: usize,
     used: usize,

@@ -1,64 +1,21 @@
-//! Typed request and response of one reconcile, as the rest of the runtime sees them.
+//! The request of one reconcile as the sandbox hands it to the guest, and the check of the
+//! guest's response.
 //!
-//! The WIT types carry JSON as strings; these carry parsed [`serde_json::Value`]s, checked
-//! once at the boundary so that nothing past the sandbox handles malformed guest output.
+//! The domain model (object references, the response and its actions) is the guest SDK's,
+//! defined once; this module converts the request to WIT and checks the response document
+//! where it enters, so that nothing past the sandbox handles malformed or oversized output.
 
+use std::fmt;
 use std::time::Duration;
 
 use kubewasm_guest_sdk::selector::Selector;
-use serde::{Deserialize, Serialize};
+pub use kubewasm_guest_sdk::{Action, EventType, ObjectRef, Response};
+use serde::de::{DeserializeSeed, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 use super::bindings::wit;
+use super::limits::Limits;
 use super::text::{MAX_EVENT_REASON_BYTES, MAX_GUEST_MESSAGE_BYTES, bounded, prefix};
-
-/// Names one Kubernetes object.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ObjectRef {
-    /// `apiVersion`, e.g. `v1`.
-    pub api_version: String,
-    /// `kind`, e.g. `Pod`.
-    pub kind: String,
-    /// Namespace; `None` for cluster-scoped objects.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
-    /// Name.
-    pub name: String,
-}
-
-impl ObjectRef {
-    /// Reads the reference out of an object's `apiVersion`, `kind` and `metadata`.
-    pub fn of(object: &Value) -> Result<ObjectRef, String> {
-        let field = |ptr: &str| object.pointer(ptr).and_then(Value::as_str);
-        let missing = |what: &str| format!("not a Kubernetes object: missing `{what}`");
-        if !object.is_object() {
-            return Err(format!(
-                "not a Kubernetes object: expected a JSON object, got `{}`",
-                short(object)
-            ));
-        }
-        Ok(ObjectRef {
-            api_version: field("/apiVersion")
-                .ok_or_else(|| missing("apiVersion"))?
-                .to_owned(),
-            kind: field("/kind").ok_or_else(|| missing("kind"))?.to_owned(),
-            namespace: field("/metadata/namespace").map(str::to_owned),
-            name: field("/metadata/name")
-                .ok_or_else(|| missing("metadata.name"))?
-                .to_owned(),
-        })
-    }
-}
-
-impl std::fmt::Display for ObjectRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.namespace {
-            Some(ns) => write!(f, "{} {}/{}", self.kind, ns, self.name),
-            None => write!(f, "{} {}", self.kind, self.name),
-        }
-    }
-}
 
 /// What one reconcile is about.
 #[derive(Debug, Clone, PartialEq)]
@@ -78,177 +35,181 @@ impl Request {
     pub fn for_object(controller: &str, object: Value) -> Result<Request, String> {
         Ok(Request {
             controller: controller.to_owned(),
-            target: ObjectRef::of(&object)?,
+            target: ObjectRef::of(&object).map_err(|e| e.message)?,
             parent: Some(object),
             children: Vec::new(),
         })
     }
 
     pub(crate) fn to_wit(&self) -> wit::Request {
+        let target = self.target.clone();
         wit::Request {
             controller: self.controller.clone(),
-            target: self.target.clone().into(),
+            target: wit::ObjectRef {
+                api_version: target.api_version,
+                kind: target.kind,
+                namespace: target.namespace,
+                name: target.name,
+            },
             parent: self.parent.as_ref().map(Value::to_string),
             children: self.children.iter().map(Value::to_string).collect(),
         }
     }
 }
 
-/// Delete every object of a kind matching a label selector.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DeleteSelector {
-    /// `apiVersion` of the objects.
-    pub api_version: String,
-    /// `kind` of the objects.
-    pub kind: String,
-    /// Namespace; `None` means the target's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
-    /// Label selector, e.g. `app=frontend`; it parses, and it [narrows](Selector::narrows).
-    pub label_selector: String,
+/// Checks and decodes the response document a guest handed to `respond`: at most
+/// [`Limits::response_bytes`] long (checked before parsing), at most [`Limits::actions`]
+/// actions (parsing stops at the first one too many), each action well-formed. Event text is
+/// cut to the API server's bounds rather than refused. `Err` says what was wrong, and for an
+/// action which one.
+pub fn decode_response(json: &str, limits: &Limits) -> Result<Response, String> {
+    if json.len() > limits.response_bytes {
+        return Err(format!(
+            "response is {} bytes, more than the limit of {} bytes",
+            json.len(),
+            limits.response_bytes
+        ));
+    }
+    let mut de = serde_json::Deserializer::from_str(json);
+    let actions = Document {
+        max_actions: limits.actions,
+    }
+    .deserialize(&mut de)
+    .and_then(|actions| de.end().map(|()| actions))
+    .map_err(|e| format!("not a response document ({{\"actions\": [...]}}): {e}"))?;
+    let actions = actions
+        .into_iter()
+        .enumerate()
+        .map(|(i, a)| check_action(a).map_err(|e| format!("action {}: {e}", i + 1)))
+        .collect::<Result<_, _>>()?;
+    Ok(Response { actions })
 }
 
-/// Normal or Warning.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum EventType {
-    /// Routine progress.
-    Normal,
-    /// Needs attention.
-    Warning,
+/// `{"actions": [...]}`, read with a bound on the number of actions.
+struct Document {
+    max_actions: usize,
 }
 
-/// An Event to record on the target.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Event {
-    /// Normal or Warning.
-    #[serde(rename = "type")]
-    pub event_type: EventType,
-    /// Short CamelCase reason, at most [`MAX_EVENT_REASON_BYTES`].
-    pub reason: String,
-    /// Readable message, at most [`MAX_GUEST_MESSAGE_BYTES`].
-    pub message: String,
+impl<'de> DeserializeSeed<'de> for Document {
+    type Value = Vec<Action>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Vec<Action>, D::Error> {
+        d.deserialize_map(self)
+    }
 }
 
-/// One thing a guest asked for.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Action {
-    /// Server-side apply of this object.
-    Apply(Value),
-    /// Delete one object.
-    Delete(ObjectRef),
-    /// Delete all objects matching a selector.
-    DeleteAllOf(DeleteSelector),
-    /// Replace the target's status.
-    SetStatus(Value),
-    /// Record an Event on the target.
-    Event(Event),
-    /// Reconcile the target again after this delay.
-    RequeueAfter(Duration),
-}
+impl<'de> Visitor<'de> for Document {
+    type Value = Vec<Action>;
 
-/// The actions a guest returned, checked for shape.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Response {
-    /// Actions in the order the guest gave them.
-    pub actions: Vec<Action>,
-}
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object with the field `actions`")
+    }
 
-impl Response {
-    /// Checks and converts what the guest returned. `Err` says which action was malformed.
-    pub(crate) fn from_wit(response: wit::Response, max_bytes: usize) -> Result<Response, String> {
-        let size: usize = response.actions.iter().map(action_size).sum();
-        if size > max_bytes {
-            return Err(format!(
-                "response is {} bytes, more than the limit of {} bytes",
-                size, max_bytes
-            ));
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Vec<Action>, A::Error> {
+        let mut actions = None;
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            if key != "actions" {
+                let _ = map.next_value::<IgnoredAny>()?;
+                return Err(A::Error::unknown_field(&key, &["actions"]));
+            }
+            if actions.is_some() {
+                return Err(A::Error::duplicate_field("actions"));
+            }
+            actions = Some(map.next_value_seed(Actions {
+                max: self.max_actions,
+            })?);
         }
-        let actions = response
-            .actions
-            .into_iter()
-            .enumerate()
-            .map(|(i, a)| Action::from_wit(a).map_err(|e| format!("action {}: {e}", i + 1)))
-            .collect::<Result<_, _>>()?;
-        Ok(Response { actions })
-    }
-
-    /// The shortest requeue delay asked for, if any.
-    pub fn requeue_after(&self) -> Option<Duration> {
-        self.actions
-            .iter()
-            .filter_map(|a| match a {
-                Action::RequeueAfter(d) => Some(*d),
-                _ => None,
-            })
-            .min()
+        actions.ok_or_else(|| A::Error::missing_field("actions"))
     }
 }
 
-fn action_size(action: &wit::Action) -> usize {
-    match action {
-        wit::Action::Apply(s) | wit::Action::SetStatus(s) => s.len(),
-        wit::Action::Delete(r) => r.name.len() + r.kind.len() + r.api_version.len(),
-        wit::Action::DeleteAllOf(d) => d.label_selector.len() + d.kind.len(),
-        wit::Action::EmitEvent(e) => e.reason.len() + e.message.len(),
-        wit::Action::RequeueAfter(_) => 8,
+/// The `actions` list, refused at the first action past `max`.
+struct Actions {
+    max: usize,
+}
+
+impl<'de> DeserializeSeed<'de> for Actions {
+    type Value = Vec<Action>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Vec<Action>, D::Error> {
+        d.deserialize_seq(self)
     }
 }
 
-fn parse(what: &str, json: &str) -> Result<Value, String> {
-    serde_json::from_str(json).map_err(|e| format!("{what}: not valid JSON: {e}"))
-}
+impl<'de> Visitor<'de> for Actions {
+    type Value = Vec<Action>;
 
-fn short(v: &Value) -> String {
-    let s = v.to_string();
-    if s.len() > 60 {
-        format!("{}…", &s[..s.floor_char_boundary(60)])
-    } else {
-        s
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a list of actions")
     }
-}
 
-impl Action {
-    fn from_wit(action: wit::Action) -> Result<Action, String> {
-        Ok(match action {
-            wit::Action::Apply(json) => {
-                let object = parse("apply", &json)?;
-                ObjectRef::of(&object).map_err(|e| format!("apply: {e}"))?;
-                Action::Apply(object)
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Action>, A::Error> {
+        let mut actions = Vec::new();
+        while let Some(action) = seq.next_element::<Action>()? {
+            if actions.len() == self.max {
+                return Err(A::Error::custom(format!(
+                    "more than the limit of {} actions in one response",
+                    self.max
+                )));
             }
-            wit::Action::Delete(r) => Action::Delete(r.into()),
-            wit::Action::DeleteAllOf(d) => {
-                check_delete_selector(&d.label_selector)
-                    .map_err(|e| format!("delete-all-of: {e}"))?;
-                Action::DeleteAllOf(DeleteSelector {
-                    api_version: d.api_version,
-                    kind: d.kind,
-                    namespace: d.namespace,
-                    label_selector: d.label_selector,
-                })
+            actions.push(action);
+        }
+        Ok(actions)
+    }
+}
+
+fn check_action(action: Action) -> Result<Action, String> {
+    Ok(match action {
+        Action::Apply(object) => {
+            ObjectRef::of(&object).map_err(|e| format!("apply: {e}"))?;
+            Action::Apply(object)
+        }
+        Action::SetStatus(status) => {
+            if !status.is_object() {
+                return Err(format!(
+                    "setStatus: status must be a JSON object, got `{}`",
+                    bounded(&status.to_string(), 60)
+                ));
             }
-            wit::Action::SetStatus(json) => {
-                let status = parse("set-status", &json)?;
-                if !status.is_object() {
-                    return Err(format!(
-                        "set-status: status must be a JSON object, got `{}`",
-                        short(&status)
-                    ));
-                }
-                Action::SetStatus(status)
+            Action::SetStatus(status)
+        }
+        Action::DeleteAllOf {
+            api_version,
+            kind,
+            namespace,
+            label_selector,
+        } => {
+            check_delete_selector(&label_selector).map_err(|e| format!("deleteAllOf: {e}"))?;
+            Action::DeleteAllOf {
+                api_version,
+                kind,
+                namespace,
+                label_selector,
             }
-            wit::Action::EmitEvent(e) => Action::Event(Event {
-                event_type: match e.event_type {
-                    wit::EventType::Normal => EventType::Normal,
-                    wit::EventType::Warning => EventType::Warning,
-                },
-                reason: prefix(&e.reason, MAX_EVENT_REASON_BYTES).to_owned(),
-                message: bounded(&e.message, MAX_GUEST_MESSAGE_BYTES).into_owned(),
-            }),
-            wit::Action::RequeueAfter(ms) => Action::RequeueAfter(Duration::from_millis(ms)),
+        }
+        Action::Event {
+            event_type,
+            reason,
+            message,
+        } => Action::Event {
+            event_type,
+            reason: prefix(&reason, MAX_EVENT_REASON_BYTES).to_owned(),
+            message: bounded(&message, MAX_GUEST_MESSAGE_BYTES).into_owned(),
+        },
+        other @ (Action::Delete(_) | Action::RequeueAfter(_)) => other,
+    })
+}
+
+/// The shortest requeue delay a response asks for, if any.
+pub fn requeue_delay(response: &Response) -> Option<Duration> {
+    response
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::RequeueAfter(d) => Some(*d),
+            _ => None,
         })
-    }
+        .min()
 }
 
 /// A delete-all-of selector must parse and must name a label the objects have: one built
@@ -262,28 +223,6 @@ fn check_delete_selector(selector: &str) -> Result<(), String> {
         ));
     }
     Ok(())
-}
-
-impl From<ObjectRef> for wit::ObjectRef {
-    fn from(r: ObjectRef) -> Self {
-        wit::ObjectRef {
-            api_version: r.api_version,
-            kind: r.kind,
-            namespace: r.namespace,
-            name: r.name,
-        }
-    }
-}
-
-impl From<wit::ObjectRef> for ObjectRef {
-    fn from(r: wit::ObjectRef) -> Self {
-        ObjectRef {
-            api_version: r.api_version,
-            kind: r.kind,
-            namespace: r.namespace,
-            name: r.name,
-        }
-    }
 }
 
 /// Reads a guest may make during a call. Implementations check grants and answer from a
@@ -327,47 +266,107 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn decode(document: Value) -> Result<Response, String> {
+        decode_response(&document.to_string(), &Limits::default())
+    }
+
+    #[test]
+    fn the_sdk_encodes_what_the_host_decodes() {
+        let sent = Response::new()
+            .apply(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}))
+            .delete(ObjectRef::new("v1", "Pod", Some("ns"), "p"))
+            .delete_all_of("v1", "Pod", None, "app=web")
+            .set_status(json!({"ready": true}))
+            .event(EventType::Warning, "Stuck", "it is stuck")
+            .requeue_after(Duration::from_millis(1500));
+        let json = serde_json::to_string(&sent).unwrap();
+        assert!(json.contains(r#"{"requeueAfterMillis":1500}"#), "{json}");
+        assert!(
+            json.contains(
+                r#""deleteAllOf":{"apiVersion":"v1","kind":"Pod","labelSelector":"app=web"}"#
+            ),
+            "{json}"
+        );
+        assert!(
+            json.contains(r#""event":{"type":"Warning","reason":"Stuck""#),
+            "{json}"
+        );
+        assert_eq!(decode_response(&json, &Limits::default()).unwrap(), sent);
+    }
+
     #[test]
     fn apply_must_be_a_kubernetes_object() {
-        let bad = wit::Response {
-            actions: vec![wit::Action::Apply("42".into())],
-        };
-        let err = Response::from_wit(bad, 1 << 20).unwrap_err();
+        let err = decode(json!({"actions": [{"apply": 42}]})).unwrap_err();
         assert!(
             err.contains("action 1: apply: not a Kubernetes object"),
             "{err}"
         );
-        let no_name = wit::Response {
-            actions: vec![wit::Action::Apply(
-                json!({"apiVersion":"v1","kind":"Pod"}).to_string(),
-            )],
-        };
-        let err = Response::from_wit(no_name, 1 << 20).unwrap_err();
+        let err = decode(json!({"actions": [{"apply": {"apiVersion": "v1", "kind": "Pod"}}]}))
+            .unwrap_err();
         assert!(err.contains("missing `metadata.name`"), "{err}");
     }
 
     #[test]
-    fn response_size_is_bounded() {
-        let big = wit::Response {
-            actions: vec![wit::Action::SetStatus("x".repeat(100))],
-        };
-        let err = Response::from_wit(big, 10).unwrap_err();
-        assert!(
-            err.contains("100 bytes, more than the limit of 10"),
-            "{err}"
+    fn response_size_is_checked_before_parsing() {
+        let big = format!(
+            "{{\"actions\": [{{\"setStatus\": {{\"x\": \"{}\"}}}}]}}",
+            "x".repeat(100)
         );
+        let limits = Limits::default().with_response_bytes(10);
+        let err = decode_response(&big, &limits).unwrap_err();
+        assert!(err.contains("bytes, more than the limit of 10"), "{err}");
+        // Not even looked at: invalid JSON past the limit is refused for its size.
+        let err = decode_response(&"[".repeat(11), &limits).unwrap_err();
+        assert!(err.contains("more than the limit of 10"), "{err}");
+    }
+
+    #[test]
+    fn action_count_is_bounded() {
+        let limits = Limits::default().with_actions(3);
+        let document =
+            |n: usize| json!({"actions": vec![json!({"requeueAfterMillis": 1000}); n]}).to_string();
+        assert_eq!(
+            decode_response(&document(3), &limits)
+                .unwrap()
+                .actions
+                .len(),
+            3
+        );
+        let err = decode_response(&document(200_000), &limits).unwrap_err();
+        assert!(err.contains("more than the limit of 3 actions"), "{err}");
+    }
+
+    #[test]
+    fn malformed_documents_say_what_is_wrong() {
+        for (document, expected) in [
+            ("", "EOF"),
+            ("[]", "an object with the field `actions`"),
+            ("{}", "missing field `actions`"),
+            (r#"{"actions": [], "extra": 1}"#, "unknown field `extra`"),
+            (
+                r#"{"actions": [], "actions": []}"#,
+                "duplicate field `actions`",
+            ),
+            (
+                r#"{"actions": [{"explode": {}}]}"#,
+                "unknown variant `explode`",
+            ),
+            (
+                r#"{"actions": [{"requeueAfterMillis": -1}]}"#,
+                "invalid value",
+            ),
+            (r#"{"actions": []} trailing"#, "trailing characters"),
+        ] {
+            let err = decode_response(document, &Limits::default()).unwrap_err();
+            assert!(err.contains(expected), "{document}: {err}");
+            assert!(err.starts_with("not a response document"), "{err}");
+        }
     }
 
     fn delete_all_of(selector: &str) -> Result<Response, String> {
-        let response = wit::Response {
-            actions: vec![wit::Action::DeleteAllOf(wit::DeleteSelector {
-                api_version: "v1".into(),
-                kind: "ConfigMap".into(),
-                namespace: None,
-                label_selector: selector.into(),
-            })],
-        };
-        Response::from_wit(response, 4 << 20)
+        decode(json!({"actions": [{"deleteAllOf": {
+            "apiVersion": "v1", "kind": "ConfigMap", "labelSelector": selector
+        }}]}))
     }
 
     #[test]
@@ -382,47 +381,40 @@ mod tests {
         for selector in ["a=b", "a", "a in (b)", "a=b,!c"] {
             let response = delete_all_of(selector).unwrap_or_else(|e| panic!("{selector}: {e}"));
             assert!(
-                matches!(&response.actions[0], Action::DeleteAllOf(d) if d.label_selector == selector),
+                matches!(&response.actions[0], Action::DeleteAllOf { label_selector, .. } if label_selector == selector),
                 "{response:?}"
             );
         }
         let err = delete_all_of("a in x").unwrap_err();
-        assert!(
-            err.contains("delete-all-of: invalid label selector"),
-            "{err}"
-        );
-        let err = delete_all_of(&format!("a={}", "x".repeat(1 << 20))).unwrap_err();
+        assert!(err.contains("deleteAllOf: invalid label selector"), "{err}");
+        let err = delete_all_of(&format!("a={}", "x".repeat(1 << 16))).unwrap_err();
         assert!(err.contains("more than the limit of 4096"), "{err}");
         assert!(err.len() < 400, "{err}");
     }
 
     #[test]
     fn event_reason_and_message_are_cut_not_refused() {
-        let response = wit::Response {
-            actions: vec![wit::Action::EmitEvent(wit::Event {
-                event_type: wit::EventType::Warning,
-                reason: "Reason".repeat(100),
-                message: "é".repeat(1 << 20),
-            })],
-        };
-        let response = Response::from_wit(response, 4 << 20).unwrap();
-        let Action::Event(event) = &response.actions[0] else {
+        let response = decode(json!({"actions": [{"event": {
+            "type": "Warning", "reason": "Reason".repeat(100), "message": "é".repeat(1 << 18)
+        }}]}))
+        .unwrap();
+        let Action::Event {
+            reason, message, ..
+        } = &response.actions[0]
+        else {
             panic!("{response:?}")
         };
-        assert_eq!(event.reason, "Reason".repeat(100)[..MAX_EVENT_REASON_BYTES]);
-        assert!(event.message.len() <= MAX_GUEST_MESSAGE_BYTES);
-        assert!(event.message.starts_with("éé"));
-        assert!(event.message.ends_with(" more bytes)"), "{}", event.message);
+        assert_eq!(*reason, "Reason".repeat(100)[..MAX_EVENT_REASON_BYTES]);
+        assert!(message.len() <= MAX_GUEST_MESSAGE_BYTES);
+        assert!(message.starts_with("éé"));
+        assert!(message.ends_with(" more bytes)"), "{message}");
     }
 
     #[test]
     fn shortest_requeue_wins() {
-        let r = Response {
-            actions: vec![
-                Action::RequeueAfter(Duration::from_secs(5)),
-                Action::RequeueAfter(Duration::from_secs(2)),
-            ],
-        };
-        assert_eq!(r.requeue_after(), Some(Duration::from_secs(2)));
+        let r = Response::new()
+            .requeue_after(Duration::from_secs(5))
+            .requeue_after(Duration::from_secs(2));
+        assert_eq!(requeue_delay(&r), Some(Duration::from_secs(2)));
     }
 }
