@@ -292,6 +292,118 @@ fn huge_guest_error_is_cut_to_the_bound() {
     assert_still_serves();
 }
 
+/// `guests/hostile`'s `ATTACK_BYTES` and `MANY_ACTIONS`.
+const ATTACK_BYTES: usize = 60 << 20;
+const MANY_ACTIONS: usize = 200_000;
+
+/// Room for the raw attacks' 60 MiB strings, so that what stops them is the host's check of
+/// what crossed the boundary, not the guest's memory limit.
+fn roomy() -> Limits {
+    Limits::default()
+        .with_memory_bytes(256 << 20)
+        .with_timeout(Duration::from_secs(10))
+}
+
+#[test]
+fn a_response_past_the_limit_is_refused_for_its_length() {
+    let err = hostile_err("raw-huge-response", roomy());
+    match &err {
+        CallError::InvalidResponse(m) => assert!(
+            m.contains(&format!(
+                "response is {} bytes, more than the limit of {} bytes",
+                ATTACK_BYTES + r#"{"actions": []}"#.len(),
+                Limits::default().response_bytes
+            )),
+            "{m}"
+        ),
+        other => panic!("expected InvalidResponse, got {other:?}"),
+    }
+    assert_still_serves();
+}
+
+#[test]
+fn a_60_mib_error_is_cut_to_the_bound() {
+    let err = hostile_err("raw-huge-error", roomy());
+    match &err {
+        CallError::Guest { message, .. } => {
+            assert!(
+                message.len() <= MAX_GUEST_MESSAGE_BYTES,
+                "{}",
+                message.len()
+            );
+            assert!(message.starts_with("eeee"), "{message}");
+            assert!(message.ends_with(" more bytes)"), "{message}");
+        }
+        other => panic!("expected a Guest error, got {other:?}"),
+    }
+    assert_still_serves();
+}
+
+#[test]
+fn too_many_actions_are_refused() {
+    // 200,000 actions take 5.6 MB: past the default response limit...
+    match hostile_err("many-actions", roomy()) {
+        CallError::InvalidResponse(m) => {
+            assert!(m.contains("more than the limit of 1048576 bytes"), "{m}")
+        }
+        other => panic!("expected InvalidResponse, got {other:?}"),
+    }
+    // ...and with room for the bytes, past the limit on actions.
+    let err = hostile_err("many-actions", roomy().with_response_bytes(16 << 20));
+    match &err {
+        CallError::InvalidResponse(m) => assert!(
+            m.contains(&format!(
+                "more than the limit of {} actions in one response",
+                Limits::default().actions
+            )),
+            "{m}"
+        ),
+        other => panic!("expected InvalidResponse, got {other:?}"),
+    }
+    // With the operator's leave, as many as the guest sends.
+    let generous = roomy()
+        .with_actions(MANY_ACTIONS)
+        .with_response_bytes(16 << 20);
+    let outcome = hostile("many-actions", generous).expect("within the raised limits");
+    assert_eq!(outcome.response.actions.len(), MANY_ACTIONS);
+    assert_still_serves();
+}
+
+#[test]
+fn oversized_read_arguments_are_refused_to_the_guest() {
+    for (mode, what) in [
+        (
+            "raw-huge-selector",
+            "label selector is 1048578 bytes, more than the limit of 4096 bytes",
+        ),
+        (
+            "raw-huge-read",
+            "name is 1048576 bytes, more than the limit of 320 bytes",
+        ),
+    ] {
+        match hostile_err(mode, roomy()) {
+            CallError::Guest { message, .. } => assert_eq!(message, what, "{mode}"),
+            other => panic!("{mode}: expected the refusal back, got {other:?}"),
+        }
+    }
+    assert_still_serves();
+}
+
+#[test]
+fn a_guest_answers_exactly_once() {
+    match hostile_err("respond-twice", Limits::default()) {
+        CallError::Trap(m) => assert!(m.contains("called `respond` twice"), "{m}"),
+        other => panic!("expected a trap, got {other:?}"),
+    }
+    match hostile_err("no-respond", Limits::default()) {
+        CallError::InvalidResponse(m) => {
+            assert!(m.contains("returned without calling `respond`"), "{m}")
+        }
+        other => panic!("expected InvalidResponse, got {other:?}"),
+    }
+    assert_still_serves();
+}
+
 /// Everything `tracing` writes while a call runs, one line per event.
 #[derive(Clone, Default)]
 struct LogCapture(Arc<Mutex<Vec<u8>>>);

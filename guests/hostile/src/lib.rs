@@ -17,6 +17,20 @@
 //! | `sleep` | sleeps an hour in WASI (blocked in the host, not computing), then behaves like `ok` |
 //! | `huge-error` | returns a permanent error whose message is [`HUGE_BYTES`] long |
 //! | `huge-log` | logs a [`HUGE_BYTES`] line [`HUGE_LOG_LINES`] times through the host, then behaves like `ok` |
+//! | `many-actions` | returns [`MANY_ACTIONS`] `requeue-after` actions |
+//! | `requeue-zero` | behaves like `ok` and asks to be reconciled again at once, every time |
+//!
+//! Modes that step around the SDK and call the host imports directly (wasm only), as a
+//! guest written against the bare WIT contract could:
+//!
+//! | `spec.mode` | behaviour |
+//! | --- | --- |
+//! | `raw-huge-response` | responds with a valid document behind [`ATTACK_BYTES`] of leading spaces |
+//! | `raw-huge-error` | responds with an error whose message is [`ATTACK_BYTES`] long |
+//! | `raw-huge-selector` | lists ConfigMaps with a [`HUGE_BYTES`] label selector and responds with the host's refusal as a permanent error |
+//! | `raw-huge-read` | gets a ConfigMap whose name is [`HUGE_BYTES`] long, and responds like `raw-huge-selector` |
+//! | `respond-twice` | responds twice |
+//! | `no-respond` | returns without responding |
 //!
 //! Any other mode is a permanent error naming the mode.
 
@@ -37,6 +51,12 @@ pub const HUGE_BYTES: usize = 1 << 20;
 
 /// How many lines `huge-log` logs.
 pub const HUGE_LOG_LINES: usize = 64;
+
+/// How many actions `many-actions` returns.
+pub const MANY_ACTIONS: usize = 200_000;
+
+/// How long the raw attacks' strings are (60 MiB).
+pub const ATTACK_BYTES: usize = 60 << 20;
 
 /// Do whatever `spec.mode` asks for.
 pub fn reconcile(req: &Request, cluster: &dyn Cluster) -> Result<Response, Error> {
@@ -81,6 +101,10 @@ pub fn reconcile(req: &Request, cluster: &dyn Cluster) -> Result<Response, Error
             }
             Ok(well_behaved(req))
         }
+        "many-actions" => Ok((0..MANY_ACTIONS).fold(Response::new(), |r, _| {
+            r.requeue_after(std::time::Duration::from_secs(1))
+        })),
+        "requeue-zero" => Ok(well_behaved(req).requeue_after(std::time::Duration::ZERO)),
         other => Err(Error::permanent(format!("unknown hostile mode {other:?}"))),
     }
 }
@@ -159,4 +183,73 @@ fn huge_response(req: &Request) -> Response {
     Response::new().apply(config_map)
 }
 
+/// The guest's own export: the raw modes step around the SDK, every other mode goes through it.
+#[cfg(target_arch = "wasm32")]
+mod raw {
+    use kubewasm_guest_sdk::__private::bindings::kubewasm::controller::{host, types};
+    use kubewasm_guest_sdk::__private::{self as sdk, bindings};
+    use serde_json::Value;
+
+    use super::{ATTACK_BYTES, HUGE_BYTES};
+
+    struct Hostile;
+
+    const EMPTY: &str = r#"{"actions": []}"#;
+
+    fn refused(result: Result<impl Sized, String>) -> Result<&'static str, types::Error> {
+        match result {
+            Ok(_) => Err(types::Error {
+                message: "the host accepted it".into(),
+                retryable: false,
+            }),
+            Err(refusal) => Err(types::Error {
+                message: refusal,
+                retryable: false,
+            }),
+        }
+    }
+
+    impl bindings::Guest for Hostile {
+        fn reconcile(request: sdk::WitRequest) {
+            let mode = request
+                .parent
+                .as_deref()
+                .and_then(|p| serde_json::from_str::<Value>(p).ok())
+                .and_then(|p| p.pointer("/spec/mode")?.as_str().map(str::to_owned));
+            let huge = "x".repeat(HUGE_BYTES);
+            let answer = match mode.as_deref() {
+                Some("raw-huge-response") => {
+                    let document = format!("{}{EMPTY}", " ".repeat(ATTACK_BYTES));
+                    host::respond(Ok(&document));
+                    return;
+                }
+                Some("raw-huge-error") => Err(types::Error {
+                    message: "e".repeat(ATTACK_BYTES),
+                    retryable: false,
+                }),
+                Some("raw-huge-selector") => refused(host::list(
+                    "v1",
+                    "ConfigMap",
+                    None,
+                    Some(&format!("a={huge}")),
+                )),
+                Some("raw-huge-read") => refused(host::get("v1", "ConfigMap", None, &huge)),
+                Some("respond-twice") => {
+                    host::respond(Ok(EMPTY));
+                    Ok(EMPTY)
+                }
+                Some("no-respond") => return,
+                _ => return sdk::run(request, super::reconcile),
+            };
+            match answer {
+                Ok(document) => host::respond(Ok(document)),
+                Err(e) => host::respond(Err(&e)),
+            }
+        }
+    }
+
+    bindings::__kubewasm_export_controller!(Hostile);
+}
+
+#[cfg(not(target_arch = "wasm32"))]
 kubewasm_guest_sdk::export_reconciler!(reconcile);
