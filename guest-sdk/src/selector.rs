@@ -16,7 +16,7 @@
 //! | `a>1`, `a<1` | label `a` is present, an integer, and greater/less than the bound |
 //!
 //! Requirements are joined with `,` and must all hold; the empty selector matches everything.
-//! A selector is at most [`MAX_SELECTOR_BYTES`] long.
+//! A selector is at most [`MAX_SELECTOR_BYTES`] long with at most [`MAX_SELECTOR_TERMS`] requirements, and parses in linear time.
 //!
 //! ```
 //! use kubewasm_guest_sdk::selector::Selector;
@@ -37,6 +37,9 @@ use std::str::FromStr;
 /// most 317 bytes and a value 63), and short enough that parsing and echoing it in an error
 /// stay cheap whoever wrote it.
 pub const MAX_SELECTOR_BYTES: usize = 4096;
+
+/// The most requirements (comma-separated terms) a selector may have.
+pub const MAX_SELECTOR_TERMS: usize = 64;
 
 /// Where a selector can look up label values: a map from key to value.
 pub trait Labels {
@@ -366,6 +369,13 @@ impl<'a> Parser<'a> {
             return Ok(Selector { requirements });
         }
         loop {
+            if requirements.len() == MAX_SELECTOR_TERMS {
+                let at = self.peek().0;
+                return Err(self.error(
+                    at,
+                    format!("more than {MAX_SELECTOR_TERMS} requirements; select on fewer labels"),
+                ));
+            }
             requirements.push(self.requirement()?);
             match self.advance() {
                 (_, Token::End) => return Ok(Selector { requirements }),
@@ -822,6 +832,20 @@ mod tests {
         assert!(
             err.to_string().len() < 300,
             "the error echoes the whole selector: {err}"
+        );
+    }
+
+    #[test]
+    fn terms_are_bounded() {
+        let at_limit = vec!["a"; MAX_SELECTOR_TERMS].join(",");
+        assert_eq!(
+            Selector::parse(&at_limit).unwrap().requirements().len(),
+            MAX_SELECTOR_TERMS
+        );
+        let err = Selector::parse(&format!("{at_limit},b")).unwrap_err();
+        assert!(
+            err.message().contains("more than 64 requirements"),
+            "{err}"
         );
     }
 

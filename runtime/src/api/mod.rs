@@ -38,15 +38,19 @@ pub struct WasmControllerSpec {
     pub parent: ParentResource,
     /// Kinds this controller creates and owns (composite controllers). Children get a
     /// controller ownerReference to their parent and are deleted when no longer desired.
+    /// Parent, children and grants name at most 32 kinds together.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
     pub children: Vec<ChildResource>,
     /// Other kinds the guest may read or act on, and how. Anything not granted here (or as
     /// parent/children) is denied before it reaches the API server.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
     pub grants: Vec<Grant>,
     /// The ServiceAccount (in this namespace) whose identity every write uses; Kubernetes
     /// RBAC for that account is the final judge. Defaults to `default`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
     pub service_account_name: Option<String>,
     /// Resource limits for each reconcile call.
     #[serde(default)]
@@ -90,6 +94,7 @@ pub struct ModuleSource {
     pub path: Option<String>,
     /// If set, the module is only loaded when its sha256 (hex, after gunzip) matches.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 71))]
     pub sha256: Option<String>,
 }
 
@@ -98,12 +103,15 @@ pub struct ModuleSource {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ConfigMapKey {
     /// ConfigMap name.
+    #[schemars(length(max = 253))]
     pub name: String,
     /// Key inside `binaryData` or `data`.
+    #[schemars(length(max = 253))]
     pub key: String,
     /// Namespace of the ConfigMap; only for ClusterWasmControllers (a WasmController always
     /// reads from its own namespace).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63))]
     pub namespace: Option<String>,
 }
 
@@ -112,11 +120,15 @@ pub struct ConfigMapKey {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ParentResource {
     /// e.g. `example.com/v1`.
+    #[schemars(length(max = 320))]
     pub api_version: String,
     /// e.g. `HelloWorld`.
+    #[schemars(length(max = 63))]
     pub kind: String,
-    /// Only parents whose labels match, e.g. `tier=web`.
+    /// Only parents whose labels match, e.g. `tier=web` (at most 4096 bytes and 64
+    /// requirements).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096))]
     pub label_selector: Option<String>,
 }
 
@@ -125,8 +137,10 @@ pub struct ParentResource {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ChildResource {
     /// e.g. `v1`.
+    #[schemars(length(max = 320))]
     pub api_version: String,
     /// e.g. `Pod`.
+    #[schemars(length(max = 63))]
     pub kind: String,
     /// What to do when an existing child differs from the desired one.
     #[serde(default)]
@@ -150,10 +164,13 @@ pub enum UpdateStrategy {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Grant {
     /// e.g. `v1`.
+    #[schemars(length(max = 320))]
     pub api_version: String,
     /// e.g. `Pod`.
+    #[schemars(length(max = 63))]
     pub kind: String,
     /// Any of `get`, `list`, `apply`, `delete`.
+    #[schemars(length(max = 4))]
     pub verbs: Vec<Verb>,
 }
 
@@ -171,19 +188,37 @@ pub enum Verb {
     Delete,
 }
 
-/// Per-call limits. Unset fields take the runtime's defaults (64Mi, 1000 ms, 1).
+/// Per-call limits. Unset fields take the runtime's defaults (64Mi, 1000 ms, 1, 1000
+/// actions, 1Mi response, 64Ki of log lines); the operator's `kubewasm run --max-*` flags
+/// cap each, and a value above its cap is clamped (the `Ready` condition says so).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ControllerLimits {
     /// Memory per reconcile, as a Kubernetes quantity (`64Mi`, `128M`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
     pub memory: Option<String>,
     /// Time per reconcile in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 3_600_000))]
     pub timeout_millis: Option<u32>,
     /// Reconciles of this controller that may run at once (different objects).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1024))]
     pub concurrency: Option<u32>,
+    /// Most actions in one response.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000))]
+    pub actions: Option<u32>,
+    /// Largest response document per reconcile, as a quantity (`1Mi`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    pub response_bytes: Option<String>,
+    /// Bytes of host `log` lines kept per reconcile, as a quantity (`64Ki`); the rest is
+    /// counted and dropped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    pub log_bytes: Option<String>,
 }
 
 /// What the runtime observed about a controller.
@@ -223,6 +258,20 @@ impl ControllerLimits {
                 return Err("spec.limits.timeoutMillis: must be at least 1".into());
             }
             limits.timeout = Duration::from_millis(ms.into());
+        }
+        if let Some(actions) = self.actions {
+            if actions == 0 {
+                return Err("spec.limits.actions: must be at least 1".into());
+            }
+            limits.actions = actions as usize;
+        }
+        if let Some(bytes) = &self.response_bytes {
+            limits.response_bytes =
+                parse_bytes(bytes).map_err(|e| format!("spec.limits.responseBytes: {e}"))?;
+        }
+        if let Some(bytes) = &self.log_bytes {
+            limits.log_bytes =
+                parse_bytes(bytes).map_err(|e| format!("spec.limits.logBytes: {e}"))?;
         }
         Ok(limits)
     }

@@ -42,6 +42,16 @@ pub struct Args {
     /// The most reconciles of one controller at once a spec may ask (clamped above).
     #[arg(long, default_value_t = 8)]
     max_concurrency: usize,
+    /// The most actions in one response a spec may allow (clamped above).
+    #[arg(long, default_value_t = 10_000)]
+    max_actions: usize,
+    /// The largest response document a spec may allow, a quantity (clamped above).
+    #[arg(long, default_value = "4Mi")]
+    max_response_bytes: String,
+    /// The most bytes of host `log` lines per reconcile a spec may allow, a quantity
+    /// (clamped above).
+    #[arg(long, default_value = "1Mi")]
+    max_log_bytes: String,
     /// The shortest delay before a reconcile that a guest asked for (`requeue-after`), in
     /// milliseconds: a guest asking for less (or 0) waits this long.
     #[arg(long, default_value_t = 1000)]
@@ -90,6 +100,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .map_err(|e| anyhow::anyhow!("--max-memory {}: {e}", args.max_memory))?,
             timeout: Duration::from_millis(args.max_timeout_millis.max(1)),
             concurrency: args.max_concurrency.max(1),
+            actions: args.max_actions.max(1),
+            response_bytes: kubewasm::api::parse_bytes(&args.max_response_bytes).map_err(|e| {
+                anyhow::anyhow!("--max-response-bytes {}: {e}", args.max_response_bytes)
+            })?,
+            log_bytes: kubewasm::api::parse_bytes(&args.max_log_bytes)
+                .map_err(|e| anyhow::anyhow!("--max-log-bytes {}: {e}", args.max_log_bytes))?,
         };
         config.writes_per_second = args.max_writes_per_second;
         config.write_burst = args.write_burst;
