@@ -843,10 +843,7 @@ mod tests {
             MAX_SELECTOR_TERMS
         );
         let err = Selector::parse(&format!("{at_limit},b")).unwrap_err();
-        assert!(
-            err.message().contains("more than 64 requirements"),
-            "{err}"
-        );
+        assert!(err.message().contains("more than 64 requirements"), "{err}");
     }
 
     #[test]

@@ -14,6 +14,8 @@ mod support;
 mod apiserver;
 #[path = "live/cluster.rs"]
 mod cluster;
+#[path = "live/fencing.rs"]
+mod fencing;
 #[path = "live/identity.rs"]
 mod identity;
 #[path = "live/isolation.rs"]

@@ -91,6 +91,7 @@ pub struct ModuleSource {
     /// A file inside the runtime's filesystem, e.g. a ConfigMap mounted as a volume; only for
     /// ClusterWasmControllers, and only under the operator's `kubewasm run --module-dir`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096))]
     pub path: Option<String>,
     /// If set, the module is only loaded when its sha256 (hex, after gunzip) matches.
     #[serde(default, skip_serializing_if = "Option::is_none")]

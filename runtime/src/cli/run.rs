@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use kubewasm::controller::{Fence, LeaderElector};
+use kubewasm::controller::LeaderElector;
 use kubewasm::manager::{Manager, ManagerConfig};
 
 /// Arguments of `kubewasm run`.
@@ -133,20 +133,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
         let lease = format!("{}/{}", args.leader_election_namespace, args.leader_election_id);
         tracing::info!(identity, lease, "waiting to become the leader");
-        tokio::select! {
+        let fence = tokio::select! {
             acquired = elector.acquire() => acquired.with_context(|| format!("cannot take the leader Lease {lease}"))?,
             _ = shutdown_signal() => return Ok(()),
-        }
+        };
         tracing::info!(identity, lease, "became the leader");
         // Renewal runs in a task of its own, so that nothing the manager does can delay it;
-        // losing the Lease closes the fence, which aborts every controller at once.
-        let fence = Fence::default();
+        // losing the Lease closes the fence, which aborts every controller at once, and a
+        // renewal that no longer covers the present shuts it even before that.
         let holder = tokio::spawn({
             let (elector, fence) = (elector.clone(), fence.clone());
-            async move {
-                elector.hold().await;
-                fence.close();
-            }
+            async move { elector.hold(&fence).await }
         });
         manager.with_fence(fence.clone()).run(shutdown_signal()).await?;
         holder.abort();

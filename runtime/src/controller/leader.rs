@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -12,32 +13,68 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::PostParams;
 use kube::{Api, Client};
 
-/// Whether this process may act: open unless leadership was lost. Every reconcile checks it
-/// before it starts, and every API write of a guest's action just before it is sent.
+/// Whether this process may act: open until leadership is lost, or, for a leader, until the
+/// time its last renewal covers. Every reconcile checks it before it starts, and every API
+/// write of a guest's action just before it is sent.
+///
+/// The time matters as much as the closing: a process that was paused (a stopped container,
+/// a VM migration, a stalled node) wakes with its tasks all ready at once; whichever runs
+/// first, a runner sees that the renewal no longer covers the present and does not act,
+/// even before the renewal task has noticed and closed the fence.
 #[derive(Clone, Debug)]
-pub struct Fence(Arc<watch::Sender<bool>>);
+pub struct Fence(Arc<watch::Sender<Validity>>);
+
+#[derive(Debug, Clone, Copy)]
+struct Validity {
+    closed: bool,
+    /// `None`: open for as long as it is not closed (no leader election).
+    until: Option<Instant>,
+}
 
 impl Default for Fence {
     fn default() -> Self {
-        Fence(Arc::new(watch::Sender::new(true)))
+        Fence(Arc::new(watch::Sender::new(Validity {
+            closed: false,
+            until: None,
+        })))
     }
 }
 
 impl Fence {
-    /// Whether acting is allowed.
+    /// A fence open until `until`, unless extended.
+    pub fn until(until: Instant) -> Self {
+        Fence(Arc::new(watch::Sender::new(Validity {
+            closed: false,
+            until: Some(until),
+        })))
+    }
+
+    /// Whether acting is allowed now.
     pub fn is_open(&self) -> bool {
-        *self.0.borrow()
+        let validity = *self.0.borrow();
+        !validity.closed && validity.until.is_none_or(|until| Instant::now() < until)
+    }
+
+    /// Allows acting until `until` (a renewal succeeded); no effect once closed.
+    pub fn extend(&self, until: Instant) {
+        self.0.send_if_modified(|v| {
+            if v.closed {
+                return false;
+            }
+            v.until = Some(until);
+            true
+        });
     }
 
     /// Forbids acting from now on, for good.
     pub fn close(&self) {
-        self.0.send_replace(false);
+        self.0.send_modify(|v| v.closed = true);
     }
 
     /// Waits until the fence is closed.
     pub async fn closed(&self) {
         let mut rx = self.0.subscribe();
-        let _ = rx.wait_for(|open| !open).await;
+        let _ = rx.wait_for(|v| v.closed).await;
     }
 }
 
@@ -78,41 +115,54 @@ impl LeaderElector {
         &self.identity
     }
 
-    /// Waits until this process holds the Lease.
-    pub async fn acquire(&self) -> Result<(), kube::Error> {
+    /// The renew deadline: two thirds of the lease duration. A leader acts only within this
+    /// time of the start of its last successful renewal, a third of a lease before another
+    /// replica may take over.
+    pub fn renew_deadline(&self) -> Duration {
+        self.duration * 2 / 3
+    }
+
+    /// Waits until this process holds the Lease; the fence returned is open for the renew
+    /// deadline, and [`hold`](Self::hold) keeps it open while renewals succeed.
+    pub async fn acquire(&self) -> Result<Fence, kube::Error> {
         loop {
+            let started = Instant::now();
             if self.try_acquire_or_renew().await? {
-                return Ok(());
+                return Ok(Fence::until(started + self.renew_deadline()));
             }
             tokio::time::sleep(self.retry).await;
         }
     }
 
-    /// Keeps renewing; returns once leadership is lost: another holder, or no successful
-    /// renewal for two thirds of the lease duration (the renew deadline: this replica stops
-    /// acting a third of a lease before another may take over). Run it in a task of its own,
-    /// so that nothing else the process does can delay a renewal, and close a [`Fence`] when
-    /// it returns.
-    pub async fn hold(&self) {
-        let deadline = self.duration * 2 / 3;
-        let mut last_renewal = tokio::time::Instant::now();
+    /// Keeps renewing and extends `fence` after each renewal, to the renew deadline counted
+    /// from when the renewal was sent; closes it and returns once leadership is lost: another
+    /// holder, or no successful renewal within the renew deadline. Run it in a task of its
+    /// own, so that nothing else the process does can delay a renewal.
+    pub async fn hold(&self, fence: &Fence) {
+        let deadline = self.renew_deadline();
+        let mut last_renewal = Instant::now();
         loop {
             tokio::time::sleep(self.retry).await;
+            let started = Instant::now();
             let renewal = tokio::time::timeout(
                 deadline.saturating_sub(last_renewal.elapsed()),
                 self.try_acquire_or_renew(),
             )
             .await;
             match renewal {
-                Ok(Ok(true)) => last_renewal = tokio::time::Instant::now(),
-                Ok(Ok(false)) => return,
+                Ok(Ok(true)) => {
+                    last_renewal = started;
+                    fence.extend(started + deadline);
+                }
+                Ok(Ok(false)) => break,
                 Ok(Err(e)) => tracing::warn!("could not renew the leader Lease: {e}"),
                 Err(_) => tracing::warn!("renewing the leader Lease did not finish in time"),
             }
             if last_renewal.elapsed() >= deadline {
-                return;
+                break;
             }
         }
+        fence.close();
     }
 
     /// Gives the Lease up so that a standby replica takes over at once.
@@ -215,5 +265,21 @@ mod tests {
             .unwrap();
         assert!(!fence.is_open());
         fence.closed().await; // already closed: returns at once
+        fence.extend(Instant::now() + Duration::from_secs(60));
+        assert!(!fence.is_open(), "a closed fence cannot be reopened");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_leaders_fence_is_shut_once_its_renewal_no_longer_covers_the_present() {
+        let fence = Fence::until(Instant::now() + Duration::from_secs(2));
+        assert!(fence.is_open());
+        tokio::time::advance(Duration::from_millis(1500)).await;
+        fence.extend(Instant::now() + Duration::from_secs(2));
+        tokio::time::advance(Duration::from_millis(1500)).await;
+        assert!(fence.is_open(), "extended by the renewal");
+        // Nobody renews (the process was paused, the renewal task has not run yet): no one
+        // has closed the fence, and still it does not let anyone act.
+        tokio::time::advance(Duration::from_millis(600)).await;
+        assert!(!fence.is_open());
     }
 }

@@ -136,6 +136,26 @@ impl RuntimeProcess {
             .id()
     }
 
+    /// Waits until the process exits by itself and returns how it ended.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
+        let started = Instant::now();
+        let child = self.child.as_mut().expect("kubewasm run was stopped");
+        let pid = child.id();
+        loop {
+            if let Some(status) = child.try_wait()? {
+                self.child = None;
+                self.note(&format!(
+                    "=== test: kubewasm run (pid {pid}) exited: {status}"
+                ));
+                return Ok(status);
+            }
+            if started.elapsed() > timeout {
+                bail!("kubewasm run (pid {pid}) did not exit within {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Fails when the process has exited (it must run until the test stops it).
     pub fn ensure_running(&mut self) -> Result<()> {
         let child = self.child.as_mut().expect("kubewasm run was stopped");
