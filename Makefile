@@ -12,7 +12,7 @@ export KUBEWASM_GUEST_DIR := $(CURDIR)/$(GUEST_DIR)
 
 include deploy/local/cluster.mk
 
-.PHONY: all test demo demo-offline up down toolchain guests build lint fmt unit-test integration-test bench crds guest-sizes
+.PHONY: all test demo demo-offline up down toolchain guests build lint fmt unit-test integration-test bench bench-storm crds guest-sizes
 
 all: build guests
 
@@ -45,6 +45,11 @@ test: lint guests k8s-binaries
 
 bench: guests
 	$(CARGO) bench -p kubewasm --bench reconcile
+
+## team-b's reconcile latency (p50/p99) without and during team-a's storm, on a local control plane.
+bench-storm: guests k8s-binaries
+	KUBEWASM_STORM_BASELINE=1 $(CARGO) test -p kubewasm --test live storm -- --nocapture 2>&1 \
+		| grep -E '^(team-b reconcile latency|runtime peak RSS|test result)'
 
 crds:
 	$(CARGO) run -q --bin kubewasm -- crds > deploy/crds/kubewasm.dev.yaml

@@ -24,7 +24,7 @@ enum Command {
     /// Compile and validate a guest module and print its digest.
     Check(cli::check::Args),
     /// Host the cluster's WasmControllers (kubeconfig or in-cluster config) until SIGTERM.
-    Run(cli::run::Args),
+    Run(Box<cli::run::Args>),
     /// Print the CustomResourceDefinitions of the kubewasm.dev API.
     Crds,
 }
@@ -35,7 +35,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Reconcile(args) => cli::reconcile::run(args),
         Command::Check(args) => cli::check::run(args),
-        Command::Run(args) => cli::run::run(args),
+        Command::Run(args) => cli::run::run(*args),
         Command::Crds => {
             print!("{}", kubewasm::api::crds_yaml());
             Ok(())

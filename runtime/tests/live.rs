@@ -26,6 +26,8 @@ mod reload;
 mod restarter;
 #[path = "live/runtime.rs"]
 mod runtime;
+#[path = "live/storm.rs"]
+mod storm;
 
 use std::time::Duration;
 

@@ -18,7 +18,7 @@
 //! | `huge-error` | returns a permanent error whose message is [`HUGE_BYTES`] long |
 //! | `huge-log` | logs a [`HUGE_BYTES`] line [`HUGE_LOG_LINES`] times through the host, then behaves like `ok` |
 //! | `many-actions` | returns [`MANY_ACTIONS`] `requeue-after` actions |
-//! | `requeue-zero` | behaves like `ok` and asks to be reconciled again at once, every time |
+//! | `requeue-zero` | sets status `{"requeued": true}` and asks to be reconciled again at once, every time |
 //!
 //! Modes that step around the SDK and call the host imports directly (wasm only), as a
 //! guest written against the bare WIT contract could:
@@ -104,7 +104,9 @@ pub fn reconcile(req: &Request, cluster: &dyn Cluster) -> Result<Response, Error
         "many-actions" => Ok((0..MANY_ACTIONS).fold(Response::new(), |r, _| {
             r.requeue_after(std::time::Duration::from_secs(1))
         })),
-        "requeue-zero" => Ok(well_behaved(req).requeue_after(std::time::Duration::ZERO)),
+        "requeue-zero" => Ok(Response::new()
+            .set_status(json!({ "requeued": true }))
+            .requeue_after(std::time::Duration::ZERO)),
         other => Err(Error::permanent(format!("unknown hostile mode {other:?}"))),
     }
 }

@@ -13,12 +13,18 @@ pub fn parse_bytes(q: &str) -> Result<usize, String> {
         "k" => 1_000,
         "M" => 1_000_000,
         "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        "P" => 1_000_000_000_000_000,
+        "E" => 1_000_000_000_000_000_000,
         "Ki" => 1 << 10,
         "Mi" => 1 << 20,
         "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "Pi" => 1 << 50,
+        "Ei" => 1 << 60,
         other => {
             return Err(format!(
-                "`{q}`: unknown unit `{other}`; use Ki, Mi, Gi, k, M or G"
+                "`{q}`: unknown unit `{other}`; use Ki, Mi, Gi, Ti, Pi, Ei, k, M, G, T, P or E"
             ));
         }
     };
@@ -36,6 +42,8 @@ mod tests {
         assert_eq!(parse_bytes("64Mi"), Ok(64 << 20));
         assert_eq!(parse_bytes("1G"), Ok(1_000_000_000));
         assert_eq!(parse_bytes("512"), Ok(512));
+        assert_eq!(parse_bytes("1Ti"), Ok(1 << 40));
+        assert!(parse_bytes("99999Ei").unwrap_err().contains("too large"));
         assert!(
             parse_bytes("64MB")
                 .unwrap_err()

@@ -107,6 +107,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             log_bytes: kubewasm::api::parse_bytes(&args.max_log_bytes)
                 .map_err(|e| anyhow::anyhow!("--max-log-bytes {}: {e}", args.max_log_bytes))?,
         };
+        // A pool slot holds the most memory any spec may get: no more, so that the operator's
+        // maximum is also what the pooling allocator reserves.
+        config.sandbox.max_memory_bytes = config.caps.memory_bytes;
         config.writes_per_second = args.max_writes_per_second;
         config.write_burst = args.write_burst;
         let manager = Manager::new(kube_config.clone(), config)?;

@@ -23,7 +23,7 @@ use crate::runtime::{RuntimeProcess, finish};
 use crate::support::{ControlPlane, eventually};
 use crate::{StopOnDrop, merge};
 
-const GROUP: &str = "isolation.kubewasm.dev";
+pub(crate) const GROUP: &str = "isolation.kubewasm.dev";
 
 /// Most the runtime may grow to while team-a attacks (it starts at about 50 MiB).
 const MAX_RUNTIME_RSS_BYTES: u64 = 512 << 20;
@@ -88,18 +88,18 @@ async fn a_tenant_reads_and_touches_only_what_its_rbac_allows() {
     finish(result, &mut [&mut runtime]);
 }
 
-fn probes(client: &Client, namespace: &str) -> Api<DynamicObject> {
+pub(crate) fn probes(client: &Client, namespace: &str) -> Api<DynamicObject> {
     let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(GROUP, "v1", "Probe"));
     Api::namespaced_with(client.clone(), namespace, &resource)
 }
 
-fn probe(namespace: &str, name: &str, role: &str, spec: Value) -> Value {
+pub(crate) fn probe(namespace: &str, name: &str, role: &str, spec: Value) -> Value {
     json!({"apiVersion": format!("{GROUP}/v1"), "kind": "Probe",
         "metadata": {"name": name, "namespace": namespace, "labels": {"role": role}},
         "spec": spec})
 }
 
-fn controller(namespace: &str, name: &str, spec: Value) -> Value {
+pub(crate) fn controller(namespace: &str, name: &str, spec: Value) -> Value {
     let mut full = json!({
         "module": {"configMap": {"name": "intruder", "key": "intruder.wasm"}},
         "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Probe", "labelSelector": format!("role={name}")},
@@ -113,7 +113,7 @@ fn controller(namespace: &str, name: &str, spec: Value) -> Value {
 }
 
 /// The Probe CRD, and the labelled ClusterRole that lets the runtime watch Probes.
-async fn install_probe_crd(client: &Client) -> Result<()> {
+pub(crate) async fn install_probe_crd(client: &Client) -> Result<()> {
     let crd = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
         "metadata": {"name": format!("probes.{GROUP}")},
         "spec": {"group": GROUP, "scope": "Namespaced",
@@ -133,7 +133,12 @@ async fn install_probe_crd(client: &Client) -> Result<()> {
 
 /// A tenant: ServiceAccount `prober` whose Role allows its Probes (and their status) and
 /// Events only; a Secret and a ConfigMap it may not read; the guest in a ConfigMap.
-async fn install_tenant(client: &Client, ns: &str, secret: &str, config: &str) -> Result<()> {
+pub(crate) async fn install_tenant(
+    client: &Client,
+    ns: &str,
+    secret: &str,
+    config: &str,
+) -> Result<()> {
     let rbac = |kind: &str, body: Value| {
         let mut o = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind,
             "metadata": {"name": "prober", "namespace": ns}});
@@ -584,7 +589,7 @@ async fn read_granted_later_makes_the_controller_ready(
     .await
 }
 
-async fn wait_echo(client: &Client, ns: &str, name: &str, echo: &str) -> Result<()> {
+pub(crate) async fn wait_echo(client: &Client, ns: &str, name: &str, echo: &str) -> Result<()> {
     let api = probes(client, ns);
     eventually(
         &format!("Probe {ns}/{name} reconciled with echo {echo}"),
@@ -603,7 +608,7 @@ async fn wait_echo(client: &Client, ns: &str, name: &str, echo: &str) -> Result<
 }
 
 /// VmRSS of a process.
-fn resident_bytes(pid: u32) -> Result<u64> {
+pub(crate) fn resident_bytes(pid: u32) -> Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let kib: u64 = status
         .lines()
