@@ -322,7 +322,9 @@ mod tests {
 
     #[test]
     fn action_count_is_bounded() {
-        let limits = Limits::default().with_actions(3);
+        let limits = Limits::default()
+            .with_actions(3)
+            .with_response_bytes(8 << 20);
         let document =
             |n: usize| json!({"actions": vec![json!({"requeueAfterMillis": 1000}); n]}).to_string();
         assert_eq!(
