@@ -12,6 +12,8 @@ mod support;
 
 #[path = "live/apiserver.rs"]
 mod apiserver;
+#[path = "live/children.rs"]
+mod children;
 #[path = "live/cluster.rs"]
 mod cluster;
 #[path = "live/fencing.rs"]

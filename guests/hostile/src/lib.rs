@@ -18,6 +18,7 @@
 //! | `huge-error` | returns a permanent error whose message is [`HUGE_BYTES`] long |
 //! | `huge-log` | logs a [`HUGE_BYTES`] line [`HUGE_LOG_LINES`] times through the host, then behaves like `ok` |
 //! | `many-actions` | returns [`MANY_ACTIONS`] `requeue-after` actions |
+//! | `compose` | applies a child Pod named after the target from `spec.pod` (`labels` and `spec`), and records the Event `Composed` every time |
 //! | `requeue-zero` | sets status `{"requeued": true}` and asks to be reconciled again at once, every time |
 //!
 //! Modes that step around the SDK and call the host imports directly (wasm only), as a
@@ -37,7 +38,7 @@
 use std::hint::black_box;
 use std::io::Write as _;
 
-use kubewasm_guest_sdk::{Cluster, Error, LogLevel, Request, Response, object};
+use kubewasm_guest_sdk::{Cluster, Error, EventType, LogLevel, Request, Response, object};
 use serde_json::json;
 
 /// The line `flood` writes, so tests can recognise it in captured output.
@@ -104,6 +105,7 @@ pub fn reconcile(req: &Request, cluster: &dyn Cluster) -> Result<Response, Error
         "many-actions" => Ok((0..MANY_ACTIONS).fold(Response::new(), |r, _| {
             r.requeue_after(std::time::Duration::from_secs(1))
         })),
+        "compose" => Ok(compose(req)),
         "requeue-zero" => Ok(Response::new()
             .set_status(json!({ "requeued": true }))
             .requeue_after(std::time::Duration::ZERO)),
@@ -122,6 +124,28 @@ fn well_behaved(req: &Request) -> Response {
     Response::new()
         .apply(config_map)
         .set_status(json!({ "ok": true }))
+}
+
+fn compose(req: &Request) -> Response {
+    let name = &req.target.name;
+    let pod = req
+        .parent
+        .as_ref()
+        .and_then(|p| p.pointer("/spec/pod"))
+        .cloned()
+        .unwrap_or_default();
+    Response::new()
+        .apply(json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "labels": pod.get("labels").cloned().unwrap_or_default()},
+            "spec": pod.get("spec").cloned().unwrap_or_default(),
+        }))
+        .event(
+            EventType::Normal,
+            "Composed",
+            format!("composed Pod {name}"),
+        )
 }
 
 fn spin() -> ! {

@@ -18,7 +18,7 @@ use crate::sandbox::{
     GuestPre, Limits, MAX_GUEST_MESSAGE_BYTES, ObjectRef, Request, Sandbox, bounded, requeue_delay,
 };
 
-use super::actions::{ChildKind, Executor};
+use super::actions::{ChildKind, EventRecorder, Executor};
 use super::cache::{CacheSource, to_json};
 use super::grants::Permissions;
 use super::kinds::DeclaredKinds;
@@ -85,6 +85,7 @@ pub struct Runner {
     backoff: Backoff<ObjectKey>,
     stats: Stats,
     synced: std::sync::atomic::AtomicBool,
+    events: EventRecorder,
 }
 
 impl Runner {
@@ -97,6 +98,7 @@ impl Runner {
             backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(300)),
             stats: Stats::default(),
             synced: std::sync::atomic::AtomicBool::new(false),
+            events: EventRecorder::default(),
         })
     }
 
@@ -347,6 +349,7 @@ impl Runner {
             target: &target,
             child_kinds: &child_kinds,
             children: &children,
+            events: &self.events,
         };
         let done = executor
             .execute(&outcome.response.actions)

@@ -1,0 +1,193 @@
+//! Owned children: drift detection, the three update strategies, and garbage collection of
+//! children a response no longer asks for.
+//!
+//! **Drift** is a change of what the guest asks for, not a difference from what the API
+//! server stores: every child is applied with an annotation holding the sha256 of the desired
+//! object (with its namespace and owner reference), and an observed child whose annotation
+//! matches is up to date. Comparing with the stored object instead would see drift in every
+//! field the server fills in or normalises (admission-added tolerations, `cpu: 0.5` stored as
+//! `500m`, defaulted fields), and recreate a `Recreate` child on every reconcile. This is
+//! Metacontroller's rule too (it keeps the last applied configuration in an annotation), and
+//! costs no API call; a server-side-apply dry run would cost one per child per reconcile.
+//! What it does not see is a child edited by someone else: that is put right when the
+//! desired object next changes (`InPlace` re-applies then, `Recreate` replaces it).
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use sha2::{Digest as _, Sha256};
+
+use crate::api::{UpdateStrategy, Verb};
+use crate::sandbox::ObjectRef;
+
+use super::{ActionError, ChildKind, DesiredChildren, Executor, Outcome, str_at};
+
+/// The annotation on every child holding the sha256 of the object its controller last asked
+/// for.
+pub const DESIRED_ANNOTATION: &str = "kubewasm.dev/desired-sha256";
+
+/// [`DESIRED_ANNOTATION`] as a JSON pointer into an object.
+const DESIRED_POINTER: &str = "/metadata/annotations/kubewasm.dev~1desired-sha256";
+
+impl Executor<'_> {
+    /// Applies an owned child unless it is up to date; a changed one is updated as its kind's
+    /// strategy says.
+    pub(super) async fn apply_child(
+        &self,
+        child: &ChildKind,
+        r: &ObjectRef,
+        mut object: Value,
+        desired: &mut DesiredChildren,
+        outcome: &mut Outcome,
+    ) -> Result<(), ActionError> {
+        let Some(parent) = self.parent else {
+            return Ok(());
+        };
+        desired.insert((r.api_version.clone(), r.kind.clone(), r.name.clone()));
+        add_owner(&mut object, parent, self.target);
+        let digest = mark_desired(&mut object)?;
+        let observed = self.children.iter().find(|c| {
+            str_at(c, "/kind") == Some(r.kind.as_str())
+                && str_at(c, "/metadata/name") == Some(r.name.as_str())
+        });
+        if let Some(observed) = observed {
+            if observed.pointer("/metadata/deletionTimestamp").is_some() {
+                outcome.requeue_after = Some(Duration::from_secs(2));
+                return Ok(());
+            }
+            if str_at(observed, DESIRED_POINTER) == Some(digest.as_str()) {
+                return Ok(());
+            }
+            match child.strategy {
+                UpdateStrategy::OnDelete => return Ok(()),
+                UpdateStrategy::Recreate => {
+                    let namespace = r.namespace.as_deref();
+                    let gone = self
+                        .delete_object(&child.kind, namespace, observed, outcome)
+                        .await?;
+                    if !gone {
+                        outcome.requeue_after = Some(Duration::from_secs(2));
+                        return Ok(());
+                    }
+                }
+                UpdateStrategy::InPlace => {}
+            }
+        }
+        self.server_side_apply(&child.kind, r, &object, outcome)
+            .await
+    }
+
+    /// Deletes every observed child that the actions did not apply.
+    pub(super) async fn delete_undesired_children(
+        &self,
+        desired: &DesiredChildren,
+        outcome: &mut Outcome,
+    ) -> Result<(), ActionError> {
+        for observed in self.children {
+            let (Some(api_version), Some(kind), Some(name)) = (
+                str_at(observed, "/apiVersion"),
+                str_at(observed, "/kind"),
+                str_at(observed, "/metadata/name"),
+            ) else {
+                continue;
+            };
+            if desired.contains(&(api_version.to_owned(), kind.to_owned(), name.to_owned()))
+                || observed.pointer("/metadata/deletionTimestamp").is_some()
+            {
+                continue;
+            }
+            let Some(child) = self.child_kind(api_version, kind) else {
+                continue;
+            };
+            let namespace = str_at(observed, "/metadata/namespace");
+            self.permissions
+                .check(Verb::Delete, api_version, kind, namespace)?;
+            self.delete_object(&child.kind, namespace, observed, outcome)
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+/// Adds [`DESIRED_ANNOTATION`] with the sha256 of `object` as it is now, and returns it.
+/// Refuses (rather than panics on) an object whose `metadata.annotations` is not a map.
+fn mark_desired(object: &mut Value) -> Result<String, ActionError> {
+    let digest = format!("{:x}", Sha256::digest(object.to_string().as_bytes()));
+    let meta = &mut object["metadata"];
+    match meta.get_mut("annotations") {
+        None | Some(Value::Null) => meta["annotations"] = json!({ DESIRED_ANNOTATION: digest }),
+        Some(Value::Object(annotations)) => {
+            annotations.insert(DESIRED_ANNOTATION.to_owned(), json!(digest));
+        }
+        Some(other) => {
+            return Err(ActionError::Invalid(format!(
+                "metadata.annotations must be a map of strings, got `{}`",
+                crate::sandbox::bounded(&other.to_string(), 60)
+            )));
+        }
+    }
+    Ok(digest)
+}
+
+fn add_owner(object: &mut Value, parent: &Value, target: &ObjectRef) {
+    let owner = json!({
+        "apiVersion": target.api_version,
+        "kind": target.kind,
+        "name": target.name,
+        "uid": str_at(parent, "/metadata/uid").unwrap_or_default(),
+        "controller": true,
+        "blockOwnerDeletion": true,
+    });
+    let meta = &mut object["metadata"];
+    match meta
+        .get_mut("ownerReferences")
+        .and_then(Value::as_array_mut)
+    {
+        Some(refs) => {
+            refs.retain(|r| r.get("controller") != Some(&json!(true)));
+            refs.push(owner);
+        }
+        None => meta["ownerReferences"] = json!([owner]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_reference_is_the_controller_one() {
+        let mut child = json!({"metadata": {"name": "c"}});
+        let parent = json!({"metadata": {"uid": "u-1"}});
+        let target = ObjectRef::new("example.com/v1", "HelloWorld", None, "p");
+        add_owner(&mut child, &parent, &target);
+        assert_eq!(child["metadata"]["ownerReferences"][0]["uid"], "u-1");
+        assert_eq!(child["metadata"]["ownerReferences"][0]["controller"], true);
+    }
+
+    #[test]
+    fn the_desired_digest_follows_the_desired_object_only() {
+        let pod = |cpu: &str| {
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "labels": {"a": "b"}},
+                "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]}})
+        };
+        let (mut first, mut again, mut changed) = (pod("0.5"), pod("0.5"), pod("1"));
+        let digest = mark_desired(&mut first).unwrap();
+        assert_eq!(mark_desired(&mut again).unwrap(), digest);
+        assert_ne!(mark_desired(&mut changed).unwrap(), digest);
+        assert_eq!(str_at(&first, DESIRED_POINTER), Some(digest.as_str()));
+        assert_eq!(first["metadata"]["labels"]["a"], "b");
+        // What the server stores (normalised quantity, added fields) has the same mark.
+        let mut stored = first.clone();
+        stored["spec"]["containers"][0]["resources"]["requests"]["cpu"] = json!("500m");
+        stored["spec"]["tolerations"] = json!([{"key": "node.kubernetes.io/not-ready"}]);
+        assert_eq!(str_at(&stored, DESIRED_POINTER), Some(digest.as_str()));
+    }
+
+    #[test]
+    fn annotations_that_are_not_a_map_are_refused() {
+        let mut odd = json!({"metadata": {"name": "p", "annotations": "x"}});
+        let err = mark_desired(&mut odd).unwrap_err().to_string();
+        assert!(err.contains("metadata.annotations must be a map"), "{err}");
+    }
+}

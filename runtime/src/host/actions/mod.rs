@@ -1,0 +1,318 @@
+//! Carrying out a guest's actions against the API server, as the controller's ServiceAccount.
+//!
+//! Every action is checked against the declaration first ([`Permissions`]); Kubernetes RBAC
+//! for the impersonated ServiceAccount is the final judge. One file per concept:
+//! - this one: the [`Executor`], the order of actions, what every write shares (declared
+//!   kind, namespace, write budget and fence, uid-guarded delete);
+//! - [`children`]: owned children, their drift detection and update strategies, and
+//!   garbage collection of children no longer desired;
+//! - [`parent`]: the parent applying itself and its status;
+//! - [`objects`]: granted objects of other kinds (apply, delete, delete by selector);
+//! - [`events`]: Events on the parent, repeated ones counted on one object.
+
+mod children;
+mod events;
+mod objects;
+mod parent;
+
+pub use children::DESIRED_ANNOTATION;
+pub use events::EventRecorder;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use kube::Client;
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kubewasm_guest_sdk::query;
+use serde_json::{Value, json};
+
+use crate::api::{UpdateStrategy, Verb};
+use crate::controller::{Fence, Kind, TokenBucket};
+use crate::sandbox::{Action, ObjectRef};
+
+use super::grants::{Denied, Permissions};
+use super::kinds::DeclaredKinds;
+
+/// An action that could not be carried out.
+#[derive(Debug, thiserror::Error)]
+pub enum ActionError {
+    /// The declaration does not allow it.
+    #[error(transparent)]
+    Denied(#[from] Denied),
+    /// The API server refused or failed.
+    #[error("{what} failed: {}", api_message(.source))]
+    Api {
+        /// The action, in words.
+        what: String,
+        /// The API error (RBAC refusals show up here as 403).
+        #[source]
+        source: kube::Error,
+    },
+    /// The guest asked for something malformed.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// The API server's own words for an error (`403 Forbidden: pods "x" is forbidden: ...`),
+/// without the debug dump kube's `Display` adds.
+pub fn api_message(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(s) => format!("{} {}: {}", s.code, s.reason, s.message),
+        other => other.to_string(),
+    }
+}
+
+/// A child kind the controller owns.
+#[derive(Debug, Clone)]
+pub struct ChildKind {
+    /// How to reach it.
+    pub kind: Kind,
+    /// What to do when an existing child differs.
+    pub strategy: UpdateStrategy,
+}
+
+/// Everything needed to carry out one reconcile's actions.
+pub struct Executor<'a> {
+    /// Client acting as the controller's ServiceAccount.
+    pub client: Client,
+    /// The kinds the controller declared, resolved when it started.
+    pub kinds: &'a DeclaredKinds,
+    /// The controller's API write budget: every write (and a delete-by-selector's list) takes
+    /// a token, waiting when there is none.
+    pub budget: &'a TokenBucket,
+    /// Closed once this process may no longer act: no write is sent after that.
+    pub fence: &'a Fence,
+    /// What the controller may do.
+    pub permissions: &'a Permissions,
+    /// Field manager for server-side apply (one per controller).
+    pub field_manager: String,
+    /// The parent's kind.
+    pub parent_kind: &'a Kind,
+    /// The parent as observed, `None` when gone.
+    pub parent: Option<&'a Value>,
+    /// The parent's reference.
+    pub target: &'a ObjectRef,
+    /// Declared child kinds.
+    pub child_kinds: &'a [ChildKind],
+    /// Children observed for this parent.
+    pub children: &'a [Value],
+    /// The controller's Events, counted per object and reason.
+    pub events: &'a EventRecorder,
+}
+
+/// Owned children a response applied, as `(apiVersion, kind, name)`: every other observed
+/// child is deleted after the actions.
+type DesiredChildren = HashSet<(String, String, String)>;
+
+/// What carrying out the actions did, for logs and requeueing.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// One line per change made.
+    pub changes: Vec<String>,
+    /// Ask to look again soon (e.g. a child is still being deleted).
+    pub requeue_after: Option<Duration>,
+}
+
+fn str_at<'v>(v: &'v Value, ptr: &str) -> Option<&'v str> {
+    v.pointer(ptr).and_then(Value::as_str)
+}
+
+impl Executor<'_> {
+    /// Carries out the actions in order, then deletes owned children no longer desired.
+    pub async fn execute(&self, actions: &[Action]) -> Result<Outcome, ActionError> {
+        let mut outcome = Outcome::default();
+        let mut desired_children = DesiredChildren::new();
+        for action in actions {
+            match action {
+                Action::Apply(object) => {
+                    self.apply(object, &mut desired_children, &mut outcome)
+                        .await?
+                }
+                Action::Delete(r) => self.delete_one(r, &mut outcome).await?,
+                Action::DeleteAllOf {
+                    api_version,
+                    kind,
+                    namespace,
+                    label_selector,
+                } => {
+                    let r = ObjectRef {
+                        api_version: api_version.clone(),
+                        kind: kind.clone(),
+                        namespace: namespace.clone(),
+                        name: String::new(),
+                    };
+                    self.delete_matching(&r, label_selector, &mut outcome)
+                        .await?
+                }
+                Action::SetStatus(status) => self.set_status(status, &mut outcome).await?,
+                Action::Event {
+                    event_type,
+                    reason,
+                    message,
+                } => {
+                    self.record_event(*event_type, reason, message, &mut outcome)
+                        .await?
+                }
+                Action::RequeueAfter(_) => {}
+            }
+        }
+        if self.parent.is_some() {
+            self.delete_undesired_children(&desired_children, &mut outcome)
+                .await?;
+        }
+        Ok(outcome)
+    }
+
+    /// Server-side apply of one object: the parent itself, an owned child (with drift
+    /// detection and its update strategy) or a granted object of another kind.
+    async fn apply(
+        &self,
+        object: &Value,
+        desired_children: &mut DesiredChildren,
+        outcome: &mut Outcome,
+    ) -> Result<(), ActionError> {
+        let r = ObjectRef::of(object).map_err(|e| ActionError::Invalid(e.message))?;
+        query::validate_name(&r.name).map_err(|e| ActionError::Invalid(e.to_string()))?;
+        let (kind, namespace) = self.resolve(Verb::Apply, &r)?;
+        self.permissions
+            .check(Verb::Apply, &r.api_version, &r.kind, namespace.as_deref())?;
+        let mut object = object.clone();
+        if let Some(ns) = &namespace {
+            object["metadata"]["namespace"] = json!(ns);
+        }
+        let target = ObjectRef { namespace, ..r };
+        if self.is_parent(&target) {
+            return self.apply_parent(kind, &target, &object, outcome).await;
+        }
+        if let Some(child) = self.child_kind(&target.api_version, &target.kind) {
+            return self
+                .apply_child(child, &target, object, desired_children, outcome)
+                .await;
+        }
+        self.server_side_apply(kind, &target, &object, outcome)
+            .await
+    }
+
+    /// `PATCH` with server-side apply as this controller's field manager, forced (the guest
+    /// owns the fields it sets).
+    async fn server_side_apply(
+        &self,
+        kind: &Kind,
+        r: &ObjectRef,
+        object: &Value,
+        outcome: &mut Outcome,
+    ) -> Result<(), ActionError> {
+        let api = kind.api(self.client.clone(), r.namespace.as_deref());
+        let params = PatchParams::apply(&self.field_manager).force();
+        self.may_write().await?;
+        api.patch(&r.name, &params, &Patch::Apply(object))
+            .await
+            .map_err(|source| ActionError::Api {
+                what: format!("apply {r}"),
+                source,
+            })?;
+        outcome.changes.push(format!("applied {r}"));
+        Ok(())
+    }
+
+    /// Waits for the write budget, then checks that this process may still act.
+    async fn may_write(&self) -> Result<(), ActionError> {
+        self.budget.take().await;
+        if self.fence.is_open() {
+            Ok(())
+        } else {
+            Err(ActionError::Invalid(
+                "not sent: this runtime lost its leader Lease".into(),
+            ))
+        }
+    }
+
+    /// The declared kind of an action, with the namespace it acts in (checked, not yet
+    /// authorized). An undeclared kind is refused here, before discovery or any API call.
+    fn resolve(&self, verb: Verb, r: &ObjectRef) -> Result<(&Kind, Option<String>), ActionError> {
+        let Some(kind) = self.kinds.get(&r.api_version, &r.kind) else {
+            let namespace = r.namespace.as_deref().or(self.target.namespace.as_deref());
+            self.permissions
+                .check(verb, &r.api_version, &r.kind, namespace)?;
+            return Err(ActionError::Invalid(format!(
+                "{} ({}) was not declared in spec.parent, spec.children or spec.grants",
+                r.kind, r.api_version
+            )));
+        };
+        if !kind.namespaced
+            && let Some(ns) = &r.namespace
+        {
+            return Err(ActionError::Invalid(format!(
+                "{} ({}) is cluster-scoped: leave out the namespace (got `{ns}`)",
+                r.kind, r.api_version
+            )));
+        }
+        let namespace = self.namespace_for(kind, r.namespace.as_deref());
+        if let Some(ns) = &namespace {
+            query::validate_namespace(ns).map_err(|e| ActionError::Invalid(e.to_string()))?;
+        }
+        if !r.name.is_empty() {
+            query::validate_name(&r.name).map_err(|e| ActionError::Invalid(e.to_string()))?;
+        }
+        Ok((kind, namespace))
+    }
+
+    fn namespace_for(&self, kind: &Kind, asked: Option<&str>) -> Option<String> {
+        if !kind.namespaced {
+            return None;
+        }
+        asked
+            .or(self.target.namespace.as_deref())
+            .map(str::to_owned)
+    }
+
+    fn child_kind(&self, api_version: &str, kind: &str) -> Option<&ChildKind> {
+        self.child_kinds
+            .iter()
+            .find(|c| c.kind.resource.api_version == api_version && c.kind.resource.kind == kind)
+    }
+
+    fn is_parent(&self, r: &ObjectRef) -> bool {
+        r.api_version == self.target.api_version
+            && r.kind == self.target.kind
+            && r.name == self.target.name
+            && (r.namespace.is_none() || r.namespace == self.target.namespace)
+    }
+
+    /// Deletes one observed object (uid-guarded). `Ok(true)` when it is gone now.
+    async fn delete_object(
+        &self,
+        kind: &Kind,
+        namespace: Option<&str>,
+        observed: &Value,
+        outcome: &mut Outcome,
+    ) -> Result<bool, ActionError> {
+        let name = str_at(observed, "/metadata/name").unwrap_or_default();
+        let api = kind.api(self.client.clone(), namespace);
+        let params = DeleteParams {
+            preconditions: str_at(observed, "/metadata/uid").map(|uid| Preconditions {
+                uid: Some(uid.to_owned()),
+                resource_version: None,
+            }),
+            ..DeleteParams::background()
+        };
+        let what = format!(
+            "{} {}/{}",
+            kind.resource.kind,
+            namespace.unwrap_or("-"),
+            name
+        );
+        self.may_write().await?;
+        match api.delete(name, &params).await {
+            Ok(either) => {
+                outcome.changes.push(format!("deleted {what}"));
+                Ok(either.is_right())
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(true),
+            Err(source) => Err(ActionError::Api {
+                what: format!("delete {what}"),
+                source,
+            }),
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! The parent: the guest applying the object it reconciles, and setting its status.
+
+use kube::api::{Patch, PatchParams};
+use serde_json::{Value, json};
+
+use crate::controller::Kind;
+use crate::sandbox::ObjectRef;
+
+use super::{ActionError, Executor, Outcome};
+
+impl Executor<'_> {
+    /// The guest applies its own parent (e.g. to fill in a field): skipped when every field it
+    /// sets already has that value, so that a controller that rewrites its parent does not
+    /// trigger itself forever.
+    pub(super) async fn apply_parent(
+        &self,
+        kind: &Kind,
+        r: &ObjectRef,
+        object: &Value,
+        outcome: &mut Outcome,
+    ) -> Result<(), ActionError> {
+        if let Some(parent) = self.parent
+            && is_subset(object, parent)
+        {
+            return Ok(());
+        }
+        self.server_side_apply(kind, r, object, outcome).await
+    }
+
+    pub(super) async fn set_status(
+        &self,
+        status: &Value,
+        outcome: &mut Outcome,
+    ) -> Result<(), ActionError> {
+        let Some(parent) = self.parent else {
+            return Ok(());
+        };
+        if parent.get("status") == Some(status) {
+            return Ok(());
+        }
+        let api = self
+            .parent_kind
+            .api(self.client.clone(), self.target.namespace.as_deref());
+        let body = json!({
+            "apiVersion": self.target.api_version,
+            "kind": self.target.kind,
+            "metadata": {"name": self.target.name},
+            "status": status,
+        });
+        // With a status subresource, status is written there (server-side apply, so fields
+        // the guest stops setting go away); without one it is part of the object itself.
+        self.may_write().await?;
+        let result = if self.parent_kind.has_status {
+            let params = PatchParams::apply(&self.field_manager).force();
+            api.patch_status(&self.target.name, &params, &Patch::Apply(&body))
+                .await
+        } else {
+            let merge = json!({"status": status});
+            api.patch(
+                &self.target.name,
+                &PatchParams::default(),
+                &Patch::Merge(&merge),
+            )
+            .await
+        };
+        result.map_err(|source| ActionError::Api {
+            what: format!("set status of {}", self.target),
+            source,
+        })?;
+        outcome
+            .changes
+            .push(format!("set status of {}", self.target));
+        Ok(())
+    }
+}
+
+/// Whether every field set in `desired` has the same value in `observed`: the API server adds
+/// defaults, so equality would never hold. A desired list must be a prefix-free match of the
+/// observed one element by element, and may be shorter (the server may append, e.g.
+/// admission-added tolerations).
+pub(super) fn is_subset(desired: &Value, observed: &Value) -> bool {
+    match (desired, observed) {
+        (Value::Object(d), Value::Object(o)) => d
+            .iter()
+            .all(|(k, dv)| o.get(k).is_some_and(|ov| is_subset(dv, ov)) || dv.is_null()),
+        (Value::Array(d), Value::Array(o)) => {
+            d.len() <= o.len() && d.iter().zip(o).all(|(a, b)| is_subset(a, b))
+        }
+        (d, o) => d == o,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subset_ignores_server_defaults_but_sees_changed_values() {
+        let desired =
+            json!({"spec": {"containers": [{"name": "hello", "command": ["echo", "Hello, A!"]}]}});
+        let observed = json!({"spec": {"containers": [{"name": "hello", "command": ["echo", "Hello, A!"],
+            "imagePullPolicy": "Always"}], "dnsPolicy": "ClusterFirst"}, "status": {}});
+        assert!(is_subset(&desired, &observed));
+        let changed =
+            json!({"spec": {"containers": [{"name": "hello", "command": ["echo", "Hello, B!"]}]}});
+        assert!(!is_subset(&changed, &observed));
+        let appended = json!({"spec": {"containers": [{"name": "hello", "command": ["echo", "Hello, A!"]},
+            {"name": "sidecar"}]}});
+        assert!(is_subset(&desired, &appended), "a list the server extended");
+        assert!(
+            !is_subset(&appended, &observed),
+            "a list shorter than desired"
+        );
+    }
+}
