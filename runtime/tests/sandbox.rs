@@ -8,6 +8,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
+use kubewasm::api::Reason;
 use kubewasm::sandbox::{
     Action, CallError, CallOutcome, Digest, GuestPre, Limits, LoadError, MAX_GUEST_LOG_LINE_BYTES,
     MAX_GUEST_MESSAGE_BYTES, NoReads, ObjectRef, Reads, Request, Sandbox, SandboxConfig,
@@ -134,7 +135,7 @@ fn endless_loop_times_out() {
         "{err:?}"
     );
     assert!(err.to_string().contains("timed out"), "{err}");
-    assert_eq!(err.reason(), "Timeout");
+    assert_eq!(err.reason(), Reason::Timeout);
     assert_still_serves();
 }
 
@@ -150,7 +151,7 @@ fn unbounded_allocation_hits_the_memory_limit() {
         matches!(err, CallError::MemoryLimitExceeded { limit } if limit == 16 << 20),
         "{err:?}"
     );
-    assert_eq!(err.reason(), "MemoryLimitExceeded");
+    assert_eq!(err.reason(), Reason::MemoryLimitExceeded);
     assert_still_serves();
 }
 
@@ -185,7 +186,7 @@ fn endless_reads_hit_the_host_call_limit() {
         matches!(err, CallError::HostCallLimit { limit: 100 }),
         "{err:?}"
     );
-    assert_eq!(err.reason(), "HostCallLimitExceeded");
+    assert_eq!(err.reason(), Reason::HostCallLimitExceeded);
     assert_still_serves();
 }
 
@@ -288,7 +289,7 @@ fn huge_guest_error_is_cut_to_the_bound() {
         }
         other => panic!("expected a Guest error, got {other:?}"),
     }
-    assert_eq!(err.reason(), "ReconcileFailed");
+    assert_eq!(err.reason(), Reason::ReconcileFailed);
     assert_still_serves();
 }
 

@@ -4,6 +4,7 @@
 //! (`kubewasm crds > deploy/crds/kubewasm.dev.yaml`); a test fails when they drift.
 
 mod quantity;
+mod reason;
 
 use std::time::Duration;
 
@@ -13,6 +14,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use quantity::parse_bytes;
+pub use reason::Reason;
 
 /// A controller whose reconcile function is a WebAssembly component, in one namespace.
 #[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

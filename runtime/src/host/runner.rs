@@ -12,6 +12,7 @@ use serde_json::Value;
 use tokio::sync::{Semaphore, broadcast};
 use tracing::Instrument;
 
+use crate::api::Reason;
 use crate::controller::{Backoff, Change, Fence, ObjectKey, TokenBucket, Watch, WorkQueue};
 use crate::metrics::Metrics;
 use crate::sandbox::{
@@ -36,7 +37,7 @@ pub struct Stats {
     /// Reconcile calls that failed.
     pub failures: AtomicU64,
     /// The last failure, cleared by the next success.
-    pub last_error: Mutex<Option<(String, String)>>,
+    pub last_error: Mutex<Option<(Reason, String)>>,
 }
 
 /// Everything a running controller needs; built by the manager from a WasmController.
@@ -258,7 +259,7 @@ impl Runner {
         drop(in_flight);
         let outcome = match &result {
             Ok(_) => "success",
-            Err((reason, _)) => reason,
+            Err((reason, _)) => reason.as_str(),
         };
         self.setup
             .metrics
@@ -275,13 +276,13 @@ impl Runner {
                 let delay = self.backoff.failed(key.clone());
                 // Guest text in it is bounded already; API server messages around it are not.
                 let message = bounded(&message, MAX_LAST_ERROR_BYTES);
-                tracing::warn!(reason, retry_in = ?delay, "reconcile failed: {message}");
+                tracing::warn!(reason = reason.as_str(), retry_in = ?delay, "reconcile failed: {message}");
                 *self
                     .stats
                     .last_error
                     .lock()
                     .unwrap_or_else(|e| e.into_inner()) =
-                    Some((reason.to_owned(), format!("{key}: {message}")));
+                    Some((reason, format!("{key}: {message}")));
                 self.queue.add_after(key.clone(), delay);
                 return;
             }
@@ -294,10 +295,7 @@ impl Runner {
     }
 
     /// `Ok(Some(d))`: reconcile again after `d`. `Err((reason, message))`: failed.
-    async fn reconcile_inner(
-        &self,
-        key: &ObjectKey,
-    ) -> Result<Option<Duration>, (&'static str, String)> {
+    async fn reconcile_inner(&self, key: &ObjectKey) -> Result<Option<Duration>, (Reason, String)> {
         let s = &self.setup;
         let parent_watch = &s.parent;
         let parent = parent_watch.get(key);
@@ -354,7 +352,7 @@ impl Runner {
         let done = executor
             .execute(&outcome.response.actions)
             .await
-            .map_err(|e| ("ActionFailed", e.to_string()))?;
+            .map_err(|e| (Reason::ActionFailed, e.to_string()))?;
         for change in &done.changes {
             tracing::info!("{change}");
         }

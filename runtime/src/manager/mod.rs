@@ -16,7 +16,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::task::JoinHandle;
 
-use crate::api::{ClusterWasmController, WasmController, WasmControllerSpec};
+use crate::api::{ClusterWasmController, Reason, WasmController, WasmControllerSpec};
 use crate::controller::{Fence, Resolver, SharedWatches, Watch};
 use crate::host::{AccessReviews, Runner};
 use crate::metrics::Metrics;
@@ -322,7 +322,7 @@ impl Manager {
                 if let Some(m) = self.controllers.get_mut(id) {
                     // Said once per new problem: retries of the same one stay quiet.
                     if m.setup_problem.as_ref() != Some(&problem) {
-                        tracing::warn!(controller = %id, reason = problem.reason, "controller cannot start: {}", problem.message);
+                        tracing::warn!(controller = %id, reason = %problem.reason, "controller cannot start: {}", problem.message);
                     }
                     m.setup_problem = Some(problem);
                 }
@@ -351,7 +351,7 @@ impl Manager {
                 .controllers
                 .get(&id)
                 .and_then(|m| m.setup_problem.as_ref())
-                && problem.reason == "KindNotFound"
+                && problem.reason == Reason::KindNotFound
             {
                 let spec = &self.controllers[&id].spec;
                 self.resolver

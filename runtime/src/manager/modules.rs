@@ -1,7 +1,7 @@
 //! Module loading and hot reload: read a controller's module from its ConfigMap or file,
 //! validate it in the sandbox, and swap it in when its digest changes.
 
-use crate::api::WasmControllerSpec;
+use crate::api::{Reason, WasmControllerSpec};
 use crate::controller::ObjectKey;
 use crate::host::module;
 
@@ -18,7 +18,7 @@ impl Manager {
         let loaded = self.read_module(id, &spec).await.and_then(|bytes| {
             self.sandbox
                 .load(&bytes)
-                .map_err(|e| Problem::new("ModuleInvalid", e.to_string()))
+                .map_err(|e| Problem::new(Reason::ModuleInvalid, e.to_string()))
         });
         let Some(m) = self.controllers.get_mut(id) else {
             return;
@@ -37,12 +37,13 @@ impl Manager {
                 }
             }
             Err(problem) => {
-                self.metrics.module_loaded(&id.to_string(), problem.reason);
+                self.metrics
+                    .module_loaded(&id.to_string(), problem.reason.as_str());
                 let keeping = m
                     .guest
                     .as_ref()
                     .map(|g| format!("; still running the last good module {}", g.digest()));
-                tracing::warn!(controller = %id, reason = problem.reason, "module not loaded: {}{}", problem.message, keeping.clone().unwrap_or_default());
+                tracing::warn!(controller = %id, reason = %problem.reason, "module not loaded: {}{}", problem.message, keeping.clone().unwrap_or_default());
                 m.module_problem = Some(problem);
             }
         }
@@ -62,7 +63,7 @@ impl Manager {
         let (raw, from_file) = match (&spec.module.config_map, &spec.module.path) {
             (Some(_), Some(_)) => {
                 return Err(Problem::new(
-                    "InvalidSpec",
+                    Reason::InvalidSpec,
                     "spec.module names both configMap and path; name exactly one",
                 ));
             }
@@ -73,7 +74,7 @@ impl Manager {
                     .or_else(|| cm.namespace.clone())
                     .ok_or_else(|| {
                         Problem::new(
-                            "InvalidSpec",
+                            Reason::InvalidSpec,
                             "a ClusterWasmController must give spec.module.configMap.namespace",
                         )
                     })?;
@@ -84,25 +85,27 @@ impl Manager {
                 let watch = self
                     .config_maps
                     .as_ref()
-                    .ok_or_else(|| Problem::new("ModuleNotFound", "no ConfigMap cache"))?;
+                    .ok_or_else(|| Problem::new(Reason::ModuleNotFound, "no ConfigMap cache"))?;
                 let found = watch.get(&key).ok_or_else(|| {
-                    Problem::new(
-                        "ModuleNotFound",
+                    Problem::new(Reason::ModuleNotFound,
                         format!("ConfigMap {namespace}/{} does not exist; create it with `kubectl -n {namespace} create configmap {} --from-file={}=<guest>.wasm`", cm.name, cm.name, cm.key),
                     )
                 })?;
                 let value = serde_json::to_value(&*found).unwrap_or_default();
                 let raw = module::bytes_from_configmap(&value, &cm.key)
-                    .map_err(|e| Problem::new("ModuleNotFound", e.to_string()))?;
+                    .map_err(|e| Problem::new(Reason::ModuleNotFound, e.to_string()))?;
                 (raw, false)
             }
             (None, Some(_)) if id.namespace.is_some() => {
-                return Err(Problem::new("InvalidSpec", crate::api::NO_MODULE_FILES));
+                return Err(Problem::new(
+                    Reason::InvalidSpec,
+                    crate::api::NO_MODULE_FILES,
+                ));
             }
             (None, Some(path)) => {
                 let Some(dir) = self.config.module_dir.clone() else {
                     return Err(Problem::new(
-                        "ModuleNotFound",
+                        Reason::ModuleNotFound,
                         module::ModuleError::NoModuleDir { path: path.clone() }.to_string(),
                     ));
                 };
@@ -111,13 +114,13 @@ impl Manager {
                 let raw =
                     tokio::task::spawn_blocking(move || module::read_module_file(&dir, &path))
                         .await
-                        .map_err(|e| Problem::new("ModuleNotFound", e.to_string()))?
-                        .map_err(|e| Problem::new("ModuleNotFound", e.to_string()))?;
+                        .map_err(|e| Problem::new(Reason::ModuleNotFound, e.to_string()))?
+                        .map_err(|e| Problem::new(Reason::ModuleNotFound, e.to_string()))?;
                 (raw, true)
             }
             (None, None) => {
                 return Err(Problem::new(
-                    "InvalidSpec",
+                    Reason::InvalidSpec,
                     "spec.module names neither configMap nor path",
                 ));
             }
@@ -126,12 +129,12 @@ impl Manager {
         let pin = spec.module.sha256.clone();
         tokio::task::spawn_blocking(move || module::unpack(raw, pin.as_deref(), !from_file))
             .await
-            .map_err(|e| Problem::new("ModuleInvalid", e.to_string()))?
+            .map_err(|e| Problem::new(Reason::ModuleInvalid, e.to_string()))?
             .map_err(|e| {
                 let reason = if matches!(e, module::ModuleError::DigestMismatch { .. }) {
-                    "DigestMismatch"
+                    Reason::DigestMismatch
                 } else {
-                    "ModuleInvalid"
+                    Reason::ModuleInvalid
                 };
                 Problem::new(reason, e.to_string())
             })

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use kubewasm_guest_sdk::selector::Selector;
 
-use crate::api::{Verb, WasmControllerSpec};
+use crate::api::{Reason, Verb, WasmControllerSpec};
 use crate::controller::{Kind, TokenBucket};
 use crate::host::{
     CacheSource, ChildKind, ControllerSetup, DeclaredKinds, Permissions, ServiceAccount,
@@ -26,13 +26,13 @@ impl Manager {
         let asked = spec
             .limits
             .resolve()
-            .map_err(|m| Problem::new("InvalidSpec", m))?;
+            .map_err(|m| Problem::new(Reason::InvalidSpec, m))?;
         let asked_concurrency = spec.limits.concurrency.unwrap_or(1).max(1) as usize;
         let (limits, concurrency, clamped) = self.config.caps.apply(asked, asked_concurrency);
         let parent_selector = match &spec.parent.label_selector {
             Some(s) => Some(Selector::parse(s).map_err(|e| {
                 Problem::new(
-                    "InvalidSpec",
+                    Reason::InvalidSpec,
                     format!("spec.parent.labelSelector `{s}`: {e}"),
                 )
             })?),
@@ -42,7 +42,7 @@ impl Manager {
         let declared_kinds = 1 + spec.children.len() + spec.grants.len();
         if declared_kinds > MAX_DECLARED_KINDS {
             return Err(Problem::new(
-                "InvalidSpec",
+                Reason::InvalidSpec,
                 format!(
                     "the spec declares {declared_kinds} kinds (parent, children and grants); at most {MAX_DECLARED_KINDS} are allowed: split the controller"
                 ),
@@ -52,7 +52,7 @@ impl Manager {
         for (field, api_version, kind) in readable_declarations(spec) {
             if !self.config.watchable.allows(api_version, kind) {
                 return Err(Problem::new(
-                    "NotWatchable",
+                    Reason::NotWatchable,
                     format!(
                         "{field} names {kind} ({api_version}), which this runtime does not let controllers watch or read (its operator's `kubewasm run --watchable-kinds {}`); remove it from the spec or ask the operator",
                         self.config.watchable
@@ -67,14 +67,13 @@ impl Manager {
             .chain(spec.grants.iter().map(|g| (&g.api_version, &g.kind)));
         for (api_version, kind) in declared {
             let resolved = self.resolver.resolve(api_version, kind).await.map_err(|e| {
-                Problem::new(
-                    "KindNotFound",
+                Problem::new(Reason::KindNotFound,
                     format!("the API server does not serve {kind} ({api_version}): {e}; apply its CustomResourceDefinition"),
                 )
             })?;
             if id.namespace.is_some() && !resolved.namespaced {
                 return Err(Problem::new(
-                    "InvalidSpec",
+                    Reason::InvalidSpec,
                     format!(
                         "{kind} ({api_version}) is cluster-scoped, and a WasmController acts only in its own namespace; remove it from the spec, or ask a cluster admin for a ClusterWasmController"
                     ),
@@ -118,7 +117,7 @@ impl Manager {
         }
         let client = self
             .impersonating(&access.account.namespace, &access.account.name)
-            .map_err(|e| Problem::new("ClientError", e.to_string()))?;
+            .map_err(|e| Problem::new(Reason::ClientError, e.to_string()))?;
         let setup = ControllerSetup {
             id: id.to_string(),
             namespace: id.namespace.clone(),
@@ -154,8 +153,8 @@ impl Manager {
             .await
         {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(missing)) => Err(Problem::new("Forbidden", missing.to_string())),
-            Err(failed) => Err(Problem::new("AccessReviewFailed", failed.to_string())),
+            Ok(Err(missing)) => Err(Problem::new(Reason::Forbidden, missing.to_string())),
+            Err(failed) => Err(Problem::new(Reason::AccessReviewFailed, failed.to_string())),
         }
     }
 
@@ -170,7 +169,7 @@ impl Manager {
             .collect();
         for (id, access) in running {
             if let Err(problem) = self.check_access(&id, &access).await {
-                tracing::warn!(controller = %id, reason = problem.reason, "stopping the controller: {}", problem.message);
+                tracing::warn!(controller = %id, reason = %problem.reason, "stopping the controller: {}", problem.message);
                 self.stop(&id).await;
                 if let Some(m) = self.controllers.get_mut(&id) {
                     m.setup_problem = Some(problem);

@@ -7,22 +7,22 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
-use crate::api::{ClusterWasmController, WasmController, WasmControllerStatus};
+use crate::api::{ClusterWasmController, Reason, WasmController, WasmControllerStatus};
 
 use super::{ControllerId, Managed, Manager};
 
 /// Why something is not working: a CamelCase reason and a sentence.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
-    /// CamelCase reason for conditions.
-    pub reason: &'static str,
+    /// Why, for conditions.
+    pub reason: Reason,
     /// What is wrong and what to do.
     pub message: String,
 }
 
 impl Problem {
     /// A problem.
-    pub fn new(reason: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(reason: Reason, message: impl Into<String>) -> Self {
         Problem {
             reason,
             message: message.into(),
@@ -37,14 +37,14 @@ const MAX_CONDITION_MESSAGE_BYTES: usize = 4096;
 fn condition(
     type_: &str,
     ok: bool,
-    reason: &str,
+    reason: Reason,
     message: String,
     generation: Option<i64>,
 ) -> Condition {
     Condition {
         type_: type_.into(),
         status: if ok { "True" } else { "False" }.into(),
-        reason: reason.into(),
+        reason: reason.to_string(),
         message: crate::sandbox::bounded(&message, MAX_CONDITION_MESSAGE_BYTES).into_owned(),
         observed_generation: generation,
         last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
@@ -59,7 +59,7 @@ fn desired(m: &Managed) -> WasmControllerStatus {
         (None, Some(d)) => condition(
             "ModuleReady",
             true,
-            "ModuleLoaded",
+            Reason::ModuleLoaded,
             format!("module {d} is loaded"),
             g,
         ),
@@ -74,7 +74,7 @@ fn desired(m: &Managed) -> WasmControllerStatus {
         (None, None) => condition(
             "ModuleReady",
             false,
-            "ModuleNotLoaded",
+            Reason::ModuleNotLoaded,
             "module not loaded yet".into(),
             g,
         ),
@@ -83,7 +83,7 @@ fn desired(m: &Managed) -> WasmControllerStatus {
         (Some((runner, _)), _, _) if !runner.synced() => condition(
             "Ready",
             false,
-            "WaitingForCaches",
+            Reason::WaitingForCaches,
             format!(
                 "waiting for the first list of {}; if this lasts, check that the runtime may list and watch them",
                 runner.watched_kinds().join(", ")
@@ -100,11 +100,13 @@ fn desired(m: &Managed) -> WasmControllerStatus {
                 Some(c) => format!("reconciling {} objects; {c}", m.spec.parent.kind),
                 None => format!("reconciling {} objects", m.spec.parent.kind),
             };
-            condition("Ready", true, "Running", message, g)
+            condition("Ready", true, Reason::Running, message, g)
         }
         (None, Some(p), _) => condition("Ready", false, p.reason, p.message.clone(), g),
-        (None, None, Some(p)) => condition("Ready", false, "ModuleNotReady", p.message.clone(), g),
-        (None, None, None) => condition("Ready", false, "Starting", "starting".into(), g),
+        (None, None, Some(p)) => {
+            condition("Ready", false, Reason::ModuleNotReady, p.message.clone(), g)
+        }
+        (None, None, None) => condition("Ready", false, Reason::Starting, "starting".into(), g),
     };
     let (reconciles, failures, last_error) = match &m.runner {
         Some((runner, _)) => {
@@ -123,11 +125,11 @@ fn desired(m: &Managed) -> WasmControllerStatus {
         None => (0, 0, None),
     };
     let degraded = match &last_error {
-        Some((reason, message)) => condition("Degraded", true, reason, message.clone(), g),
+        Some((reason, message)) => condition("Degraded", true, *reason, message.clone(), g),
         None => condition(
             "Degraded",
             false,
-            "ReconcilesSucceeding",
+            Reason::ReconcilesSucceeding,
             "the last reconciles succeeded".into(),
             g,
         ),

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::api::Reason;
+
 /// A module could not be turned into a runnable guest.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -89,17 +91,17 @@ pub enum CallError {
 
 impl CallError {
     /// A short CamelCase reason for conditions and Events.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> Reason {
         match self {
-            CallError::Timeout { .. } => "Timeout",
-            CallError::MemoryLimitExceeded { .. } => "MemoryLimitExceeded",
-            CallError::Panicked { .. } => "Panicked",
-            CallError::StackOverflow => "StackOverflow",
-            CallError::HostCallLimit { .. } => "HostCallLimitExceeded",
-            CallError::InvalidResponse(_) => "InvalidResponse",
-            CallError::Trap(_) => "Trapped",
-            CallError::Guest { .. } => "ReconcileFailed",
-            CallError::Internal(_) => "InternalError",
+            CallError::Timeout { .. } => Reason::Timeout,
+            CallError::MemoryLimitExceeded { .. } => Reason::MemoryLimitExceeded,
+            CallError::Panicked { .. } => Reason::Panicked,
+            CallError::StackOverflow => Reason::StackOverflow,
+            CallError::HostCallLimit { .. } => Reason::HostCallLimitExceeded,
+            CallError::InvalidResponse(_) => Reason::InvalidResponse,
+            CallError::Trap(_) => Reason::Trapped,
+            CallError::Guest { .. } => Reason::ReconcileFailed,
+            CallError::Internal(_) => Reason::InternalError,
         }
     }
 

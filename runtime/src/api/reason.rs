@@ -1,0 +1,104 @@
+//! The one vocabulary of reasons: status conditions, the `Degraded` reason of a failed
+//! reconcile, the `outcome` label of the reconcile metric and the `reason` field of logs.
+
+use std::fmt;
+
+/// Why a condition is what it is, or why a reconcile failed. Shown as its CamelCase name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    // `ModuleReady`
+    /// The module is loaded and running.
+    ModuleLoaded,
+    /// No module has been loaded yet.
+    ModuleNotLoaded,
+    /// The module's ConfigMap, key or file is missing or unreadable.
+    ModuleNotFound,
+    /// The module is not a valid kubewasm component.
+    ModuleInvalid,
+    /// The module's sha256 is not the pinned one.
+    DigestMismatch,
+    // `Ready`
+    /// Reconciling.
+    Running,
+    /// Not started yet.
+    Starting,
+    /// Waiting for the first list of a watched kind.
+    WaitingForCaches,
+    /// A declared kind is not served by the API server.
+    KindNotFound,
+    /// The spec asks for something not allowed.
+    InvalidSpec,
+    /// The operator does not allow watching a declared kind.
+    NotWatchable,
+    /// The ServiceAccount may not read a kind it would be handed.
+    Forbidden,
+    /// The API server could not answer a SubjectAccessReview.
+    AccessReviewFailed,
+    /// No client could be made for the ServiceAccount.
+    ClientError,
+    /// The module is not ready (see `ModuleReady`).
+    ModuleNotReady,
+    // `Degraded`
+    /// The last reconciles succeeded.
+    ReconcilesSucceeding,
+    /// A reconcile ran past its time limit.
+    Timeout,
+    /// A reconcile tried to use more memory than its limit.
+    MemoryLimitExceeded,
+    /// The guest panicked.
+    Panicked,
+    /// The guest overflowed its call stack.
+    StackOverflow,
+    /// The guest made more host calls than allowed.
+    HostCallLimitExceeded,
+    /// The guest's response was malformed or past a limit.
+    InvalidResponse,
+    /// The guest trapped for another reason.
+    Trapped,
+    /// The guest returned an error of its own.
+    ReconcileFailed,
+    /// The runtime failed (a bug, or the host ran out of something).
+    InternalError,
+    /// An action was refused by the declaration or failed at the API server.
+    ActionFailed,
+}
+
+impl Reason {
+    /// The CamelCase name, as conditions show it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Reason::ModuleLoaded => "ModuleLoaded",
+            Reason::ModuleNotLoaded => "ModuleNotLoaded",
+            Reason::ModuleNotFound => "ModuleNotFound",
+            Reason::ModuleInvalid => "ModuleInvalid",
+            Reason::DigestMismatch => "DigestMismatch",
+            Reason::Running => "Running",
+            Reason::Starting => "Starting",
+            Reason::WaitingForCaches => "WaitingForCaches",
+            Reason::KindNotFound => "KindNotFound",
+            Reason::InvalidSpec => "InvalidSpec",
+            Reason::NotWatchable => "NotWatchable",
+            Reason::Forbidden => "Forbidden",
+            Reason::AccessReviewFailed => "AccessReviewFailed",
+            Reason::ClientError => "ClientError",
+            Reason::ModuleNotReady => "ModuleNotReady",
+            Reason::ReconcilesSucceeding => "ReconcilesSucceeding",
+            Reason::Timeout => "Timeout",
+            Reason::MemoryLimitExceeded => "MemoryLimitExceeded",
+            Reason::Panicked => "Panicked",
+            Reason::StackOverflow => "StackOverflow",
+            Reason::HostCallLimitExceeded => "HostCallLimitExceeded",
+            Reason::InvalidResponse => "InvalidResponse",
+            Reason::Trapped => "Trapped",
+            Reason::ReconcileFailed => "ReconcileFailed",
+            Reason::InternalError => "InternalError",
+            Reason::ActionFailed => "ActionFailed",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
