@@ -4,7 +4,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use kubewasm::api::WasmControllerSpec;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::ResourceExt;
+use kubewasm::api::{ClusterWasmController, WasmController, WasmControllerSpec};
 use kubewasm::host::{GrantedReads, ObjectSet, ObjectSource, Permissions, module};
 use kubewasm::sandbox::{Action, Limits, ObjectRef, Request, Sandbox, SandboxConfig};
 use kubewasm_guest_sdk::query::Query;
@@ -99,33 +101,28 @@ fn read_controller(path: &Path) -> anyhow::Result<Declared> {
     let kind = object
         .get("kind")
         .and_then(Value::as_str)
-        .unwrap_or_default();
-    if !matches!(kind, "WasmController" | "ClusterWasmController") {
-        bail!(
-            "`{}` is a `{kind}`, not a WasmController or ClusterWasmController",
+        .unwrap_or_default()
+        .to_owned();
+    let invalid = || format!("`{}` is not a valid {kind}", path.display());
+    let (name, namespace, spec) = match kind.as_str() {
+        "WasmController" => {
+            let wc: WasmController = serde_json::from_value(object).with_context(invalid)?;
+            let namespace = wc.namespace().unwrap_or_else(|| "default".into());
+            (wc.name_any(), Some(namespace), wc.spec)
+        }
+        "ClusterWasmController" => {
+            let cwc: ClusterWasmController =
+                serde_json::from_value(object).with_context(invalid)?;
+            (cwc.name_any(), None, cwc.spec.controller)
+        }
+        other => bail!(
+            "`{}` is a `{other}`, not a WasmController or ClusterWasmController",
             path.display()
-        );
-    }
-    let spec = object.get("spec").cloned().unwrap_or(Value::Null);
-    let spec: WasmControllerSpec = serde_json::from_value(spec)
-        .with_context(|| format!("`{}`: spec is not a valid {kind} spec", path.display()))?;
-    let name = object
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or("unnamed");
-    let namespace = match kind {
-        "WasmController" => Some(
-            object
-                .pointer("/metadata/namespace")
-                .and_then(Value::as_str)
-                .unwrap_or("default")
-                .to_owned(),
         ),
-        _ => None,
     };
     let name = match &namespace {
         Some(ns) => format!("{ns}/{name}"),
-        None => name.to_owned(),
+        None => name,
     };
     let mut spec = spec;
     // A module path in the file is relative to the file, as a person reading it expects.
@@ -166,6 +163,15 @@ fn module_bytes(args: &Args, declared: &Declared, state: &[Value]) -> anyhow::Re
                 o.get("kind").and_then(Value::as_str) == Some("ConfigMap")
                     && o.pointer("/metadata/name").and_then(Value::as_str) == Some(cm.name.as_str())
             });
+            let found: Option<ConfigMap> = found
+                .map(|o| serde_json::from_value(o.clone()))
+                .transpose()
+                .with_context(|| {
+                    format!(
+                        "ConfigMap `{}` in --state is not a valid ConfigMap",
+                        cm.name
+                    )
+                })?;
             let found = found.with_context(|| {
                 format!(
                     "the controller's module is in ConfigMap `{}`; pass that ConfigMap with --state \
@@ -173,7 +179,7 @@ fn module_bytes(args: &Args, declared: &Declared, state: &[Value]) -> anyhow::Re
                     cm.name, cm.name, cm.key
                 )
             })?;
-            module::bytes_from_configmap(found, &cm.key)?
+            module::bytes_from_configmap(&found, &cm.key)?
         }
         (None, None) => bail!("spec.module names neither configMap nor path"),
     };

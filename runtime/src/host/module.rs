@@ -4,7 +4,7 @@
 use std::io::Read;
 use std::path::Path;
 
-use serde_json::Value;
+use k8s_openapi::api::core::v1::ConfigMap;
 
 use crate::sandbox::Digest;
 
@@ -22,17 +22,6 @@ pub enum ModuleError {
         key: String,
         /// Keys that exist.
         keys: String,
-    },
-    /// `binaryData` is not base64.
-    #[error("ConfigMap `{name}` key `{key}`: binaryData is not valid base64: {source}")]
-    Base64 {
-        /// ConfigMap name.
-        name: String,
-        /// Key.
-        key: String,
-        /// Decoder error.
-        #[source]
-        source: base64::DecodeError,
     },
     /// The gzip stream is broken.
     #[error("module looks gzipped but does not decompress: {0}")]
@@ -80,46 +69,29 @@ pub enum ModuleError {
     },
 }
 
-/// The raw bytes stored under `key` in a ConfigMap object (JSON as served by the API).
-pub fn bytes_from_configmap(config_map: &Value, key: &str) -> Result<Vec<u8>, ModuleError> {
-    use base64::Engine as _;
-    let name = config_map
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or("?")
-        .to_owned();
-    if let Some(b64) = config_map
-        .pointer("/binaryData")
-        .and_then(|d| d.get(key))
-        .and_then(Value::as_str)
-    {
-        return base64::engine::general_purpose::STANDARD
-            .decode(b64.trim())
-            .map_err(|source| ModuleError::Base64 {
-                name,
-                key: key.to_owned(),
-                source,
-            });
+/// The raw bytes stored under `key` of a ConfigMap's `binaryData` (already base64-decoded by
+/// k8s-openapi's `ByteString`) or `data`.
+pub fn bytes_from_configmap(config_map: &ConfigMap, key: &str) -> Result<Vec<u8>, ModuleError> {
+    if let Some(bytes) = config_map.binary_data.as_ref().and_then(|d| d.get(key)) {
+        return Ok(bytes.0.clone());
     }
-    if let Some(text) = config_map
-        .pointer("/data")
-        .and_then(|d| d.get(key))
-        .and_then(Value::as_str)
-    {
+    if let Some(text) = config_map.data.as_ref().and_then(|d| d.get(key)) {
         return Ok(text.as_bytes().to_vec());
     }
-    let keys: Vec<&str> = ["/binaryData", "/data"]
-        .iter()
-        .filter_map(|p| config_map.pointer(p).and_then(Value::as_object))
-        .flat_map(|m| m.keys().map(String::as_str))
-        .collect();
+    let binary = config_map.binary_data.iter().flat_map(|m| m.keys());
+    let text = config_map.data.iter().flat_map(|m| m.keys());
+    let keys: Vec<&str> = binary.chain(text).map(String::as_str).collect();
     let keys = if keys.is_empty() {
         "none".to_owned()
     } else {
         keys.join(", ")
     };
     Err(ModuleError::MissingKey {
-        name,
+        name: config_map
+            .metadata
+            .name
+            .clone()
+            .unwrap_or_else(|| "?".into()),
         key: key.to_owned(),
         keys,
     })
@@ -210,7 +182,9 @@ mod tests {
         gz.write_all(b"\0asm-module").unwrap();
         let gz = gz.finish().unwrap();
         use base64::Engine as _;
-        let cm = json!({"metadata": {"name": "m"}, "binaryData": {"g.wasm": base64::engine::general_purpose::STANDARD.encode(&gz)}});
+        let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "m"},
+            "binaryData": {"g.wasm": base64::engine::general_purpose::STANDARD.encode(&gz)}}))
+        .unwrap();
         let raw = bytes_from_configmap(&cm, "g.wasm").unwrap();
         let pin = Digest::of(b"\0asm-module").hex();
         assert_eq!(

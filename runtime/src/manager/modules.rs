@@ -91,8 +91,14 @@ impl Manager {
                         format!("ConfigMap {namespace}/{} does not exist; create it with `kubectl -n {namespace} create configmap {} --from-file={}=<guest>.wasm`", cm.name, cm.name, cm.key),
                     )
                 })?;
-                let value = serde_json::to_value(&*found).unwrap_or_default();
-                let raw = module::bytes_from_configmap(&value, &cm.key)
+                let config_map: k8s_openapi::api::core::v1::ConfigMap =
+                    (*found).clone().try_parse().map_err(|e| {
+                        Problem::new(
+                            Reason::ModuleNotFound,
+                            format!("ConfigMap {namespace}/{}: {e}", cm.name),
+                        )
+                    })?;
+                let raw = module::bytes_from_configmap(&config_map, &cm.key)
                     .map_err(|e| Problem::new(Reason::ModuleNotFound, e.to_string()))?;
                 (raw, false)
             }
