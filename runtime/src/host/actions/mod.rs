@@ -14,6 +14,8 @@ mod children;
 mod events;
 mod objects;
 mod parent;
+#[cfg(test)]
+mod tests;
 
 pub use children::DESIRED_ANNOTATION;
 pub use events::EventRecorder;

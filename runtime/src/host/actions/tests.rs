@@ -1,0 +1,326 @@
+//! Actions against a mock API server (tower-test, as kube-rs's own controller examples do):
+//! the update strategies, drift detection and Event counting, without a cluster. What the
+//! executor sends is recorded and asserted request by request.
+
+use std::sync::{Arc, Mutex};
+
+use http::{Request, Response};
+use kube::Client;
+use kube::client::Body;
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::{Value, json};
+
+use crate::api::{UpdateStrategy, WasmControllerSpec};
+use crate::controller::{Fence, Kind, TokenBucket};
+use crate::host::grants::Permissions;
+use crate::host::kinds::DeclaredKinds;
+use crate::sandbox::{Action, EventType, ObjectRef};
+
+use super::{ChildKind, DESIRED_ANNOTATION, EventRecorder, Executor};
+
+/// One request the executor sent: method, path with query, JSON body.
+type Sent = (String, String, Value);
+
+/// A mock API server answering with `answer(method, path)`, recording every request.
+fn api_server(answer: fn(&str, &str) -> (u16, Value)) -> (Client, Arc<Mutex<Vec<Sent>>>) {
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    tokio::spawn({
+        let sent = sent.clone();
+        async move {
+            while let Some((request, respond)) = handle.next_request().await {
+                let method = request.method().to_string();
+                let path = request.uri().to_string();
+                let bytes = request
+                    .into_body()
+                    .collect_bytes()
+                    .await
+                    .unwrap_or_default();
+                let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                let (status, reply) = answer(&method, &path);
+                sent.lock().unwrap().push((method, path, body));
+                let response = Response::builder()
+                    .status(status)
+                    .body(Body::from(serde_json::to_vec(&reply).unwrap()))
+                    .unwrap();
+                respond.send_response(response);
+            }
+        }
+    });
+    (Client::new(service, "ns"), sent)
+}
+
+/// Objects come back as sent; deletes say the object is gone; Event patches find nothing.
+fn cooperative(method: &str, path: &str) -> (u16, Value) {
+    match method {
+        "DELETE" => (
+            200,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200}),
+        ),
+        "PATCH" if path.contains("/events/") => (
+            404,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}),
+        ),
+        "POST" if path.contains("/events") => (
+            201,
+            json!({"apiVersion": "v1", "kind": "Event", "metadata": {"name": "web.1", "namespace": "ns"},
+                "involvedObject": {}}),
+        ),
+        _ => (200, pod("web", "0.5")),
+    }
+}
+
+/// Like [`cooperative`], but Event patches succeed.
+fn events_kept(method: &str, path: &str) -> (u16, Value) {
+    match (method, path.contains("/events/")) {
+        ("PATCH", true) => (
+            200,
+            json!({"apiVersion": "v1", "kind": "Event", "metadata": {"name": "web.1", "namespace": "ns"},
+                "involvedObject": {}}),
+        ),
+        _ => cooperative(method, path),
+    }
+}
+
+fn kind(group: &str, version: &str, kind: &str, plural: &str) -> Kind {
+    Kind {
+        resource: ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(group, version, kind),
+            plural,
+        ),
+        namespaced: true,
+        has_status: true,
+    }
+}
+
+fn pod(name: &str, cpu: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"containers": [{"name": "c", "image": "busybox",
+            "resources": {"requests": {"cpu": cpu}}}]}})
+}
+
+/// Runs `actions` for HelloWorld `ns/web` (uid `u-1`) owning Pods with `strategy`, with
+/// `observed` children, and returns what was sent.
+async fn run(
+    strategy: UpdateStrategy,
+    observed: Vec<Value>,
+    actions: Vec<Action>,
+    answer: fn(&str, &str) -> (u16, Value),
+    events: &EventRecorder,
+) -> Vec<Sent> {
+    let (client, sent) = api_server(answer);
+    let pods = kind("", "v1", "Pod", "pods");
+    let parent_kind = kind("example.com", "v1", "HelloWorld", "helloworlds");
+    let mut kinds = DeclaredKinds::default();
+    kinds.insert(pods.clone());
+    kinds.insert(parent_kind.clone());
+    let spec: WasmControllerSpec = serde_yaml::from_str(
+        "module: {configMap: {name: m, key: k}}\n\
+         parent: {apiVersion: example.com/v1, kind: HelloWorld}\n\
+         children: [{apiVersion: v1, kind: Pod}]",
+    )
+    .unwrap();
+    let permissions = Permissions::from_spec("ns/hello", Some("ns"), &spec);
+    let parent = json!({"apiVersion": "example.com/v1", "kind": "HelloWorld",
+        "metadata": {"name": "web", "namespace": "ns", "uid": "u-1"}});
+    let target = ObjectRef::new("example.com/v1", "HelloWorld", Some("ns"), "web");
+    let (budget, fence) = (TokenBucket::new(1000.0, 1000), Fence::default());
+    let child_kinds = [ChildKind {
+        kind: pods,
+        strategy,
+    }];
+    let executor = Executor {
+        client,
+        kinds: &kinds,
+        budget: &budget,
+        fence: &fence,
+        permissions: &permissions,
+        field_manager: "kubewasm/ns/hello".into(),
+        parent_kind: &parent_kind,
+        parent: Some(&parent),
+        target: &target,
+        child_kinds: &child_kinds,
+        children: &observed,
+        events,
+    };
+    executor
+        .execute(&actions)
+        .await
+        .expect("the actions succeed");
+    drop(executor);
+    // The mock server records a request before answering it, so all are in by now.
+    let sent = sent.lock().unwrap().clone();
+    sent
+}
+
+/// The Pod as the executor applies it, and as the API server would store it: normalised
+/// quantity, an added toleration and default fields.
+async fn applied_and_stored() -> (Value, Value) {
+    let sent = run(
+        UpdateStrategy::Recreate,
+        vec![],
+        vec![Action::Apply(pod("web", "0.5"))],
+        cooperative,
+        &EventRecorder::default(),
+    )
+    .await;
+    assert_eq!(sent.len(), 1, "{sent:#?}");
+    let (method, path, applied) = sent[0].clone();
+    assert_eq!(method, "PATCH");
+    assert!(
+        path.starts_with("/api/v1/namespaces/ns/pods/web?")
+            && path.contains("fieldManager=kubewasm%2Fns%2Fhello")
+            && path.contains("force=true"),
+        "{path}"
+    );
+    assert_eq!(applied["metadata"]["ownerReferences"][0]["uid"], "u-1");
+    let mut stored = applied.clone();
+    stored["metadata"]["uid"] = json!("pod-1");
+    stored["spec"]["containers"][0]["resources"]["requests"]["cpu"] = json!("500m");
+    stored["spec"]["containers"][0]["imagePullPolicy"] = json!("Always");
+    stored["spec"]["tolerations"] = json!([{"key": "node.kubernetes.io/not-ready",
+        "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}]);
+    (applied, stored)
+}
+
+#[tokio::test]
+async fn a_child_the_server_normalised_is_left_alone_under_every_strategy() {
+    let (applied, stored) = applied_and_stored().await;
+    assert!(applied["metadata"]["annotations"][DESIRED_ANNOTATION].is_string());
+    for strategy in [
+        UpdateStrategy::Recreate,
+        UpdateStrategy::InPlace,
+        UpdateStrategy::OnDelete,
+    ] {
+        let sent = run(
+            strategy,
+            vec![stored.clone()],
+            vec![Action::Apply(pod("web", "0.5"))],
+            cooperative,
+            &EventRecorder::default(),
+        )
+        .await;
+        assert!(sent.is_empty(), "{strategy:?}: {sent:#?}");
+    }
+}
+
+#[tokio::test]
+async fn a_changed_child_is_updated_as_its_strategy_says() {
+    let (_, stored) = applied_and_stored().await;
+    let changed = || vec![Action::Apply(pod("web", "1"))];
+    let sent = run(
+        UpdateStrategy::Recreate,
+        vec![stored.clone()],
+        changed(),
+        cooperative,
+        &EventRecorder::default(),
+    )
+    .await;
+    let calls: Vec<(&str, &str)> = sent
+        .iter()
+        .map(|(m, p, _)| (m.as_str(), p.as_str()))
+        .collect();
+    assert_eq!(calls.len(), 2, "{sent:#?}");
+    assert_eq!(calls[0], ("DELETE", "/api/v1/namespaces/ns/pods/web?"));
+    assert_eq!(
+        sent[0].2["preconditions"]["uid"], "pod-1",
+        "the delete is uid-guarded"
+    );
+    assert_eq!(calls[1].0, "PATCH");
+    assert_eq!(
+        sent[1].2["spec"]["containers"][0]["resources"]["requests"]["cpu"],
+        "1"
+    );
+
+    let sent = run(
+        UpdateStrategy::InPlace,
+        vec![stored.clone()],
+        changed(),
+        cooperative,
+        &EventRecorder::default(),
+    )
+    .await;
+    assert_eq!(sent.len(), 1, "{sent:#?}");
+    assert_eq!(sent[0].0, "PATCH");
+
+    let sent = run(
+        UpdateStrategy::OnDelete,
+        vec![stored],
+        changed(),
+        cooperative,
+        &EventRecorder::default(),
+    )
+    .await;
+    assert!(sent.is_empty(), "{sent:#?}");
+}
+
+#[tokio::test]
+async fn a_child_no_longer_asked_for_is_deleted() {
+    let (_, stored) = applied_and_stored().await;
+    let sent = run(
+        UpdateStrategy::InPlace,
+        vec![stored],
+        vec![],
+        cooperative,
+        &EventRecorder::default(),
+    )
+    .await;
+    assert_eq!(sent.len(), 1, "{sent:#?}");
+    assert_eq!(sent[0].0, "DELETE");
+    assert_eq!(sent[0].2["preconditions"]["uid"], "pod-1");
+}
+
+#[tokio::test]
+async fn the_same_event_is_counted_on_one_object() {
+    let events = EventRecorder::default();
+    let event = || {
+        vec![Action::Event {
+            event_type: EventType::Normal,
+            reason: "Composed".into(),
+            message: "composed Pod web".into(),
+        }]
+    };
+    let first = run(
+        UpdateStrategy::InPlace,
+        vec![],
+        event(),
+        events_kept,
+        &events,
+    )
+    .await;
+    assert_eq!(first.len(), 1, "{first:#?}");
+    assert_eq!(
+        (first[0].0.as_str(), first[0].1.as_str()),
+        ("POST", "/api/v1/namespaces/ns/events?")
+    );
+    assert_eq!(first[0].2["count"], 1);
+    assert_eq!(first[0].2["involvedObject"]["uid"], "u-1");
+    for count in 2..=3 {
+        let again = run(
+            UpdateStrategy::InPlace,
+            vec![],
+            event(),
+            events_kept,
+            &events,
+        )
+        .await;
+        assert_eq!(again.len(), 1, "{again:#?}");
+        assert_eq!(
+            (again[0].0.as_str(), again[0].1.as_str()),
+            ("PATCH", "/api/v1/namespaces/ns/events/web.1?")
+        );
+        assert_eq!(again[0].2["count"], count);
+    }
+    // The Event is gone (the API server's TTL): a new one is created.
+    let gone = run(
+        UpdateStrategy::InPlace,
+        vec![],
+        event(),
+        cooperative,
+        &events,
+    )
+    .await;
+    let calls: Vec<&str> = gone.iter().map(|(m, _, _)| m.as_str()).collect();
+    assert_eq!(calls, ["PATCH", "POST"], "{gone:#?}");
+    assert_eq!(gone[1].2["count"], 1);
+}
