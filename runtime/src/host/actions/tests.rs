@@ -149,8 +149,7 @@ async fn run(
         .expect("the actions succeed");
     drop(executor);
     // The mock server records a request before answering it, so all are in by now.
-    let sent = sent.lock().unwrap().clone();
-    sent
+    sent.lock().unwrap().clone()
 }
 
 /// The Pod as the executor applies it, and as the API server would store it: normalised
