@@ -1,5 +1,19 @@
 //! The live runtime: watches WasmControllers and the ConfigMaps holding their modules, starts
 //! and stops controllers, hot-reloads modules, and writes each controller's status.
+//!
+//! **Why not kube-runtime's `Controller` here** (each controller's own reconcile loop is
+//! built from kube-runtime's watcher and reflector, with the client-go work-queue semantics):
+//! the manager's "object" is a controller declared by either of two kinds (namespaced and
+//! cluster-wide) plus its module, which changes through a third kind (ConfigMaps), files under
+//! `--module-dir`, and RBAC (access reviews); and every step of it mutates state shared by all
+//! controllers — the runner table, the shared watches (started and released by reference
+//! count), the sandbox's compiled-module cache and the lease fence. A `Controller<K>` runs
+//! reconciles of different objects concurrently on an `Arc` context, so all of that would sit
+//! behind locks for no gain: starting a controller is rare and cheap next to its reconciles.
+//! One `select!` loop owns the state instead, and takes from kube-runtime what fits: the
+//! watchers of both kinds with their backoff, and per-controller exponential backoff for
+//! controllers that cannot start (the retry interval doubling per failure, capped at the
+//! access-review period so that a controller granted its RBAC later still starts within one period).
 
 mod caps;
 mod modules;
@@ -77,6 +91,9 @@ impl Default for ManagerConfig {
     }
 }
 
+/// How long a stopping controller's running reconciles may take to finish.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Names a WasmController (`namespace: Some`) or a ClusterWasmController (`None`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ControllerId {
@@ -106,6 +123,15 @@ struct Managed {
     /// What its ServiceAccount was found allowed to read when it started.
     access: Option<ReadAccess>,
     written: Option<crate::api::WasmControllerStatus>,
+    /// Failed starts in a row, and when to try again.
+    retry: Retry,
+}
+
+/// Backoff of a controller that cannot start.
+#[derive(Debug, Default, Clone, Copy)]
+struct Retry {
+    failures: u32,
+    at: Option<tokio::time::Instant>,
 }
 
 /// The live runtime.
@@ -241,10 +267,19 @@ impl Manager {
             return Ok(());
         }
         tracing::info!("shutting down: stopping controllers");
-        let ids: Vec<ControllerId> = self.controllers.keys().cloned().collect();
-        for id in &ids {
-            self.stop(id).await;
+        // All at once: every runner stops taking work, then all finish their running
+        // reconciles side by side, within one bound.
+        let stopping: Vec<_> = self
+            .controllers
+            .values_mut()
+            .filter_map(|m| m.runner.take())
+            .collect();
+        for (runner, _) in &stopping {
+            runner.stop();
         }
+        let tasks = stopping.into_iter().map(|(_, task)| task);
+        let _ = tokio::time::timeout(STOP_TIMEOUT, futures::future::join_all(tasks)).await;
+        self.watches.release_unused();
         self.write_statuses().await;
         Ok(())
     }
@@ -267,6 +302,7 @@ impl Manager {
                     setup_problem: None,
                     access: None,
                     written: None,
+                    retry: Retry::default(),
                 };
                 self.controllers.insert(id.clone(), managed);
                 self.start(&id).await;
@@ -294,7 +330,7 @@ impl Manager {
     async fn stop(&mut self, id: &ControllerId) {
         if let Some((runner, task)) = self.controllers.get_mut(id).and_then(|m| m.runner.take()) {
             runner.stop();
-            let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+            let _ = tokio::time::timeout(STOP_TIMEOUT, task).await;
             drop(runner);
             self.watches.release_unused();
         }
@@ -339,11 +375,14 @@ impl Manager {
         Client::try_from(config)
     }
 
+    /// Tries again to start the controllers that could not start and whose backoff is over
+    /// (see [`retry_delay`]).
     async fn retry_failed(&mut self) {
+        let now = tokio::time::Instant::now();
         let ids: Vec<ControllerId> = self
             .controllers
             .iter()
-            .filter(|(_, m)| m.runner.is_none())
+            .filter(|(_, m)| m.runner.is_none() && m.retry.at.is_none_or(|at| at <= now))
             .map(|(id, _)| id.clone())
             .collect();
         for id in ids {
@@ -359,8 +398,33 @@ impl Manager {
                     .await;
             }
             self.start(&id).await;
+            let cap = self
+                .config
+                .retry_interval
+                .max(self.config.access_review_ttl);
+            if let Some(m) = self.controllers.get_mut(&id) {
+                m.retry = match m.runner {
+                    Some(_) => Retry::default(),
+                    None => {
+                        let failures = m.retry.failures.saturating_add(1);
+                        let delay = retry_delay(failures, self.config.retry_interval, cap);
+                        Retry {
+                            failures,
+                            at: Some(tokio::time::Instant::now() + delay),
+                        }
+                    }
+                };
+            }
         }
     }
+}
+
+/// How long to wait after the `failures`-th failed start in a row: `interval` doubling per
+/// failure, at most `cap`.
+fn retry_delay(failures: u32, interval: Duration, cap: Duration) -> Duration {
+    interval
+        .saturating_mul(1 << failures.saturating_sub(1).min(16))
+        .min(cap)
 }
 
 async fn watch_declared<K, F>(api: Api<K>, tx: tokio::sync::mpsc::Sender<Declared>, split: F)
@@ -412,5 +476,20 @@ where
         if tx.send(msg).await.is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_controller_that_cannot_start_is_retried_with_backoff_up_to_the_cap() {
+        let (interval, cap) = (Duration::from_secs(5), Duration::from_secs(30));
+        let delays: Vec<u64> = (1..=6)
+            .map(|n| retry_delay(n, interval, cap).as_secs())
+            .collect();
+        assert_eq!(delays, [5, 10, 20, 30, 30, 30]);
+        assert_eq!(retry_delay(u32::MAX, interval, cap), cap);
     }
 }
