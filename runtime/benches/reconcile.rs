@@ -96,16 +96,14 @@ fn iterations() -> usize {
 }
 
 fn seed_request() -> Request {
-    Request::for_object(
-        "default/hello-world",
-        json!({
-            "apiVersion": "example.com/v1",
-            "kind": "HelloWorld",
-            "metadata": {"name": "your-name", "namespace": "default"},
-            "spec": {"who": "Your Name"},
-        }),
-    )
+    Request::for_object(json!({
+        "apiVersion": "example.com/v1",
+        "kind": "HelloWorld",
+        "metadata": {"name": "your-name", "namespace": "default"},
+        "spec": {"who": "Your Name"},
+    }))
     .expect("a valid request")
+    .with_controller("default/hello-world")
 }
 
 fn report(what: &str, times: &mut [Duration]) {

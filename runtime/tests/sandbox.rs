@@ -34,29 +34,25 @@ fn load(name: &str) -> Arc<GuestPre> {
 }
 
 fn hostile_request(mode: &str) -> Request {
-    Request::for_object(
-        "test/hostile",
-        json!({
-            "apiVersion": "example.com/v1",
-            "kind": "Hostile",
-            "metadata": {"name": format!("h-{mode}"), "namespace": "test"},
-            "spec": {"mode": mode},
-        }),
-    )
+    Request::for_object(json!({
+        "apiVersion": "example.com/v1",
+        "kind": "Hostile",
+        "metadata": {"name": format!("h-{mode}"), "namespace": "test"},
+        "spec": {"mode": mode},
+    }))
     .expect("a valid request")
+    .with_controller("test/hostile")
 }
 
 fn hello_request() -> Request {
-    Request::for_object(
-        "test/hello-world",
-        json!({
-            "apiVersion": "example.com/v1",
-            "kind": "HelloWorld",
-            "metadata": {"name": "your-name", "namespace": "test"},
-            "spec": {"who": "Your Name"},
-        }),
-    )
+    Request::for_object(json!({
+        "apiVersion": "example.com/v1",
+        "kind": "HelloWorld",
+        "metadata": {"name": "your-name", "namespace": "test"},
+        "spec": {"who": "Your Name"},
+    }))
     .expect("a valid request")
+    .with_controller("test/hello-world")
 }
 
 /// Runs one call on its own thread and fails the test if it does not return in time.

@@ -13,7 +13,7 @@ use super::error::{CallError, HostCallLimitHit};
 use super::limits::{Limits, MemoryLimiter};
 use super::output::{BoundedOutput, Captured, LogBudget};
 use super::text::{MAX_GUEST_LOG_LINE_BYTES, MAX_GUEST_MESSAGE_BYTES, bounded};
-use super::types::{ObjectRef, Reads, Request, Response, decode_response};
+use super::types::{ObjectRef, Reads, Request, Response, decode_response, request_to_wit};
 
 /// What a successful call produced, besides the response.
 #[derive(Debug)]
@@ -290,7 +290,9 @@ pub(crate) async fn run(
     let started = Instant::now();
     let result = async {
         let guest = pre.instantiate_async(&mut store).await?;
-        guest.call_reconcile(&mut store, &request.to_wit()).await
+        guest
+            .call_reconcile(&mut store, &request_to_wit(request))
+            .await
     }
     .await;
     let elapsed = started.elapsed();

@@ -1,15 +1,16 @@
 //! The request of one reconcile as the sandbox hands it to the guest, and the check of the
 //! guest's response.
 //!
-//! The domain model (object references, the response and its actions) is the guest SDK's,
-//! defined once; this module converts the request to WIT and checks the response document
-//! where it enters, so that nothing past the sandbox handles malformed or oversized output.
+//! The domain model (the request, object references, the response and its actions) is the
+//! guest SDK's, defined once; this module converts the request to WIT and checks the
+//! response document where it enters, so that nothing past the sandbox handles malformed or
+//! oversized output.
 
 use std::fmt;
 use std::time::Duration;
 
 use kubewasm_guest_sdk::selector::Selector;
-pub use kubewasm_guest_sdk::{Action, EventType, ObjectRef, Response};
+pub use kubewasm_guest_sdk::{Action, EventType, ObjectRef, Request, Response};
 use serde::de::{DeserializeSeed, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
@@ -17,43 +18,19 @@ use super::bindings::wit;
 use super::limits::Limits;
 use super::text::{MAX_EVENT_REASON_BYTES, MAX_GUEST_MESSAGE_BYTES, bounded, prefix};
 
-/// What one reconcile is about.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Request {
-    /// The controller, as `namespace/name`.
-    pub controller: String,
-    /// The parent object this call is about.
-    pub target: ObjectRef,
-    /// The parent as last observed; `None` when it is gone.
-    pub parent: Option<Value>,
-    /// Observed children (composite controllers).
-    pub children: Vec<Value>,
-}
-
-impl Request {
-    /// A request about an object that exists, with no children.
-    pub fn for_object(controller: &str, object: Value) -> Result<Request, String> {
-        Ok(Request {
-            controller: controller.to_owned(),
-            target: ObjectRef::of(&object).map_err(|e| e.message)?,
-            parent: Some(object),
-            children: Vec::new(),
-        })
-    }
-
-    pub(crate) fn to_wit(&self) -> wit::Request {
-        let target = self.target.clone();
-        wit::Request {
-            controller: self.controller.clone(),
-            target: wit::ObjectRef {
-                api_version: target.api_version,
-                kind: target.kind,
-                namespace: target.namespace,
-                name: target.name,
-            },
-            parent: self.parent.as_ref().map(Value::to_string),
-            children: self.children.iter().map(Value::to_string).collect(),
-        }
+/// The request as the WIT export takes it: JSON documents as strings.
+pub(crate) fn request_to_wit(request: &Request) -> wit::Request {
+    let target = request.target.clone();
+    wit::Request {
+        controller: request.controller.clone(),
+        target: wit::ObjectRef {
+            api_version: target.api_version,
+            kind: target.kind,
+            namespace: target.namespace,
+            name: target.name,
+        },
+        parent: request.parent.as_ref().map(Value::to_string),
+        children: request.children.iter().map(Value::to_string).collect(),
     }
 }
 
