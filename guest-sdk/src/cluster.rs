@@ -20,10 +20,12 @@ pub enum LogLevel {
     Error,
 }
 
-/// The cluster as a guest sees it: the runtime's shared cache, limited to the kinds the
-/// controller declared. Reads the host refuses come back as retryable [`Error`]s, so a `?`
-/// makes the host back off and try again.
-pub trait Cluster {
+/// The reads a guest makes: one signature on both sides of the WIT boundary. Implemented in
+/// the guest by the host imports, in native tests by `testing::FakeCluster`, and in the
+/// runtime by the reads it grants a controller (from its shared cache). Every implementation
+/// refuses the same things the same way: an invalid name, namespace or selector, or a kind
+/// the controller may not read, is a permanent [`Error`].
+pub trait Reads {
     /// Read one object; `Ok(None)` when it does not exist. `namespace: None` means the
     /// target's namespace for namespaced kinds.
     fn get(
@@ -43,7 +45,11 @@ pub trait Cluster {
         namespace: Option<&str>,
         label_selector: Option<&str>,
     ) -> Result<Vec<Value>, Error>;
+}
 
+/// The cluster as a guest sees it: the runtime's shared cache, limited to the kinds the
+/// controller declared ([`Reads`]), and the host's log.
+pub trait Cluster: Reads {
     /// Write a log line, tagged by the host with the controller and the target.
     fn log(&self, level: LogLevel, message: &str);
 

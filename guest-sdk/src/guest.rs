@@ -20,7 +20,7 @@ pub use wit_bindgen;
 use bindings::kubewasm::controller::{host, types as wit};
 use serde_json::Value;
 
-use crate::{Cluster, Error, LogLevel, ObjectRef, Request, Response};
+use crate::{Cluster, Error, LogLevel, ObjectRef, Reads, Request, Response};
 
 /// The request type of the WIT export.
 pub type WitRequest = wit::Request;
@@ -46,7 +46,7 @@ pub fn run(request: WitRequest, reconcile: ReconcileFn) {
 /// The cluster as the host's imports offer it.
 struct HostCluster;
 
-impl Cluster for HostCluster {
+impl Reads for HostCluster {
     fn get(
         &self,
         api_version: &str,
@@ -62,7 +62,7 @@ impl Cluster for HostCluster {
         match host::get(api_version, kind, namespace, name) {
             Ok(Some(json)) => Ok(Some(serde_json::from_str(&json)?)),
             Ok(None) => Ok(None),
-            Err(refused) => Err(Error::retryable(refused)),
+            Err(refused) => Err(from_wit_error(refused)),
         }
     }
 
@@ -78,12 +78,14 @@ impl Cluster for HostCluster {
             crate::query::validate_namespace(ns)?;
         }
         host::list(api_version, kind, namespace, label_selector)
-            .map_err(Error::retryable)?
+            .map_err(from_wit_error)?
             .iter()
             .map(|json| serde_json::from_str(json).map_err(Error::from))
             .collect()
     }
+}
 
+impl Cluster for HostCluster {
     fn log(&self, level: LogLevel, message: &str) {
         let level = match level {
             LogLevel::Trace => wit::LogLevel::Trace,
@@ -116,4 +118,11 @@ fn from_wit_request(request: WitRequest) -> Result<Request, Error> {
             .map(|json| serde_json::from_str(json))
             .collect::<Result<_, _>>()?,
     })
+}
+
+fn from_wit_error(error: wit::Error) -> Error {
+    Error {
+        message: error.message,
+        retryable: error.retryable,
+    }
 }

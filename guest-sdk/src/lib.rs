@@ -45,7 +45,7 @@ pub mod testing;
 #[path = "guest.rs"]
 pub mod __private;
 
-pub use cluster::{Cluster, LogLevel};
+pub use cluster::{Cluster, LogLevel, Reads};
 pub use error::Error;
 pub use request::{ObjectRef, Request};
 pub use response::{Action, EventType, Response};

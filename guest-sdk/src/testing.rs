@@ -32,7 +32,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::query::{self, Query};
-use crate::{Cluster, Error, LogLevel, Request, object};
+use crate::{Cluster, Error, LogLevel, Reads, Request, object};
 
 /// Every document of a (multi-document) YAML string, as JSON values. Empty documents are
 /// skipped.
@@ -173,7 +173,7 @@ impl FakeCluster {
     }
 }
 
-impl Cluster for FakeCluster {
+impl Reads for FakeCluster {
     fn get(
         &self,
         api_version: &str,
@@ -205,7 +205,9 @@ impl Cluster for FakeCluster {
         query::sort(&mut found);
         Ok(found)
     }
+}
 
+impl Cluster for FakeCluster {
     fn log(&self, level: LogLevel, message: &str) {
         self.logs.borrow_mut().push((level, message.to_string()));
     }

@@ -12,7 +12,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kubewasm::sandbox::{Limits, NoReads, Reads, Request, Sandbox, SandboxConfig};
+use kubewasm::sandbox::{Limits, NoReads, Request, Sandbox, SandboxConfig, SharedReads};
 use serde_json::json;
 
 const GUESTS: [&str; 3] = ["hello_world", "configmap_restarter", "hostile"];
@@ -42,7 +42,7 @@ fn main() {
 
     let guest = sandbox.load(&modules[0].1).expect("cached");
     let request = seed_request();
-    let reads: Arc<dyn Reads> = Arc::new(NoReads);
+    let reads: SharedReads = Arc::new(NoReads);
     let limits = Limits::default();
     for _ in 0..100 {
         guest

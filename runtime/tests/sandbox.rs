@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use kubewasm::api::Reason;
 use kubewasm::sandbox::{
-    Action, CallError, CallOutcome, Digest, GuestPre, Limits, LoadError, MAX_GUEST_LOG_LINE_BYTES,
-    MAX_GUEST_MESSAGE_BYTES, NoReads, ObjectRef, Reads, Request, Sandbox, SandboxConfig,
+    Action, CallError, CallOutcome, Digest, Error, GuestPre, Limits, LoadError,
+    MAX_GUEST_LOG_LINE_BYTES, MAX_GUEST_MESSAGE_BYTES, NoReads, Reads, Request, Sandbox,
+    SandboxConfig, SharedReads,
 };
 use serde_json::{Value, json};
 
@@ -59,7 +60,7 @@ fn hello_request() -> Request {
 fn call_with(
     guest: &'static LazyLock<Arc<GuestPre>>,
     request: Request,
-    reads: Arc<dyn Reads>,
+    reads: SharedReads,
     limits: Limits,
 ) -> Result<CallOutcome, CallError> {
     let guest = Arc::clone(guest);
@@ -488,7 +489,7 @@ fn huge_log_lines_are_cut_and_the_rest_dropped() {
 struct ThreeConfigMaps;
 
 impl Reads for ThreeConfigMaps {
-    fn get(&self, _: &ObjectRef) -> Result<Option<Value>, String> {
+    fn get(&self, _: &str, _: &str, _: Option<&str>, _: &str) -> Result<Option<Value>, Error> {
         Ok(None)
     }
 
@@ -498,7 +499,7 @@ impl Reads for ThreeConfigMaps {
         kind: &str,
         _: Option<&str>,
         _: Option<&str>,
-    ) -> Result<Vec<Value>, String> {
+    ) -> Result<Vec<Value>, Error> {
         assert_eq!((api_version, kind), ("v1", "ConfigMap"));
         Ok((1..=3)
             .map(|i| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": format!("cm-{i}"), "namespace": "test"}}))

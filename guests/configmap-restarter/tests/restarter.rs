@@ -85,7 +85,7 @@ fn the_selector_picks_the_pods_of_the_configmaps_namespace() {
     };
     let cluster = FakeCluster::from_yaml(include_str!("fixtures/pods.yaml"));
     let selector = Selector::parse(label_selector).unwrap();
-    let doomed: Vec<_> = kubewasm_guest_sdk::Cluster::list(
+    let doomed: Vec<_> = kubewasm_guest_sdk::Reads::list(
         &cluster,
         "v1",
         "Pod",

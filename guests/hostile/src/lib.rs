@@ -222,16 +222,13 @@ mod raw {
 
     const EMPTY: &str = r#"{"actions": []}"#;
 
-    fn refused(result: Result<impl Sized, String>) -> Result<&'static str, types::Error> {
+    fn refused(result: Result<impl Sized, types::Error>) -> Result<&'static str, types::Error> {
         match result {
             Ok(_) => Err(types::Error {
                 message: "the host accepted it".into(),
                 retryable: false,
             }),
-            Err(refusal) => Err(types::Error {
-                message: refusal,
-                retryable: false,
-            }),
+            Err(refusal) => Err(refusal),
         }
     }
 

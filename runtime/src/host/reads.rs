@@ -8,7 +8,7 @@ use kubewasm_guest_sdk::query::{self, Query};
 use serde_json::Value;
 
 use crate::api::Verb;
-use crate::sandbox::{ObjectRef, Reads};
+use crate::sandbox::{Error, Reads};
 
 use super::grants::Permissions;
 
@@ -93,7 +93,8 @@ impl<S: ObjectSource + ?Sized> GrantedReads<S> {
         }
     }
 
-    /// Resolve, then authorize: the query a read means, if the controller may make it.
+    /// Resolve, then authorize: the query a read means, if the controller may make it. A
+    /// refusal is permanent: it holds until the spec or the read changes.
     fn authorize(
         &self,
         verb: Verb,
@@ -101,7 +102,7 @@ impl<S: ObjectSource + ?Sized> GrantedReads<S> {
         kind: &str,
         namespace: Option<&str>,
         label_selector: Option<&str>,
-    ) -> Result<Query, String> {
+    ) -> Result<Query, Error> {
         let default_namespace = self
             .target_namespace
             .as_deref()
@@ -111,10 +112,10 @@ impl<S: ObjectSource + ?Sized> GrantedReads<S> {
             // (or, if declared after all, as not readable), never looked up.
             self.permissions
                 .check(verb, api_version, kind, namespace.or(default_namespace))
-                .map_err(|e| e.to_string())?;
-            return Err(format!(
+                .map_err(|e| Error::permanent(e.to_string()))?;
+            return Err(Error::permanent(format!(
                 "{kind} ({api_version}) is not readable by this controller: declare it with verbs [get, list] in spec.grants"
-            ));
+            )));
         };
         let query = Query::new(
             api_version,
@@ -124,25 +125,25 @@ impl<S: ObjectSource + ?Sized> GrantedReads<S> {
             default_namespace,
             label_selector,
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| Error::permanent(e.to_string()))?;
         self.permissions
             .check(verb, api_version, kind, query.namespace())
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| Error::permanent(e.to_string()))?;
         Ok(query)
     }
 }
 
 impl<S: ObjectSource + ?Sized> Reads for GrantedReads<S> {
-    fn get(&self, object: &ObjectRef) -> Result<Option<Value>, String> {
-        query::validate_name(&object.name).map_err(|e| e.to_string())?;
-        let query = self.authorize(
-            Verb::Get,
-            &object.api_version,
-            &object.kind,
-            object.namespace.as_deref(),
-            None,
-        )?;
-        Ok(self.source.get(&query, &object.name))
+    fn get(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<Value>, Error> {
+        query::validate_name(name)?;
+        let query = self.authorize(Verb::Get, api_version, kind, namespace, None)?;
+        Ok(self.source.get(&query, name))
     }
 
     fn list(
@@ -151,7 +152,7 @@ impl<S: ObjectSource + ?Sized> Reads for GrantedReads<S> {
         kind: &str,
         namespace: Option<&str>,
         label_selector: Option<&str>,
-    ) -> Result<Vec<Value>, String> {
+    ) -> Result<Vec<Value>, Error> {
         let query = self.authorize(Verb::List, api_version, kind, namespace, label_selector)?;
         let mut found = self.source.list(&query);
         query::sort(&mut found);
@@ -183,7 +184,8 @@ mod tests {
         let found = reads.list("v1", "Pod", None, Some("app=frontend")).unwrap();
         assert_eq!(found, vec![pod("a", "web", "frontend")]);
         let err = reads.list("v1", "Pod", None, Some("app in (")).unwrap_err();
-        assert!(err.contains("invalid label selector"), "{err}");
+        assert!(err.message.contains("invalid label selector"), "{err}");
+        assert!(!err.retryable);
     }
 
     #[test]
@@ -194,7 +196,7 @@ mod tests {
         let perms = Arc::new(Permissions::from_spec("web/c", Some("web"), &spec));
         let reads = GrantedReads::new(Arc::new(ObjectSet::default()), perms, Some("web".into()));
         let err = reads.list("v1", "Secret", None, None).unwrap_err();
-        assert!(err.contains("may not list Secret"), "{err}");
+        assert!(err.message.contains("may not list Secret"), "{err}");
         assert_eq!(reads.list("v1", "ConfigMap", None, None), Ok(vec![]));
     }
 
@@ -218,7 +220,6 @@ metadata: {name: cluster-admin}
 
     #[test]
     fn object_set_and_fake_cluster_answer_alike() {
-        use kubewasm_guest_sdk::Cluster;
         use kubewasm_guest_sdk::testing::{FakeCluster, objects_from_yaml};
         let fake = FakeCluster::from_yaml(STATE).with_default_namespace("web");
         let reads = GrantedReads::new(
@@ -237,7 +238,7 @@ metadata: {name: cluster-admin}
         ];
         for (av, kind, ns, sel) in lists {
             let live = reads.list(av, kind, ns, sel);
-            let native = fake.list(av, kind, ns, sel).map_err(|e| e.message);
+            let native = fake.list(av, kind, ns, sel);
             assert_eq!(live, native, "list {kind} in {ns:?} matching {sel:?}");
         }
         let gets: [(&str, &str, Option<&str>, &str); 5] = [
@@ -248,15 +249,9 @@ metadata: {name: cluster-admin}
             (crb, "ClusterRoleBinding", Some("web"), "cluster-admin"),
         ];
         for (av, kind, ns, name) in gets {
-            let r = ObjectRef {
-                api_version: av.into(),
-                kind: kind.into(),
-                namespace: ns.map(str::to_owned),
-                name: name.into(),
-            };
-            let live = reads.get(&r);
-            let native = fake.get(av, kind, ns, name).map_err(|e| e.message);
-            assert_eq!(live, native, "get {r}");
+            let live = reads.get(av, kind, ns, name);
+            let native = fake.get(av, kind, ns, name);
+            assert_eq!(live, native, "get {kind} {ns:?}/{name}");
         }
         let names: Vec<_> = reads
             .list("v1", "Pod", None, None)
@@ -282,20 +277,15 @@ metadata: {name: cluster-admin}
             perms,
             Some("web".into()),
         );
-        let r = ObjectRef {
-            api_version: "rbac.authorization.k8s.io/v1".into(),
-            kind: "ClusterRoleBinding".into(),
-            namespace: None,
-            name: "cluster-admin".into(),
-        };
-        let err = reads.get(&r).unwrap_err();
-        assert!(err.contains("only in its own namespace `web`"), "{err}");
+        let crb = ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding");
+        let err = reads.get(crb.0, crb.1, None, "cluster-admin").unwrap_err();
+        assert!(
+            err.message.contains("only in its own namespace `web`"),
+            "{err}"
+        );
         let err = reads
-            .get(&ObjectRef {
-                namespace: Some("web".into()),
-                ..r
-            })
+            .get(crb.0, crb.1, Some("web"), "cluster-admin")
             .unwrap_err();
-        assert!(err.contains("is cluster-scoped"), "{err}");
+        assert!(err.message.contains("is cluster-scoped"), "{err}");
     }
 }

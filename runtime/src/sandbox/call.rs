@@ -1,6 +1,5 @@
 //! One reconcile: a fresh Store with limits and a deadline, the host imports, trap mapping.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kubewasm_guest_sdk::selector::MAX_SELECTOR_BYTES;
@@ -13,7 +12,7 @@ use super::error::{CallError, HostCallLimitHit};
 use super::limits::{Limits, MemoryLimiter};
 use super::output::{BoundedOutput, Captured, LogBudget};
 use super::text::{MAX_GUEST_LOG_LINE_BYTES, MAX_GUEST_MESSAGE_BYTES, bounded};
-use super::types::{ObjectRef, Reads, Request, Response, decode_response, request_to_wit};
+use super::types::{Request, Response, SharedReads, decode_response, request_to_wit};
 
 /// What a successful call produced, besides the response.
 #[derive(Debug)]
@@ -45,7 +44,7 @@ pub(crate) struct CallState {
     wasi: WasiCtx,
     table: ResourceTable,
     limiter: MemoryLimiter,
-    reads: Arc<dyn Reads>,
+    reads: SharedReads,
     host_calls: u32,
     limits: Limits,
     logs: LogBudget,
@@ -139,36 +138,48 @@ fn log(
 }
 
 type GetParams = (WasmStr, WasmStr, Option<WasmStr>, WasmStr);
-type ReadResult<T> = wasmtime::Result<(Result<T, String>,)>;
+type ReadResult<T> = wasmtime::Result<(Result<T, wit::Error>,)>;
+
+/// A read refused before it reached the reads: an argument past its bound (permanent).
+fn refused<T>(message: String) -> ReadResult<T> {
+    Ok((Err(wit::Error {
+        message,
+        retryable: false,
+    }),))
+}
+
+fn to_wit_error(error: kubewasm_guest_sdk::Error) -> wit::Error {
+    wit::Error {
+        message: error.message,
+        retryable: error.retryable,
+    }
+}
 
 fn get(
     mut store: StoreContextMut<'_, CallState>,
     (api_version, kind, namespace, name): GetParams,
 ) -> ReadResult<Option<String>> {
     store.data_mut().count_host_call()?;
-    let object = {
-        let field = |text, what| argument(&store, text, what, MAX_READ_FIELD_BYTES);
-        let (api_version, kind, name) = match (
-            field(&api_version, "apiVersion")?,
-            field(&kind, "kind")?,
-            field(&name, "name")?,
-        ) {
-            (Ok(a), Ok(k), Ok(n)) => (a.into_owned(), k.into_owned(), n.into_owned()),
-            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return Ok((Err(e),)),
-        };
-        let namespace = match optional(&store, &namespace, "namespace", MAX_READ_FIELD_BYTES)? {
-            Ok(ns) => ns.map(std::borrow::Cow::into_owned),
-            Err(e) => return Ok((Err(e),)),
-        };
-        ObjectRef {
-            api_version,
-            kind,
-            namespace,
-            name,
-        }
+    let field = |text, what| argument(&store, text, what, MAX_READ_FIELD_BYTES);
+    let (api_version, kind, name) = match (
+        field(&api_version, "apiVersion")?,
+        field(&kind, "kind")?,
+        field(&name, "name")?,
+    ) {
+        (Ok(a), Ok(k), Ok(n)) => (a, k, n),
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return refused(e),
     };
-    let found = store.data().reads.get(&object);
-    Ok((found.map(|o| o.map(|v| v.to_string())),))
+    let namespace = match optional(&store, &namespace, "namespace", MAX_READ_FIELD_BYTES)? {
+        Ok(ns) => ns,
+        Err(e) => return refused(e),
+    };
+    let found = store
+        .data()
+        .reads
+        .get(&api_version, &kind, namespace.as_deref(), &name);
+    Ok((found
+        .map(|o| o.map(|v| v.to_string()))
+        .map_err(to_wit_error),))
 }
 
 type ListParams = (WasmStr, WasmStr, Option<WasmStr>, Option<WasmStr>);
@@ -183,14 +194,14 @@ fn list(
         argument(&store, &kind, "kind", MAX_READ_FIELD_BYTES)?,
     ) {
         (Ok(a), Ok(k)) => (a, k),
-        (Err(e), _) | (_, Err(e)) => return Ok((Err(e),)),
+        (Err(e), _) | (_, Err(e)) => return refused(e),
     };
     let (namespace, selector) = match (
         optional(&store, &namespace, "namespace", MAX_READ_FIELD_BYTES)?,
         optional(&store, &selector, "label selector", MAX_SELECTOR_BYTES)?,
     ) {
         (Ok(n), Ok(s)) => (n, s),
-        (Err(e), _) | (_, Err(e)) => return Ok((Err(e),)),
+        (Err(e), _) | (_, Err(e)) => return refused(e),
     };
     let found = store.data().reads.list(
         &api_version,
@@ -198,7 +209,9 @@ fn list(
         namespace.as_deref(),
         selector.as_deref(),
     );
-    Ok((found.map(|objects| objects.iter().map(|v| v.to_string()).collect()),))
+    Ok((found
+        .map(|objects| objects.iter().map(|v| v.to_string()).collect())
+        .map_err(to_wit_error),))
 }
 
 /// The guest's answer. The response's length is checked against
@@ -248,7 +261,7 @@ pub(crate) async fn run(
     pre: &ControllerPre<CallState>,
     tick: Duration,
     request: &Request,
-    reads: Arc<dyn Reads>,
+    reads: SharedReads,
     limits: &Limits,
 ) -> Result<CallOutcome, CallError> {
     let stdout = BoundedOutput::new(limits.output_bytes);

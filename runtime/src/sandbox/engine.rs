@@ -13,7 +13,7 @@ use super::call::{self, CallOutcome, CallState};
 use super::error::{CallError, LoadError};
 use super::limits::Limits;
 use super::slots::FairSlots;
-use super::types::{Reads, Request};
+use super::types::{Request, SharedReads};
 
 /// Engine-wide settings. Per-call limits live in [`Limits`].
 #[derive(Debug, Clone)]
@@ -95,7 +95,7 @@ impl GuestPre {
     pub fn call(
         &self,
         request: &Request,
-        reads: Arc<dyn Reads>,
+        reads: SharedReads,
         limits: &Limits,
     ) -> Result<CallOutcome, CallError> {
         thread_local! {
@@ -113,7 +113,7 @@ impl GuestPre {
     pub async fn call_async(
         &self,
         request: &Request,
-        reads: Arc<dyn Reads>,
+        reads: SharedReads,
         limits: &Limits,
     ) -> Result<CallOutcome, CallError> {
         let call = call::run(
@@ -197,7 +197,7 @@ impl Sandbox {
         &self,
         guest: Arc<GuestPre>,
         request: Request,
-        reads: Arc<dyn Reads>,
+        reads: SharedReads,
         limits: Limits,
     ) -> Result<CallOutcome, CallError> {
         // Fair between tenants: a namespace's controllers (`ns/name`), or one cluster controller.

@@ -21,5 +21,6 @@ pub use text::{
     MAX_EVENT_REASON_BYTES, MAX_GUEST_LOG_LINE_BYTES, MAX_GUEST_MESSAGE_BYTES, bounded,
 };
 pub use types::{
-    Action, EventType, NoReads, ObjectRef, Reads, Request, Response, decode_response, requeue_delay,
+    Action, Error, EventType, NoReads, ObjectRef, Reads, Request, Response, SharedReads,
+    decode_response, requeue_delay,
 };

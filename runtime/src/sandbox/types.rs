@@ -10,7 +10,7 @@ use std::fmt;
 use std::time::Duration;
 
 use kubewasm_guest_sdk::selector::Selector;
-pub use kubewasm_guest_sdk::{Action, EventType, ObjectRef, Request, Response};
+pub use kubewasm_guest_sdk::{Action, Error, EventType, ObjectRef, Reads, Request, Response};
 use serde::de::{DeserializeSeed, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
@@ -202,28 +202,16 @@ fn check_delete_selector(selector: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Reads a guest may make during a call. Implementations check grants and answer from a
-/// cache or fixed state; an `Err` is handed to the guest as the reason its read was refused.
-pub trait Reads: Send + Sync {
-    /// One object, `Ok(None)` when it does not exist.
-    fn get(&self, object: &ObjectRef) -> Result<Option<Value>, String>;
-    /// Objects of a kind in a namespace (`None`: cluster-wide or the target's, as the
-    /// implementation decides), filtered by an optional label selector.
-    fn list(
-        &self,
-        api_version: &str,
-        kind: &str,
-        namespace: Option<&str>,
-        label_selector: Option<&str>,
-    ) -> Result<Vec<Value>, String>;
-}
+/// The reads a guest may make during a call, shared with the call's host functions: the
+/// SDK's [`Reads`] (one signature on both sides of the WIT boundary), thread-safe.
+pub type SharedReads = std::sync::Arc<dyn Reads + Send + Sync>;
 
 /// A cluster with nothing in it: every get finds nothing, every list is empty.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct NoReads;
 
 impl Reads for NoReads {
-    fn get(&self, _: &ObjectRef) -> Result<Option<Value>, String> {
+    fn get(&self, _: &str, _: &str, _: Option<&str>, _: &str) -> Result<Option<Value>, Error> {
         Ok(None)
     }
 
@@ -233,7 +221,7 @@ impl Reads for NoReads {
         _: &str,
         _: Option<&str>,
         _: Option<&str>,
-    ) -> Result<Vec<Value>, String> {
+    ) -> Result<Vec<Value>, Error> {
         Ok(Vec::new())
     }
 }
