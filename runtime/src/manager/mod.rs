@@ -267,19 +267,8 @@ impl Manager {
             return Ok(());
         }
         tracing::info!("shutting down: stopping controllers");
-        // All at once: every runner stops taking work, then all finish their running
-        // reconciles side by side, within one bound.
-        let stopping: Vec<_> = self
-            .controllers
-            .values_mut()
-            .filter_map(|m| m.runner.take())
-            .collect();
-        for (runner, _) in &stopping {
-            runner.stop();
-        }
-        let tasks = stopping.into_iter().map(|(_, task)| task);
-        let _ = tokio::time::timeout(STOP_TIMEOUT, futures::future::join_all(tasks)).await;
-        self.watches.release_unused();
+        let ids: Vec<ControllerId> = self.controllers.keys().cloned().collect();
+        self.stop_all(&ids).await;
         self.write_statuses().await;
         Ok(())
     }
@@ -319,8 +308,8 @@ impl Manager {
                     .filter(|id| id.namespace.is_none() == cluster && !seen.contains(id))
                     .cloned()
                     .collect();
+                self.stop_all(&gone).await;
                 for id in gone {
-                    self.stop(&id).await;
                     self.controllers.remove(&id);
                 }
             }
@@ -328,12 +317,26 @@ impl Manager {
     }
 
     async fn stop(&mut self, id: &ControllerId) {
-        if let Some((runner, task)) = self.controllers.get_mut(id).and_then(|m| m.runner.take()) {
-            runner.stop();
-            let _ = tokio::time::timeout(STOP_TIMEOUT, task).await;
-            drop(runner);
-            self.watches.release_unused();
+        self.stop_all(std::slice::from_ref(id)).await;
+    }
+
+    /// Stops these controllers at once: each stops taking work, then all finish their
+    /// running reconciles side by side, within one [`STOP_TIMEOUT`]; then the watches no
+    /// controller needs any more are stopped.
+    async fn stop_all(&mut self, ids: &[ControllerId]) {
+        let stopping: Vec<_> = ids
+            .iter()
+            .filter_map(|id| self.controllers.get_mut(id).and_then(|m| m.runner.take()))
+            .collect();
+        if stopping.is_empty() {
+            return;
         }
+        for (runner, _) in &stopping {
+            runner.stop();
+        }
+        let tasks = stopping.into_iter().map(|(_, task)| task);
+        let _ = tokio::time::timeout(STOP_TIMEOUT, futures::future::join_all(tasks)).await;
+        self.watches.release_unused();
     }
 
     /// Loads the module and starts the controller; problems end up in its status.
