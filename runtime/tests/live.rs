@@ -18,6 +18,8 @@ mod children;
 mod cluster;
 #[path = "live/fencing.rs"]
 mod fencing;
+#[path = "live/guitars.rs"]
+mod guitars;
 #[path = "live/identity.rs"]
 mod identity;
 #[path = "live/isolation.rs"]
@@ -580,6 +582,7 @@ async fn cluster_wasm_controller_acts_in_every_namespace() {
     );
     let result = async {
         cluster_scoped(&control_plane.0, &client, &modules).await?;
+        guitars::guitar_reviews(&control_plane.0, &client, &modules, &runtime).await?;
         file_module(&client, &modules, module_dir.path()).await
     }
     .await;
