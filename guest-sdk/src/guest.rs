@@ -117,6 +117,10 @@ fn from_wit_request(request: WitRequest) -> Result<Request, Error> {
             .iter()
             .map(|json| serde_json::from_str(json))
             .collect::<Result<_, _>>()?,
+        previous: request
+            .previous
+            .map(|json| serde_json::from_str(&json))
+            .transpose()?,
     })
 }
 

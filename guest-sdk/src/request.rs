@@ -100,6 +100,11 @@ pub struct Request {
     pub parent: Option<Value>,
     /// For composite controllers: the observed children owned by the parent.
     pub children: Vec<Value>,
+    /// The object as this controller's last successful reconcile of it saw it; `None` the
+    /// first time since the runtime (or the controller) started. With `parent`, it tells
+    /// what changed: `None` → `Some` was added (or was there when the runtime started),
+    /// `Some` → `None` was deleted.
+    pub previous: Option<Value>,
 }
 
 impl Request {
@@ -111,6 +116,7 @@ impl Request {
             target: ObjectRef::of(&parent)?,
             parent: Some(parent),
             children: Vec::new(),
+            previous: None,
         })
     }
 
@@ -121,6 +127,7 @@ impl Request {
             target,
             parent: None,
             children: Vec::new(),
+            previous: None,
         }
     }
 
@@ -128,6 +135,13 @@ impl Request {
     #[must_use]
     pub fn with_children(mut self, children: Vec<Value>) -> Self {
         self.children = children;
+        self
+    }
+
+    /// The same request with the object as last reconciled (see [`Request::previous`]).
+    #[must_use]
+    pub fn with_previous(mut self, previous: Value) -> Self {
+        self.previous = Some(previous);
         self
     }
 

@@ -24,6 +24,8 @@ mod guitars;
 mod identity;
 #[path = "live/isolation.rs"]
 mod isolation;
+#[path = "live/pods.rs"]
+mod pods;
 #[path = "live/reload.rs"]
 mod reload;
 #[path = "live/restarter.rs"]
@@ -583,6 +585,7 @@ async fn cluster_wasm_controller_acts_in_every_namespace() {
     let result = async {
         cluster_scoped(&control_plane.0, &client, &modules).await?;
         guitars::guitar_reviews(&control_plane.0, &client, &modules, &runtime).await?;
+        pods::pod_watcher(&control_plane.0, &client, &modules, &runtime).await?;
         file_module(&client, &modules, module_dir.path()).await
     }
     .await;

@@ -76,6 +76,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         target: target.clone(),
         parent: Some(parent),
         children,
+        previous: None,
     };
     let state = Arc::new(ObjectSet::new(state));
     let reads = Arc::new(GrantedReads::new(

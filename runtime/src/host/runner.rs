@@ -1,6 +1,7 @@
 //! One live controller: feeds its work queue from the shared watches, calls the guest for each
 //! key, carries out the actions, and keeps the counters its status reports.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -87,6 +88,9 @@ pub struct Runner {
     stats: Stats,
     synced: std::sync::atomic::AtomicBool,
     events: EventRecorder,
+    /// Each parent as the last successful reconcile of it saw it (the request's `previous`):
+    /// shared with the cache while unchanged, so at most one extra version per object.
+    reconciled: Mutex<HashMap<ObjectKey, Arc<DynamicObject>>>,
 }
 
 impl Runner {
@@ -100,6 +104,7 @@ impl Runner {
             stats: Stats::default(),
             synced: std::sync::atomic::AtomicBool::new(false),
             events: EventRecorder::default(),
+            reconciled: Mutex::default(),
         })
     }
 
@@ -317,11 +322,18 @@ impl Runner {
             namespace: key.namespace.clone(),
             name: key.name.clone(),
         };
+        let previous = self
+            .reconciled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .map(|p| to_json(parent_watch, p));
         let request = Request {
             controller: s.id.clone(),
             target: target.clone(),
             parent: parent_json.clone(),
             children: children.clone(),
+            previous,
         };
         let reads = Arc::new(GrantedReads::new(
             Arc::new(s.reads.clone()),
@@ -353,6 +365,13 @@ impl Runner {
             .execute(&outcome.response.actions)
             .await
             .map_err(|e| (Reason::ActionFailed, e.to_string()))?;
+        {
+            let mut reconciled = self.reconciled.lock().unwrap_or_else(|e| e.into_inner());
+            match parent {
+                Some(seen) => reconciled.insert(key.clone(), seen),
+                None => reconciled.remove(key),
+            };
+        }
         for change in &done.changes {
             tracing::info!("{change}");
         }

@@ -31,6 +31,7 @@ pub(crate) fn request_to_wit(request: &Request) -> wit::Request {
         },
         parent: request.parent.as_ref().map(Value::to_string),
         children: request.children.iter().map(Value::to_string).collect(),
+        previous: request.previous.as_ref().map(Value::to_string),
     }
 }
 
