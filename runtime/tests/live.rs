@@ -34,6 +34,8 @@ mod restarter;
 mod runtime;
 #[path = "live/storm.rs"]
 mod storm;
+#[path = "live/tutorial_crd.rs"]
+mod tutorial_crd;
 
 use std::time::Duration;
 
@@ -586,6 +588,7 @@ async fn cluster_wasm_controller_acts_in_every_namespace() {
         cluster_scoped(&control_plane.0, &client, &modules).await?;
         guitars::guitar_reviews(&control_plane.0, &client, &modules, &runtime).await?;
         pods::pod_watcher(&control_plane.0, &client, &modules, &runtime).await?;
+        tutorial_crd::hello_world_with_the_tutorials_crd(&control_plane.0, &client).await?;
         file_module(&client, &modules, module_dir.path()).await
     }
     .await;
