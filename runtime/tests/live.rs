@@ -49,6 +49,7 @@ use support::{ControlPlane, eventually};
 use cluster::{
     WAIT, apply, apply_all, create_hello_world, ensure_condition, example, guest, hello_worlds,
     live_pods, module_config_map, prepare, sha256, take, wait_greeting_pod, wait_status,
+    wait_status_pods,
 };
 use restarter::{create_pod, ensure_pods, wait_digest, wait_event, wait_pods};
 use runtime::{RuntimeProcess, finish};
@@ -121,18 +122,7 @@ async fn hello_world(
         "Pod your-name is owned by {owner:?}, not by HelloWorld your-name ({:?})",
         parent.uid()
     );
-    eventually(
-        "HelloWorld your-name gets status.pods = 1",
-        WAIT,
-        || async {
-            let parent = hellos.get("your-name").await?;
-            match parent.data.pointer("/status/pods").and_then(Value::as_i64) {
-                Some(1) => Ok(Some(())),
-                other => bail!("status.pods is {other:?}"),
-            }
-        },
-    )
-    .await?;
+    wait_status_pods(client, ns, "your-name", 1).await?;
     let digest = sha256(&wasm);
     wait_status(
         client,
@@ -346,12 +336,7 @@ async fn configmap_restarter(
 
 #[tokio::test]
 async fn runtime_survives_an_api_server_restart() {
-    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("control-planes")
-        .join(format!("live-apiserver-restart.{}", std::process::id()));
-    let control_plane = ControlPlane::start(&dir, Some(std::process::id()))
-        .expect("starting a control plane of this test's own");
-    let control_plane = StopOnDrop(control_plane);
+    let control_plane = StopOnDrop::start("live-apiserver-restart");
     let (client, ns) = prepare(&control_plane.0, "restart").await;
     let mut runtime = RuntimeProcess::start(&control_plane.0.runtime_kubeconfig(), &ns);
     let result = api_server_restart(&control_plane.0, &client, &ns, &mut runtime).await;
@@ -360,6 +345,18 @@ async fn runtime_survives_an_api_server_restart() {
 
 /// Stops a control plane of a test's own, also when the test fails.
 struct StopOnDrop(ControlPlane);
+
+impl StopOnDrop {
+    /// Starts a control plane of the test's own, named `name` (and this process).
+    fn start(name: &str) -> StopOnDrop {
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join("control-planes")
+            .join(format!("{name}.{}", std::process::id()));
+        let control_plane = ControlPlane::start(&dir, Some(std::process::id()))
+            .expect("starting a control plane of this test's own");
+        StopOnDrop(control_plane)
+    }
+}
 
 impl Drop for StopOnDrop {
     fn drop(&mut self) {
@@ -570,12 +567,7 @@ async fn shared_watches(client: &Client, ns: &str, runtime: &RuntimeProcess) -> 
 
 #[tokio::test]
 async fn cluster_wasm_controller_acts_in_every_namespace() {
-    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("control-planes")
-        .join(format!("live-cluster-scoped.{}", std::process::id()));
-    let control_plane = ControlPlane::start(&dir, Some(std::process::id()))
-        .expect("starting a control plane of this test's own");
-    let control_plane = StopOnDrop(control_plane);
+    let control_plane = StopOnDrop::start("live-cluster-scoped");
     let (client, modules) = prepare(&control_plane.0, "modules").await;
     let module_dir = tempfile::tempdir().expect("a temporary module directory");
     let dir_arg = module_dir.path().to_string_lossy().into_owned();

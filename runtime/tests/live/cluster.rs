@@ -171,6 +171,23 @@ pub async fn prepare(control_plane: &ControlPlane, prefix: &str) -> (Client, Str
     prepared.await.expect("preparing the test namespace")
 }
 
+/// Waits until HelloWorld `ns/name` has `status.pods` = `pods`.
+pub async fn wait_status_pods(client: &Client, ns: &str, name: &str, pods: i64) -> Result<()> {
+    let hellos = hello_worlds(client, ns);
+    eventually(
+        &format!("HelloWorld {name} gets status.pods = {pods}"),
+        WAIT,
+        || async {
+            let parent = hellos.get(name).await?;
+            match parent.data.pointer("/status/pods").and_then(Value::as_i64) {
+                Some(n) if n == pods => Ok(Some(())),
+                other => bail!("status.pods is {other:?}"),
+            }
+        },
+    )
+    .await
+}
+
 /// `HelloWorld`s (`example.com/v1`) of a namespace.
 pub fn hello_worlds(client: &Client, namespace: &str) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk("example.com", "v1", "HelloWorld");

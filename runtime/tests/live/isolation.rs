@@ -20,7 +20,7 @@ use crate::cluster::{
     wait_status,
 };
 use crate::runtime::{RuntimeProcess, finish};
-use crate::support::{ControlPlane, eventually};
+use crate::support::eventually;
 use crate::{StopOnDrop, merge};
 
 pub(crate) const GROUP: &str = "isolation.kubewasm.dev";
@@ -66,12 +66,7 @@ impl Markers {
 #[tokio::test]
 async fn a_tenant_reads_and_touches_only_what_its_rbac_allows() {
     // Its own control plane: the runtime hosts every namespace (as an installed one does).
-    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("control-planes")
-        .join(format!("live-isolation.{}", std::process::id()));
-    let control_plane = ControlPlane::start(&dir, Some(std::process::id()))
-        .expect("starting a control plane of this test's own");
-    let control_plane = StopOnDrop(control_plane);
+    let control_plane = StopOnDrop::start("live-isolation");
     let (client, team_a) = prepare(&control_plane.0, "team-a").await;
     let team_b = control_plane
         .0

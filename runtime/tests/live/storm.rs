@@ -26,7 +26,6 @@ use crate::isolation::{
     controller, install_probe_crd, install_tenant, probe, probes, resident_bytes, wait_echo,
 };
 use crate::runtime::{RuntimeProcess, finish};
-use crate::support::ControlPlane;
 use crate::{StopOnDrop, merge};
 
 /// The operator's maxima the runtime runs with: team-a asks for far more.
@@ -57,12 +56,7 @@ const CHANGES: usize = 60;
 
 #[tokio::test]
 async fn team_b_is_served_through_team_a_storm() {
-    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("control-planes")
-        .join(format!("live-storm.{}", std::process::id()));
-    let control_plane = ControlPlane::start(&dir, Some(std::process::id()))
-        .expect("starting a control plane of this test's own");
-    let control_plane = StopOnDrop(control_plane);
+    let control_plane = StopOnDrop::start("live-storm");
     let (client, team_a) = prepare(&control_plane.0, "team-a").await;
     let team_b = control_plane
         .0

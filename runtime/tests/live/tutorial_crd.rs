@@ -11,8 +11,8 @@ use kube::{Api, Client};
 use serde_json::{Value, json};
 
 use crate::cluster::{
-    WAIT, apply, apply_all, condition, example, guest, hello_worlds, module_config_map,
-    wait_established, wait_greeting_pod, wait_status,
+    WAIT, apply, apply_all, condition, example, guest, module_config_map, wait_established,
+    wait_greeting_pod, wait_status, wait_status_pods,
 };
 use crate::support::{ControlPlane, eventually};
 
@@ -92,18 +92,7 @@ pub async fn hello_world_with_the_tutorials_crd(
 
     // The example's RBAC: the status is written into the HelloWorld.
     apply_all(client, &std::mem::take(&mut rbac)).await?;
-    let hellos = hello_worlds(client, &ns);
-    eventually(
-        "HelloWorld your-name gets status.pods = 1",
-        WAIT,
-        || async {
-            let parent = hellos.get("your-name").await?;
-            match parent.data.pointer("/status/pods").and_then(Value::as_i64) {
-                Some(1) => Ok(Some(())),
-                other => bail!("status.pods is {other:?}"),
-            }
-        },
-    )
-    .await
-    .context("status written without a status subresource")
+    wait_status_pods(client, &ns, "your-name", 1)
+        .await
+        .context("status written without a status subresource")
 }
