@@ -41,6 +41,8 @@ lint: toolchain
 ## Every test: lint, unit, guest-native, sandbox, CLI, integration against the local control plane.
 test: lint guests k8s-binaries
 	$(CARGO) test --workspace
+	@# The bench still runs (tiny size, debug build); its numbers come from `make bench` only.
+	$(CARGO) test -p kubewasm --bench reconcile -- 20 >/dev/null
 	@echo "make test: all tests passed"
 
 bench: guests

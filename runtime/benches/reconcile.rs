@@ -1,7 +1,8 @@
 //! Cost of one reconcile of the HelloWorld seed request: `GuestPre::call` on one thread (a
 //! fresh Store and instance per call, driven by a current-thread runtime), and
 //! `Sandbox::reconcile` (the async path: instance slot, the call on the calling task, epoch
-//! yields), plus module compile times and guest sizes.
+//! yields), plus module compile times and guest sizes; then `GuestPre::call` with the same
+//! HelloWorld grown to 1 KiB, 64 KiB and 1 MiB of JSON (an annotation of padding).
 //!
 //! `make bench`, or `cargo bench -p kubewasm --bench reconcile [-- ITERATIONS]`;
 //! `KUBEWASM_BENCH_ITERS` also sets the iterations (default 20000).
@@ -78,6 +79,42 @@ fn main() {
         times
     });
     report("Sandbox::reconcile, awaited one by one", &mut times);
+
+    for (label, bytes, divisor) in [
+        ("1 KiB", 1 << 10, 1),
+        ("64 KiB", 64 << 10, 20),
+        ("1 MiB", 1 << 20, 200),
+    ] {
+        let request = sized_request(bytes);
+        let calls = (iters / divisor).max(20);
+        for _ in 0..(calls / 10).max(5) {
+            guest
+                .call(&request, reads.clone(), &limits)
+                .expect("warm-up");
+        }
+        let mut times = Vec::with_capacity(calls);
+        for _ in 0..calls {
+            let started = Instant::now();
+            let outcome = guest
+                .call(&request, reads.clone(), &limits)
+                .expect("reconcile");
+            times.push(started.elapsed());
+            std::hint::black_box(outcome);
+        }
+        report(&format!("GuestPre::call, {label} object"), &mut times);
+    }
+}
+
+/// The seed HelloWorld with an annotation that makes its JSON `bytes` long.
+fn sized_request(bytes: usize) -> Request {
+    let mut object = seed_request().parent.expect("the seed has a parent");
+    let base = object.to_string().len() + r#","annotations":{"padding":""}"#.len();
+    let padding = "x".repeat(bytes.saturating_sub(base));
+    object["metadata"]["annotations"] = json!({ "padding": padding });
+    debug_assert_eq!(object.to_string().len(), bytes.max(base));
+    Request::for_object(object)
+        .expect("a valid request")
+        .with_controller("default/hello-world")
 }
 
 /// The first numeric argument (cargo passes `--bench` too), else `KUBEWASM_BENCH_ITERS`,
