@@ -13,7 +13,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kubewasm::sandbox::{Limits, NoReads, Request, Sandbox, SandboxConfig, SharedReads};
+use kubewasm::sandbox::{GuestPre, Limits, NoReads, Request, Sandbox, SandboxConfig, SharedReads};
 use serde_json::json;
 
 const GUESTS: [&str; 3] = ["hello_world", "configmap_restarter", "hostile"];
@@ -45,20 +45,7 @@ fn main() {
     let request = seed_request();
     let reads: SharedReads = Arc::new(NoReads);
     let limits = Limits::default();
-    for _ in 0..100 {
-        guest
-            .call(&request, reads.clone(), &limits)
-            .expect("warm-up");
-    }
-    let mut times = Vec::with_capacity(iters);
-    for _ in 0..iters {
-        let started = Instant::now();
-        let outcome = guest
-            .call(&request, reads.clone(), &limits)
-            .expect("reconcile");
-        times.push(started.elapsed());
-        std::hint::black_box(outcome);
-    }
+    let mut times = time_calls(&guest, &request, &reads, &limits, 100, iters);
     report("GuestPre::call, one thread", &mut times);
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -87,22 +74,41 @@ fn main() {
     ] {
         let request = sized_request(bytes);
         let calls = (iters / divisor).max(20);
-        for _ in 0..(calls / 10).max(5) {
-            guest
-                .call(&request, reads.clone(), &limits)
-                .expect("warm-up");
-        }
-        let mut times = Vec::with_capacity(calls);
-        for _ in 0..calls {
-            let started = Instant::now();
-            let outcome = guest
-                .call(&request, reads.clone(), &limits)
-                .expect("reconcile");
-            times.push(started.elapsed());
-            std::hint::black_box(outcome);
-        }
+        let mut times = time_calls(
+            &guest,
+            &request,
+            &reads,
+            &limits,
+            (calls / 10).max(5),
+            calls,
+        );
         report(&format!("GuestPre::call, {label} object"), &mut times);
     }
+}
+
+/// `calls` timings of `GuestPre::call` on this thread, after `warm_up` untimed calls.
+fn time_calls(
+    guest: &GuestPre,
+    request: &Request,
+    reads: &SharedReads,
+    limits: &Limits,
+    warm_up: usize,
+    calls: usize,
+) -> Vec<Duration> {
+    for _ in 0..warm_up {
+        guest.call(request, reads.clone(), limits).expect("warm-up");
+    }
+    (0..calls)
+        .map(|_| {
+            let started = Instant::now();
+            let outcome = guest
+                .call(request, reads.clone(), limits)
+                .expect("reconcile");
+            let elapsed = started.elapsed();
+            std::hint::black_box(outcome);
+            elapsed
+        })
+        .collect()
 }
 
 /// The seed HelloWorld with an annotation that makes its JSON `bytes` long.

@@ -41,7 +41,7 @@ pub async fn hello_world_with_the_tutorials_crd(
 
     let ns = control_plane.namespace("hello-v1beta1").await?;
     // First without `patch` on helloworlds, as the tutorial's RBAC had it.
-    let mut rbac = example("hello-world/rbac.yaml", &ns)?;
+    let rbac = example("hello-world/rbac.yaml", &ns)?;
     let without_patch: Vec<Value> = rbac
         .iter()
         .cloned()
@@ -91,7 +91,7 @@ pub async fn hello_world_with_the_tutorials_crd(
     .await?;
 
     // The example's RBAC: the status is written into the HelloWorld.
-    apply_all(client, &std::mem::take(&mut rbac)).await?;
+    apply_all(client, &rbac).await?;
     wait_status_pods(client, &ns, "your-name", 1)
         .await
         .context("status written without a status subresource")

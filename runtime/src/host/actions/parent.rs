@@ -75,9 +75,9 @@ impl Executor<'_> {
 }
 
 /// Whether every field set in `desired` has the same value in `observed`: the API server adds
-/// defaults, so equality would never hold. A desired list must be a prefix-free match of the
-/// observed one element by element, and may be shorter (the server may append, e.g.
-/// admission-added tolerations).
+/// defaults, so equality would never hold. Lists are compared element by element from the
+/// start, and the observed one may be longer (the server may append, e.g. admission-added
+/// tolerations).
 pub(super) fn is_subset(desired: &Value, observed: &Value) -> bool {
     match (desired, observed) {
         (Value::Object(d), Value::Object(o)) => d
