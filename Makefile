@@ -6,8 +6,8 @@ SHELL := /bin/bash
 CARGO ?= cargo
 export KUBEWASM_CACHE ?= $(HOME)/.cache/kubewasm
 GUEST_DIR := target/wasm32-wasip2/guest
-GUESTS := hello-world configmap-restarter guitar-reviewer pod-watcher hostile intruder
-GUEST_WASM := $(GUEST_DIR)/hello_world.wasm $(GUEST_DIR)/configmap_restarter.wasm $(GUEST_DIR)/guitar_reviewer.wasm $(GUEST_DIR)/pod_watcher.wasm $(GUEST_DIR)/hostile.wasm $(GUEST_DIR)/intruder.wasm
+GUESTS := hello-world configmap-restarter guitar-reviewer pod-watcher hello-finalizer hostile intruder
+GUEST_WASM := $(GUEST_DIR)/hello_world.wasm $(GUEST_DIR)/configmap_restarter.wasm $(GUEST_DIR)/guitar_reviewer.wasm $(GUEST_DIR)/pod_watcher.wasm $(GUEST_DIR)/hello_finalizer.wasm $(GUEST_DIR)/hostile.wasm $(GUEST_DIR)/intruder.wasm
 export KUBEWASM_GUEST_DIR := $(CURDIR)/$(GUEST_DIR)
 
 include deploy/local/cluster.mk

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# make demo: a local control plane, the kubewasm runtime, both tutorials played step by step.
+# make demo: a local control plane, the kubewasm runtime, the four tutorials' controllers and a
+# finalizer played step by step.
 #
 #   deploy/demo/live.sh          play both tutorials, then stop everything (exit 0 on success)
 #   deploy/demo/live.sh --keep   leave the control plane and the runtime running (make up)
@@ -38,7 +39,7 @@ cleanup() {
     bash "$ROOT/deploy/local/cluster.sh" down "$STATE" >/dev/null 2>&1 || true
 }
 
-for f in hello_world.wasm configmap_restarter.wasm; do
+for f in hello_world.wasm configmap_restarter.wasm guitar_reviewer.wasm pod_watcher.wasm hello_finalizer.wasm; do
     [ -f "$GUESTS/$f" ] || fail "$GUESTS/$f is missing: run make guests"
 done
 [ -x "$KUBEWASM" ] || fail "$KUBEWASM is missing: run make build"
@@ -52,7 +53,7 @@ $KEEP || trap cleanup EXIT
 eval "$(bash "$ROOT/deploy/local/cluster.sh" up "$STATE" 2>"$STATE.up.log" | tail -1)" || { cat "$STATE.up.log" >&2; fail "the control plane did not start"; }
 step "API server ready; KUBECONFIG=$KUBECONFIG"
 
-say "2. Installing kubewasm's CRDs and both example controllers"
+say "2. Installing kubewasm's CRDs and the two first tutorials' controllers"
 k apply -f "$ROOT/deploy/crds/kubewasm.dev.yaml" >/dev/null
 k apply -f "$EX/hello-world/crd.yaml" >/dev/null
 wait_for 30 "the CRDs becoming established" k wait --for=condition=Established --timeout=1s crd/wasmcontrollers.kubewasm.dev crd/helloworlds.example.com
@@ -104,24 +105,72 @@ two_pods() { [ "$(frontend_pods | wc -w)" = 2 ]; }
 wait_for 60 "Deployment frontend getting 2 Pods" two_pods
 before=$(frontend_pods)
 step "Deployment 'frontend' runs Pods: $before (plus Pod 'bystander' with app=other)"
-recorded() { [ -n "$(k -n test-space get cm frontend-config -o jsonpath='{.metadata.annotations.restarter\.kubewasm\.dev/data-digest}')" ]; }
-wait_for 30 "the restarter recording the data digest of frontend-config" recorded
-step "first sighting of ConfigMap 'frontend-config': the restarter only recorded its data digest; Pods untouched: $(frontend_pods)"
+saved() { k -n test-space get wasmcontroller configmap-restarter -o jsonpath="{.status.guestState['test-space/frontend-config']}"; }
+has_saved() { [ -n "$(saved)" ]; }
+wait_for 30 "the restarter saving the data digest of frontend-config" has_saved
+step "it runs as the tutorial's ServiceAccount 'joe' (read ConfigMaps; read and delete Pods; nothing else)"
+step "first sighting of ConfigMap 'frontend-config': the restarter saved its data digest as its state"
+step "  (kubectl get wc configmap-restarter -o jsonpath='{.status.guestState}': $(saved | cut -c1-23)…); Pods untouched: $(frontend_pods)"
 bystander=$(k -n test-space get pod bystander -o jsonpath='{.metadata.uid}')
 k -n test-space patch configmap frontend-config --type merge -p '{"data":{"TEXT3":"Hello from the new config"}}' >/dev/null
 step "changed the ConfigMap's data (TEXT3)"
 replaced() { two_pods && for p in $before; do k -n test-space get pod "$p" && return 1; done; return 0; }
 wait_for 60 "the frontend Pods being replaced" replaced
-step "the restarter deleted Pods: $before"
+step "the restarter deleted Pods created before the change: $before"
 step "the Deployment recreated them as: $(frontend_pods)"
 [ "$(k -n test-space get pod bystander -o jsonpath='{.metadata.uid}')" = "$bystander" ] || fail "Pod bystander was touched"
 step "Pod 'bystander' (app=other) was left alone"
-event=$(k -n test-space get events --field-selector reason=PodsRestarted -o jsonpath='{.items[0].message}')
-step "Event on the ConfigMap: $event"
+step "joe may not create Events, so the runtime's log says: $(grep -o 'Event PodsRestarted on ConfigMap [^ ]* not recorded' "$STATE/kubewasm.log" | head -1)"
 
-say "6. What the runtime reports"
+say "6. The Guitar reviewer tutorial (a ClusterWasmController over every namespace)"
+k apply -f "$EX/guitar-reviewer/crd.yaml" >/dev/null
+wait_for 30 "the Guitar CRD becoming established" k wait --for=condition=Established --timeout=1s crd/guitars.kool.karmalabs.local
+k apply -f "$EX/guitar-reviewer/rbac.yaml" >/dev/null
+k -n guitars create configmap guitar-reviewer --from-file=guitar_reviewer.wasm="$GUESTS/guitar_reviewer.wasm" >/dev/null
+k apply -f "$EX/guitar-reviewer/controller.yaml" >/dev/null
+k apply -f "$EX/guitar-reviewer/guitars.yaml" >/dev/null
+step "created Guitars: $(k get guit -o jsonpath='{range .items[*]}{.metadata.name} ({.spec.brand}) {end}')"
+reviewed() { [ "$(k get guit -o jsonpath='{range .items[*]}{.spec.review}{"\n"}{end}' | grep -c true)" = 3 ]; }
+wait_for 60 "the three Guitars being reviewed" reviewed
+k get guit -o jsonpath='{range .items[*]}{.metadata.name}: {.spec.comment}{"\n"}{end}' | sed 's/^/      /'
+rv=$(k get guit strato -o jsonpath='{.metadata.resourceVersion}')
+sleep 2
+[ "$(k get guit strato -o jsonpath='{.metadata.resourceVersion}')" = "$rv" ] || fail "a reviewed Guitar was rewritten"
+step "each reviewed once: a reviewed Guitar is never rewritten (resourceVersion unchanged)"
+
+say "7. The Chronos pod watcher (read-only: it may not write anything)"
+k apply -f "$EX/pod-watcher/rbac.yaml" >/dev/null
+k -n chronos create configmap pod-watcher --from-file=pod_watcher.wasm="$GUESTS/pod_watcher.wasm" >/dev/null
+k apply -f "$EX/pod-watcher/controller.yaml" >/dev/null
+wait_for 60 "ClusterWasmController pod-watcher becoming Ready" bash -c "[ \"\$(kubectl get clusterwasmcontroller pod-watcher -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}')\" = True ]"
+k -n chronos run watched --image=busybox --labels=app=demo -- sleep 3600 >/dev/null
+k -n chronos label pod watched tier=web >/dev/null
+k -n chronos delete pod watched --wait=false >/dev/null
+logged() { grep 'controller="pod-watcher"' "$STATE/kubewasm.log" | grep -q "pod chronos/watched $1"; }
+wait_for 30 "the pod watcher logging the deletion" logged deleted
+step "created, relabelled and deleted Pod chronos/watched; the runtime's log (controller=\"pod-watcher\") says:"
+grep 'controller="pod-watcher"' "$STATE/kubewasm.log" | grep -o 'pod chronos/watched .*' | sed 's/^/      /'
+
+say "8. Finalizers: a HelloWorld that cleans up outside the cluster before it may go"
+k -n hello delete wasmcontroller hello-world >/dev/null
+step "the HelloWorld tutorial's controller is removed; its successor keeps a record per HelloWorld"
+k apply -f "$EX/hello-finalizer/rbac.yaml" >/dev/null
+k -n hello create configmap hello-finalizer --from-file=hello_finalizer.wasm="$GUESTS/hello_finalizer.wasm" >/dev/null
+k apply -f "$EX/hello-finalizer/controller.yaml" >/dev/null
+k apply -f "$EX/hello-world/hello.yaml" >/dev/null
+record() { k -n hello get configmap greeting-your-name; }
+wait_for 30 "the greeting record ConfigMap greeting-your-name" record
+step "HelloWorld 'your-name' carries finalizer $(k -n hello get helloworld your-name -o jsonpath='{.metadata.finalizers}')"
+step "and its controller keeps a record nothing owns: ConfigMap greeting-your-name"
+k -n hello delete helloworld your-name --wait=false >/dev/null
+hello_gone() { ! k -n hello get helloworld your-name; }
+wait_for 30 "the HelloWorld going once its clean-up is done" hello_gone
+record && fail "the record outlived its HelloWorld"
+step "deleted the HelloWorld: the guest deleted the record first, then said 'finalized'; the runtime removed the finalizer"
+
+say "9. What the runtime reports"
 sleep 3 # the runtime writes each controller's status every 2 s
-k get wasmcontrollers -A -o custom-columns='CONTROLLER:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,RECONCILES:.status.reconciles,FAILURES:.status.failures,MODULE:.status.moduleDigest' | sed 's/^/      /'
+k get wasmcontrollers,clusterwasmcontrollers -A -o custom-columns='CONTROLLER:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,RECONCILES:.status.reconciles,FAILURES:.status.failures,MODULE:.status.moduleDigest' | sed 's/^/      /'
 
 if $KEEP; then
     say "kubewasm is running (pid $RUNTIME_PID); try:"

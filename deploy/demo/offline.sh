@@ -72,9 +72,9 @@ heading "2. ConfigMap restarter: restart Pods when their ConfigMap changes"
 
 module_configmap configmap-restarter-module test-space configmap_restarter.wasm \
     "$guests/configmap_restarter.wasm" >"$tmp/restarter-module.yaml"
-restarter() { # object
+restarter() { # object [saved state]
     reconcile --controller "$demo/configmap-restarter-controller.yaml" --object "$1" \
-        --state "$tmp/restarter-module.yaml" --state "$demo/pods.yaml"
+        --state "$tmp/restarter-module.yaml" --state "$demo/pods.yaml" ${2:+--saved "$2"}
 }
 
 echo "The ConfigMap ($demo/frontend-config.yaml):"
@@ -82,18 +82,17 @@ grep -v '^#' "$demo/frontend-config.yaml" | indent
 echo
 echo "2a. First sighting. The controller answers:"
 restarter "$demo/frontend-config.yaml"
-expect "restarter.kubewasm.dev/data-digest: sha256:" "the recorded digest"
+expect "save state for ConfigMap test-space/frontend-config: sha256:" "the saved digest"
 grep -q "delete" "$tmp/out" && fail "a first sighting must not delete anything"
 digest=$(grep -o 'sha256:[0-9a-f]*' "$tmp/out")
 echo
-say "It has never seen this data, so it restarts nothing: it only records the digest of the"
-say "data in the annotation restarter.kubewasm.dev/data-digest:"
+say "It has never seen this data, so it restarts nothing: it only saves the digest of the"
+say "data as its state for this ConfigMap (the runtime keeps it in the WasmController's"
+say "status.guestState, so the restarter needs no write on ConfigMaps):"
 say "$digest"
 
-# The same ConfigMap after someone edited its data; the annotation still holds the digest
-# recorded for the old data.
-sed -e "s|^    magalix.com/podDeleteMatch: .*|&\n    restarter.kubewasm.dev/data-digest: $digest|" \
-    -e 's|^  TEXT1: Greetings$|  TEXT1: Good morning|' \
+# The same ConfigMap after someone edited its data.
+sed -e 's|^  TEXT1: Greetings$|  TEXT1: Good morning|' \
     "$demo/frontend-config.yaml" >"$tmp/frontend-config-changed.yaml"
 grep -q 'Good morning' "$tmp/frontend-config-changed.yaml" || fail "could not edit the ConfigMap"
 
@@ -104,26 +103,26 @@ echo
 echo "The Pods in test-space ($demo/pods.yaml):"
 grep '^metadata' "$demo/pods.yaml" | indent
 echo
-echo "The controller answers:"
-restarter "$tmp/frontend-config-changed.yaml"
+echo "The controller, with the saved digest of the old data, answers:"
+restarter "$tmp/frontend-config-changed.yaml" "$digest"
 expect 'delete every Pod (v1) in namespace test-space matching `app=frontend`' "the restart"
 expect "PodsRestarted" "the PodsRestarted Event"
-new_digest=$(grep -o 'sha256:[0-9a-f]*' "$tmp/out")
+new_digest=$(grep -o 'sha256:[0-9a-f]*' "$tmp/out" | head -1)
 [[ $new_digest != "$digest" ]] || fail "the new digest should differ from the old one"
 matching=$(grep 'app: frontend' "$demo/pods.yaml" | grep -o 'name: [a-z0-9-]*' | cut -d' ' -f2 | paste -sd, | sed 's/,/, /g')
 echo
-say "The data no longer matches the recorded digest, so it would delete every Pod in"
+say "The data no longer matches the saved digest, so it would delete every Pod in"
 say "test-space labelled app=frontend: here $matching (backend-1 is left alone);"
-say "their Deployment recreates them and they read the new data."
-say "It records the new digest and an Event PodsRestarted on the ConfigMap."
+say "their Deployment recreates them and they read the new data. (On a cluster, the"
+say "API server's managedFields say when the data changed, and only Pods created before"
+say "then are deleted.) It saves the new digest and records an Event PodsRestarted."
 
-sed -i "s|$digest|$new_digest|" "$tmp/frontend-config-changed.yaml"
 echo
-echo "2c. The next reconcile of the same ConfigMap (new digest recorded) answers:"
-restarter "$tmp/frontend-config-changed.yaml"
+echo "2c. The next reconcile of the same ConfigMap (new digest saved) answers:"
+restarter "$tmp/frontend-config-changed.yaml" "$new_digest"
 expect "nothing to do" "nothing to do"
 echo
 say "Nothing changed since the last restart, so nothing happens: the controller compares"
-say "data with the recorded digest, so a change made while it was down is not missed either."
+say "data with the saved digest, so a change made while it was down is not missed either."
 
 heading "Done: both controllers ran in the kubewasm sandbox, offline."

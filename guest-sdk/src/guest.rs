@@ -121,6 +121,8 @@ fn from_wit_request(request: WitRequest) -> Result<Request, Error> {
             .previous
             .map(|json| serde_json::from_str(&json))
             .transpose()?,
+        state: request.state,
+        finalizing: request.finalizing,
     })
 }
 

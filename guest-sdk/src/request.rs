@@ -105,6 +105,14 @@ pub struct Request {
     /// what changed: `None` → `Some` was added (or was there when the runtime started),
     /// `Some` → `None` was deleted.
     pub previous: Option<Value>,
+    /// What this controller saved for the target with [`crate::Action::SetState`], kept by
+    /// the runtime in the controller's status across restarts; `None` when nothing is saved.
+    /// At most 512 bytes per object, 256 objects per controller; forgotten once the target is
+    /// gone.
+    pub state: Option<String>,
+    /// The target is being deleted and still carries this controller's finalizer
+    /// (`spec.finalize`): clean up, then answer with [`crate::Action::Finalized`].
+    pub finalizing: bool,
 }
 
 impl Request {
@@ -117,6 +125,8 @@ impl Request {
             parent: Some(parent),
             children: Vec::new(),
             previous: None,
+            state: None,
+            finalizing: false,
         })
     }
 
@@ -128,6 +138,8 @@ impl Request {
             parent: None,
             children: Vec::new(),
             previous: None,
+            state: None,
+            finalizing: false,
         }
     }
 
@@ -142,6 +154,21 @@ impl Request {
     #[must_use]
     pub fn with_previous(mut self, previous: Value) -> Self {
         self.previous = Some(previous);
+        self
+    }
+
+    /// The same request with this saved state (see [`Request::state`]).
+    #[must_use]
+    pub fn with_state(mut self, state: impl Into<String>) -> Self {
+        self.state = Some(state.into());
+        self
+    }
+
+    /// The same request for a target being deleted that still carries this controller's
+    /// finalizer (see [`Request::finalizing`]).
+    #[must_use]
+    pub fn finalizing(mut self) -> Self {
+        self.finalizing = true;
         self
     }
 

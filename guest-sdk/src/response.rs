@@ -43,6 +43,11 @@ pub enum Action {
         namespace: Option<String>,
         /// A label selector such as `app=web,tier!=db` (see [`crate::selector`]).
         label_selector: String,
+        /// Only objects whose `creationTimestamp` is strictly earlier than this time (RFC 3339,
+        /// e.g. `2026-11-23T12:00:00Z`): those created since, e.g. the replacements of the
+        /// ones deleted, are left alone.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        created_before: Option<String>,
     },
     /// Replace the target's `status` with this JSON object.
     SetStatus(Value),
@@ -59,6 +64,12 @@ pub enum Action {
     /// Reconcile the target again after this delay (millisecond precision).
     #[serde(rename = "requeueAfterMillis", with = "millis")]
     RequeueAfter(Duration),
+    /// Save this controller's state for the target (`None`: forget it); handed back in
+    /// [`crate::Request::state`]. The runtime writes it before it runs the next action.
+    SetState(Option<String>),
+    /// While [`crate::Request::finalizing`]: clean-up is done, remove the finalizer once the
+    /// response's other actions succeeded (`false` is the same as leaving it out).
+    Finalized(bool),
 }
 
 /// A delay as whole milliseconds (saturating at `u64::MAX`).
@@ -90,6 +101,7 @@ impl Action {
             kind: kind.into(),
             namespace: namespace.map(str::to_string),
             label_selector: label_selector.into(),
+            created_before: None,
         }
     }
 }
@@ -156,6 +168,46 @@ impl Response {
         ))
     }
 
+    /// Delete every object of a kind matching a label selector and created strictly before
+    /// `created_before` (RFC 3339).
+    #[must_use]
+    pub fn delete_all_created_before(
+        self,
+        api_version: impl Into<String>,
+        kind: impl Into<String>,
+        namespace: Option<&str>,
+        label_selector: impl Into<String>,
+        created_before: impl Into<String>,
+    ) -> Self {
+        let mut action = Action::delete_all_of(api_version, kind, namespace, label_selector);
+        if let Action::DeleteAllOf {
+            created_before: before,
+            ..
+        } = &mut action
+        {
+            *before = Some(created_before.into());
+        }
+        self.push(action)
+    }
+
+    /// Save this controller's state for the target (see [`Action::SetState`]).
+    #[must_use]
+    pub fn set_state(self, state: impl Into<String>) -> Self {
+        self.push(Action::SetState(Some(state.into())))
+    }
+
+    /// Forget this controller's state for the target.
+    #[must_use]
+    pub fn clear_state(self) -> Self {
+        self.push(Action::SetState(None))
+    }
+
+    /// Clean-up is done: let the deletion of the target go on (see [`Action::Finalized`]).
+    #[must_use]
+    pub fn finalized(self) -> Self {
+        self.push(Action::Finalized(true))
+    }
+
     /// Replace the target's status.
     #[must_use]
     pub fn set_status(self, status: Value) -> Self {
@@ -181,6 +233,21 @@ impl Response {
     #[must_use]
     pub fn requeue_after(self, delay: Duration) -> Self {
         self.push(Action::RequeueAfter(delay))
+    }
+
+    /// The state this response saves (the last `setState`): `Some(None)` forgets it.
+    pub fn state(&self) -> Option<Option<&str>> {
+        self.actions.iter().rev().find_map(|action| match action {
+            Action::SetState(state) => Some(state.as_deref()),
+            _ => None,
+        })
+    }
+
+    /// Whether this response says clean-up is done.
+    pub fn is_finalized(&self) -> bool {
+        self.actions
+            .iter()
+            .any(|action| matches!(action, Action::Finalized(true)))
     }
 
     /// Whether there is nothing to do.

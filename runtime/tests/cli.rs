@@ -18,7 +18,6 @@ use serde_json::Value;
 /// No run of the binary may take longer; a hung one fails the test instead of hanging it.
 const WATCHDOG: Duration = Duration::from_secs(60);
 
-const DIGEST_ANNOTATION: &str = "restarter.kubewasm.dev/data-digest";
 
 /// What one run of the binary did.
 struct Run {
@@ -212,24 +211,29 @@ impl Restarter {
         }
     }
 
-    fn reconcile(&self, object: &Path) -> Run {
-        kubewasm(&[
-            OsStr::new("reconcile"),
-            OsStr::new("--controller"),
-            fixture("restarter-controller.yaml").as_os_str(),
-            OsStr::new("--object"),
-            object.as_os_str(),
-            OsStr::new("--state"),
-            self.dir.path().join("module.yaml").as_os_str(),
-            OsStr::new("--state"),
-            fixture("pods.yaml").as_os_str(),
-        ])
+    fn reconcile(&self, object: &Path, saved: Option<&str>) -> Run {
+        let mut args: Vec<std::ffi::OsString> = vec![
+            "reconcile".into(),
+            "--controller".into(),
+            fixture("restarter-controller.yaml").into(),
+            "--object".into(),
+            object.into(),
+            "--state".into(),
+            self.dir.path().join("module.yaml").into(),
+            "--state".into(),
+            fixture("pods.yaml").into(),
+        ];
+        if let Some(saved) = saved {
+            args.extend(["--saved".into(), saved.into()]);
+        }
+        kubewasm(&args)
     }
 
-    /// First sighting, then the same data again, then changed data: record, nothing, restart.
+    /// First sighting, then the same data again, then changed data: save, nothing, restart.
     fn check_the_whole_story(&self) {
-        // First sighting: only the digest is recorded.
-        let first = self.reconcile(&fixture("frontend-config.yaml")).success();
+        // First sighting: only the digest is saved, as the controller's state.
+        let config = fixture("frontend-config.yaml");
+        let first = self.reconcile(&config, None).success();
         assert!(
             first.stderr.contains(&format!(
                 "reconciled ConfigMap test-space/frontend-config with {}",
@@ -238,50 +242,37 @@ impl Restarter {
             "{}",
             first.stderr
         );
-        assert_eq!(
-            action_comments(&first.stdout),
-            ["# action 1: apply ConfigMap test-space/frontend-config"]
-        );
-        let docs = first.documents();
-        assert_eq!(docs.len(), 1, "{docs:?}");
-        let digest = docs[0]["metadata"]["annotations"][DIGEST_ANNOTATION]
-            .as_str()
-            .unwrap_or_else(|| panic!("no digest annotation applied: {}", docs[0]))
+        let comments = action_comments(&first.stdout);
+        assert_eq!(comments.len(), 1, "{}", first.stdout);
+        let digest = comments[0]
+            .strip_prefix("# action 1: save state for ConfigMap test-space/frontend-config: ")
+            .unwrap_or_else(|| panic!("not a saved state: {}", comments[0]))
             .to_owned();
         assert!(digest.starts_with("sha256:"), "{digest}");
-        assert_eq!(docs[0]["metadata"]["name"], "frontend-config");
-        assert_eq!(docs[0]["metadata"]["namespace"], "test-space");
-        assert!(
-            docs[0].get("data").is_none(),
-            "only the annotation: {}",
-            docs[0]
-        );
+        assert!(first.documents().is_empty(), "nothing applied: {}", first.stdout);
 
-        // Same data, digest recorded: nothing to do.
-        let mut seen = read_yaml(&fixture("frontend-config.yaml"));
-        seen["metadata"]["annotations"][DIGEST_ANNOTATION] = digest.clone().into();
-        let seen_path = write_yaml(self.dir.path(), "seen.yaml", &seen);
-        let again = self.reconcile(&seen_path).success();
+        // Same data, digest saved: nothing to do.
+        let again = self.reconcile(&config, Some(&digest)).success();
         assert_eq!(
             again.stdout.trim(),
             "# ConfigMap test-space/frontend-config: nothing to do"
         );
 
-        // Changed data: delete the matching Pods, record the new digest, say so in an Event.
-        let mut changed = seen;
+        // Changed data: delete the matching Pods, save the new digest, say so in an Event.
+        let mut changed = read_yaml(&config);
         changed["data"]["TEXT1"] = "Good morning".into();
         let changed_path = write_yaml(self.dir.path(), "changed.yaml", &changed);
-        let restart = self.reconcile(&changed_path).success();
+        let restart = self.reconcile(&changed_path, Some(&digest)).success();
         let comments = action_comments(&restart.stdout);
         assert_eq!(comments.len(), 3, "{}", restart.stdout);
         assert_eq!(
             comments[0],
             "# action 1: delete every Pod (v1) in namespace test-space matching `app=frontend`"
         );
-        assert_eq!(
-            comments[1],
-            "# action 2: apply ConfigMap test-space/frontend-config"
-        );
+        let new_digest = comments[1]
+            .strip_prefix("# action 2: save state for ConfigMap test-space/frontend-config: ")
+            .unwrap_or_else(|| panic!("not a saved state: {}", comments[1]));
+        assert!(new_digest.starts_with("sha256:") && new_digest != digest);
         assert!(
             comments[2].starts_with(
                 "# action 3: record Normal Event on ConfigMap test-space/frontend-config: PodsRestarted: "
@@ -289,12 +280,7 @@ impl Restarter {
             "{}",
             comments[2]
         );
-        let docs = restart.documents();
-        assert_eq!(docs.len(), 1, "{docs:?}");
-        let new_digest = docs[0]["metadata"]["annotations"][DIGEST_ANNOTATION]
-            .as_str()
-            .expect("the new digest is recorded");
-        assert!(new_digest.starts_with("sha256:") && new_digest != digest);
+        assert!(restart.documents().is_empty(), "nothing applied: {}", restart.stdout);
     }
 }
 

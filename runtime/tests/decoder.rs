@@ -58,6 +58,11 @@ fn action() -> impl Strategy<Value = Value> {
             "type": if warn { "Warning" } else { "Normal" }, "reason": reason, "message": message
         }})),
         any::<u64>().prop_map(|ms| json!({"requeueAfterMillis": ms})),
+        proptest::option::of(text).prop_map(|v| json!({"setState": v})),
+        any::<bool>().prop_map(|b| json!({"finalized": b})),
+        text.prop_map(|t| json!({"deleteAllOf": {
+            "apiVersion": "v1", "kind": "Pod", "labelSelector": "app=x", "createdBefore": t
+        }})),
         any::<i64>().prop_map(|ms| json!({"requeueAfterMillis": ms})),
         text.prop_map(|k| json!({ k: {} })),
     ]

@@ -5,22 +5,32 @@
 //! deleted (and recreated by its Deployment with the new data).
 //!
 //! The tutorial reacts to update *events*, so a change made while it is down is lost. This
-//! guest is level-based instead: it keeps, in the ConfigMap's annotation
-//! `restarter.kubewasm.dev/data-digest`, the digest of the data the Pods were last restarted
-//! for, and compares it with the digest of the data it observes now:
+//! guest is level-based instead: it saves, as its state for the ConfigMap (`setState`, kept by
+//! the runtime in the WasmController's status), the digest of the data the Pods were last
+//! restarted for, and compares it with the digest of the data it observes now:
 //!
-//! - no digest yet (first sighting): record it, restart nothing;
-//! - same digest (e.g. a metadata-only change, or our own annotation write): nothing;
-//! - another digest: delete the matching Pods, record the new digest, emit `PodsRestarted`.
+//! - no state yet (first sighting): save the digest, restart nothing;
+//! - same digest (e.g. a metadata-only change): nothing;
+//! - another digest: delete the matching Pods *created before the data changed*, then save
+//!   the new digest, and emit `PodsRestarted`.
 //!
-//! A change made while the runtime was down shows up as a different digest when it comes back.
-//! The digest is written with a partial object, which server-side apply merges into the
-//! ConfigMap touching only that annotation.
+//! It needs no write on the ConfigMap: the tutorial's ServiceAccount `joe` (read ConfigMaps;
+//! read and delete Pods) is enough. A change made while the runtime was down shows up as a
+//! different digest when it comes back. A runtime killed after deleting the Pods but before
+//! saving the digest sees the old digest again when it returns; the Pods it deletes then are
+//! again only those created before the change — the replacements are newer, so they are left
+//! alone and nothing restarts twice.
+//!
+//! When the data changed is read from the ConfigMap itself, in the API server's clock: the
+//! latest `metadata.managedFields[].time` of a field manager that owns `data` or
+//! `binaryData`. The API server keeps seconds, so a Pod created in the very second of the
+//! change counts as newer (left alone). With no such entry (managed fields stripped), every
+//! matching Pod is deleted, as the tutorial does.
 //!
 //! An invalid (or empty, which would match every Pod) selector is the ConfigMap author's
 //! mistake, not the controller's: the guest emits a `Warning` Event `InvalidSelector` on the
 //! ConfigMap, where its author looks (`kubectl describe configmap`), restarts nothing and
-//! records nothing; the controller itself stays healthy. Once the selector is fixed, a data
+//! saves nothing; the controller itself stays healthy. Once the selector is fixed, a data
 //! change made in the meantime is acted on as usual.
 
 use std::fmt::Write as _;
@@ -32,9 +42,6 @@ use sha2::{Digest as _, Sha256};
 
 /// The annotation that opts a ConfigMap in, holding the selector of the Pods to restart.
 pub const SELECTOR_ANNOTATION: &str = "magalix.com/podDeleteMatch";
-
-/// The annotation where the guest keeps the digest of the data the Pods were restarted for.
-pub const DIGEST_ANNOTATION: &str = "restarter.kubewasm.dev/data-digest";
 
 /// Restart the ConfigMap's Pods once per change of its data.
 pub fn reconcile(req: &Request, _cluster: &dyn Cluster) -> Result<Response, Error> {
@@ -56,23 +63,54 @@ pub fn reconcile(req: &Request, _cluster: &dyn Cluster) -> Result<Response, Erro
 
     let digest = data_digest(config_map);
     let namespace = req.target.namespace.as_deref();
-    let record = object::object("v1", "ConfigMap", namespace, &req.target.name)
-        .annotation(DIGEST_ANNOTATION, &digest);
-    match object::annotation(config_map, DIGEST_ANNOTATION) {
-        None => Ok(Response::new().apply(record)),
-        Some(recorded) if recorded == digest => Ok(Response::new()),
+    match req.state.as_deref() {
+        None => Ok(Response::new().set_state(digest)),
+        Some(saved) if saved == digest => Ok(Response::new()),
         Some(_) => {
+            let selector = selector.to_string();
+            let (response, since) = match data_changed_at(config_map) {
+                Some(time) => (
+                    Response::new().delete_all_created_before(
+                        "v1",
+                        "Pod",
+                        namespace,
+                        &selector,
+                        time,
+                    ),
+                    format!(", created before the change at {time}"),
+                ),
+                None => (
+                    Response::new().delete_all_of("v1", "Pod", namespace, &selector),
+                    String::new(),
+                ),
+            };
             let message = format!(
-                "ConfigMap data changed: deleted the Pods in namespace {} matching {:?}",
+                "ConfigMap data changed: deleted the Pods in namespace {} matching {selector:?}{since}",
                 namespace.unwrap_or_default(),
-                selector.to_string()
             );
-            Ok(Response::new()
-                .delete_all_of("v1", "Pod", namespace, selector.to_string())
-                .apply(record)
+            Ok(response
+                .set_state(digest)
                 .event(EventType::Normal, "PodsRestarted", message))
         }
     }
+}
+
+/// When `data` or `binaryData` last changed, as the API server recorded it: the latest
+/// `time` of a `managedFields` entry that owns either. `None` when no entry says.
+pub fn data_changed_at(config_map: &Value) -> Option<&str> {
+    config_map
+        .pointer("/metadata/managedFields")?
+        .as_array()?
+        .iter()
+        .filter(|entry| {
+            let fields = entry.get("fieldsV1");
+            ["f:data", "f:binaryData"]
+                .iter()
+                .any(|f| fields.and_then(|v| v.get(f)).is_some())
+        })
+        .filter_map(|entry| entry.get("time").and_then(Value::as_str))
+        // RFC 3339 in UTC with a fixed format (`2026-11-23T12:00:00Z`): text order is time order.
+        .max()
 }
 
 /// A selector the guest is willing to delete by: valid, and not empty (which would select

@@ -1,6 +1,6 @@
 //! The ConfigMap restarter's reconcile against fixtures, natively.
 
-use configmap_restarter::{DIGEST_ANNOTATION, data_digest, reconcile};
+use configmap_restarter::{data_changed_at, data_digest, reconcile};
 use kubewasm_guest_sdk::selector::Selector;
 use kubewasm_guest_sdk::testing::{FakeCluster, object_from_yaml, request_from_yaml};
 use kubewasm_guest_sdk::{Action, EventType, ObjectRef, Request, Response, object};
@@ -13,63 +13,89 @@ const BLUE_DIGEST: &str = "sha256:91972207f1577170f617d6835b9add1d1d592d4cb6bc54
 const BLUE_WITH_LOGO_DIGEST: &str =
     "sha256:f967b655df831e910459d8f963796ab987b39c9854a7cad0b36d1a0bf16a4584";
 
-fn run(config_map: &Value) -> Response {
-    let request = Request::for_object(config_map.clone()).unwrap();
+/// Reconciles `config_map` with `saved` as the controller's state for it.
+fn run_with(config_map: &Value, saved: Option<&str>) -> Response {
+    let mut request = Request::for_object(config_map.clone()).unwrap();
+    if let Some(saved) = saved {
+        request = request.with_state(saved);
+    }
     reconcile(&request, &FakeCluster::new()).expect("reconcile succeeds")
+}
+
+/// Reconciles `config_map` as last restarted for the blue data.
+fn run(config_map: &Value) -> Response {
+    run_with(config_map, Some(BLUE_DIGEST))
 }
 
 fn fixture(yaml: &str) -> Value {
     object_from_yaml(yaml)
 }
 
-fn record_of(digest: &str) -> Value {
-    json!({
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": "app-config",
-            "namespace": "demo",
-            "annotations": { DIGEST_ANNOTATION: digest },
-        },
-    })
-}
-
-/// What server-side apply does with the record: merge its annotation into the ConfigMap.
-fn apply_record(config_map: &mut Value, record: &Value) {
-    let digest = object::annotation(record, DIGEST_ANNOTATION).expect("record has a digest");
-    config_map["metadata"]["annotations"][DIGEST_ANNOTATION] = json!(digest);
+#[test]
+fn first_sighting_saves_the_digest_only() {
+    let config_map = fixture(include_str!("fixtures/first-sighting.yaml"));
+    let response = run_with(&config_map, None);
+    assert_eq!(response.actions, [Action::SetState(Some(BLUE_DIGEST.into()))]);
 }
 
 #[test]
-fn first_sighting_records_the_digest_only() {
-    let response = run(&fixture(include_str!("fixtures/first-sighting.yaml")));
-    assert_eq!(response.actions, [Action::Apply(record_of(BLUE_DIGEST))]);
-}
-
-#[test]
-fn changed_data_restarts_once_then_records() {
-    let mut config_map = fixture(include_str!("fixtures/data-changed.yaml"));
+fn changed_data_restarts_the_pods_older_than_the_change_then_saves() {
+    let config_map = fixture(include_str!("fixtures/data-changed.yaml"));
     let response = run(&config_map);
     let green = data_digest(&config_map);
     assert_ne!(green, BLUE_DIGEST);
     assert_eq!(
         response.actions,
         [
-            Action::delete_all_of("v1", "Pod", Some("demo"), "app=frontend"),
-            Action::Apply(record_of(&green)),
+            Action::DeleteAllOf {
+                api_version: "v1".into(),
+                kind: "Pod".into(),
+                namespace: Some("demo".into()),
+                label_selector: "app=frontend".into(),
+                // The data's last writer (kubectl-patch), not the later relabel.
+                created_before: Some("2026-11-23T12:00:05Z".into()),
+            },
+            Action::SetState(Some(green.clone())),
             Action::Event {
                 event_type: EventType::Normal,
                 reason: "PodsRestarted".into(),
                 message: "ConfigMap data changed: deleted the Pods in namespace demo \
-                          matching \"app=frontend\""
+                          matching \"app=frontend\", created before the change at \
+                          2026-11-23T12:00:05Z"
                     .into(),
             },
         ]
     );
+    // Once the host has saved the state, the same data restarts nothing.
+    assert!(run_with(&config_map, Some(&green)).is_empty());
+}
 
-    // Once the host has applied the record, the same data restarts nothing.
-    apply_record(&mut config_map, response.applied()[0]);
-    assert!(run(&config_map).is_empty());
+#[test]
+fn a_runtime_killed_before_saving_deletes_only_the_same_old_pods_again() {
+    // Killed after the deletes, before the state was saved: the next reconcile sees the old
+    // state and the same ConfigMap, so it asks for the same deletion, bounded by the same
+    // time; the replacements, created after it, do not match it.
+    let config_map = fixture(include_str!("fixtures/data-changed.yaml"));
+    assert_eq!(run(&config_map), run(&config_map));
+    let Action::DeleteAllOf { created_before, .. } = &run(&config_map).actions[0] else {
+        panic!("not a deleteAllOf");
+    };
+    assert_eq!(created_before.as_deref(), Some("2026-11-23T12:00:05Z"));
+}
+
+#[test]
+fn without_managed_fields_every_matching_pod_is_restarted() {
+    let mut config_map = fixture(include_str!("fixtures/data-changed.yaml"));
+    config_map["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("managedFields");
+    assert_eq!(data_changed_at(&config_map), None);
+    let response = run(&config_map);
+    assert_eq!(
+        response.actions[0],
+        Action::delete_all_of("v1", "Pod", Some("demo"), "app=frontend")
+    );
 }
 
 #[test]
@@ -99,8 +125,7 @@ fn the_selector_picks_the_pods_of_the_configmaps_namespace() {
 
 #[test]
 fn same_digest_does_nothing() {
-    let mut config_map = fixture(include_str!("fixtures/first-sighting.yaml"));
-    apply_record(&mut config_map, &record_of(BLUE_DIGEST));
+    let config_map = fixture(include_str!("fixtures/first-sighting.yaml"));
     assert!(run(&config_map).is_empty());
 }
 
@@ -117,6 +142,7 @@ fn unannotated_configmap_is_ignored() {
 
 #[test]
 fn deleted_configmap_needs_nothing() {
+    // Its saved state is forgotten by the runtime once the object is gone.
     let request = Request::gone(ObjectRef::new(
         "v1",
         "ConfigMap",
@@ -184,7 +210,8 @@ fn pinned_digest_of_the_blue_data() {
 #[test]
 fn reads_go_through_the_request_only() {
     // The restarter never reads the cluster: a cluster refusing every read changes nothing.
-    let request = request_from_yaml(include_str!("fixtures/data-changed.yaml"));
+    let request =
+        request_from_yaml(include_str!("fixtures/data-changed.yaml")).with_state(BLUE_DIGEST);
     let refusing = FakeCluster::new().refusing_reads("no reads granted");
     let response = reconcile(&request, &refusing).unwrap();
     assert_eq!(response.actions.len(), 3);

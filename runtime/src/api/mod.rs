@@ -6,6 +6,7 @@
 mod quantity;
 mod reason;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -60,6 +61,11 @@ pub struct WasmControllerSpec {
     /// Reconcile every parent at least this often, even without changes. Default 300.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resync_period_seconds: Option<u32>,
+    /// Put this controller's finalizer on its parents: a parent being deleted waits until the
+    /// guest, called with `finalizing`, answers `finalized`. The ServiceAccount needs `patch`
+    /// on the parents. Deleting the controller (or turning this off) removes its finalizers.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub finalize: bool,
 }
 
 /// A cluster-wide controller, declared by an administrator. Same spec; parents in every
@@ -246,6 +252,17 @@ pub struct WasmControllerStatus {
     /// The last failure, if the last call failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// Parents being deleted that wait for this controller's clean-up (`spec.finalize`), at
+    /// most 16 listed (always written, so that an emptied list replaces the last one).
+    #[serde(default)]
+    #[schemars(length(max = 17))]
+    pub finalizing: Vec<String>,
+    /// The state the guest saved per object (`setState`), by `namespace/name`: written by the
+    /// runtime one key at a time, never with the rest of the status. At most 256 objects,
+    /// 512 bytes each.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 256, "additionalProperties" = {"type": "string", "maxLength": 512}))]
+    pub guest_state: BTreeMap<String, String>,
 }
 
 impl ControllerLimits {

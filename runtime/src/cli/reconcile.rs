@@ -8,7 +8,9 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
 use kubewasm::api::{ClusterWasmController, WasmController, WasmControllerSpec};
 use kubewasm::host::{GrantedReads, ObjectSet, ObjectSource, Permissions, module};
-use kubewasm::sandbox::{Action, Limits, ObjectRef, Request, Sandbox, SandboxConfig};
+use kubewasm::sandbox::{
+    Action, Limits, ObjectRef, Request, Sandbox, SandboxConfig, parse_time,
+};
 use kubewasm_guest_sdk::query::Query;
 use serde_json::Value;
 
@@ -31,6 +33,10 @@ pub struct Args {
     /// More objects the guest can read, and observed children (YAML, repeatable).
     #[arg(long)]
     state: Vec<PathBuf>,
+    /// What the controller saved for this object earlier with `setState` (the request's
+    /// `state`, e.g. the restarter's data digest); by default nothing.
+    #[arg(long, value_name = "STRING")]
+    saved: Option<String>,
 }
 
 struct Declared {
@@ -77,6 +83,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         parent: Some(parent),
         children,
         previous: None,
+        state: args.saved.clone(),
+        finalizing: false,
     };
     let state = Arc::new(ObjectSet::new(state));
     let reads = Arc::new(GrantedReads::new(
@@ -255,15 +263,21 @@ fn render(target: &ObjectRef, actions: &[Action], state: &ObjectSet) -> anyhow::
                 kind,
                 namespace,
                 label_selector,
+                created_before,
             } => {
                 let ns = namespace
                     .as_deref()
                     .or(target.namespace.as_deref())
                     .unwrap_or("(cluster)");
+                let before = created_before
+                    .as_deref()
+                    .map(|t| format!(" created before {t}"))
+                    .unwrap_or_default();
                 out.push_str(&format!(
-                    "# action {n}: delete every {kind} ({api_version}) in namespace {ns} matching `{label_selector}`\n"
+                    "# action {n}: delete every {kind} ({api_version}) in namespace {ns} matching `{label_selector}`{before}\n"
                 ));
-                for name in matching(state, api_version, kind, ns, label_selector) {
+                let before = created_before.as_deref().and_then(|t| parse_time(t).ok());
+                for name in matching(state, api_version, kind, ns, label_selector, before) {
                     out.push_str(&format!(
                         "#   would delete {kind} {ns}/{name} (from --state)\n"
                     ));
@@ -283,6 +297,16 @@ fn render(target: &ObjectRef, actions: &[Action], state: &ObjectSet) -> anyhow::
             Action::RequeueAfter(d) => out.push_str(&format!(
                 "# action {n}: reconcile {target} again in {d:?}\n"
             )),
+            Action::SetState(Some(saved)) => out.push_str(&format!(
+                "# action {n}: save state for {target}: {saved}\n"
+            )),
+            Action::SetState(None) => {
+                out.push_str(&format!("# action {n}: forget the state of {target}\n"))
+            }
+            Action::Finalized(done) => out.push_str(&format!(
+                "# action {n}: clean-up of {target} {}\n",
+                if *done { "done: remove the finalizer" } else { "not done yet" }
+            )),
         }
     }
     Ok(out)
@@ -299,6 +323,7 @@ fn matching(
     kind: &str,
     namespace: &str,
     selector: &str,
+    created_before: Option<k8s_openapi::jiff::Timestamp>,
 ) -> Vec<String> {
     let namespaced = state.namespaced(api_version, kind).unwrap_or(true);
     let namespace = Some(namespace).filter(|_| namespaced);
@@ -316,6 +341,14 @@ fn matching(
     kubewasm_guest_sdk::query::sort(&mut found);
     found
         .iter()
+        .filter(|o| match created_before {
+            None => true,
+            Some(before) => o
+                .pointer("/metadata/creationTimestamp")
+                .and_then(Value::as_str)
+                .and_then(|t| parse_time(t).ok())
+                .is_some_and(|created| created < before),
+        })
         .filter_map(|o| {
             o.pointer("/metadata/name")
                 .and_then(Value::as_str)

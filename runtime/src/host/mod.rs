@@ -8,7 +8,9 @@ mod grants;
 mod kinds;
 pub mod module;
 mod reads;
+mod finalizer;
 mod runner;
+mod state;
 
 pub use access::{AccessReviews, MissingReads, READ_VERBS, ReviewFailed, ServiceAccount};
 pub use actions::{ActionError, ChildKind, Executor};
@@ -16,4 +18,6 @@ pub use cache::{CacheSource, to_json};
 pub use grants::{Denied, Permissions};
 pub use kinds::DeclaredKinds;
 pub use reads::{GrantedReads, ObjectSet, ObjectSource};
-pub use runner::{ControllerSetup, Runner, Stats};
+pub use finalizer::Finalizer;
+pub use runner::{ControllerSetup, MAX_LISTED_FINALIZING, Runner, Stats};
+pub use state::{GuestState, StateError, StateOwner};

@@ -17,10 +17,13 @@ use crate::api::Reason;
 use crate::controller::{Backoff, Change, Fence, ObjectKey, TokenBucket, Watch, WorkQueue};
 use crate::metrics::Metrics;
 use crate::sandbox::{
-    GuestPre, Limits, MAX_GUEST_MESSAGE_BYTES, ObjectRef, Request, Sandbox, bounded, requeue_delay,
+    Action, EventType, GuestPre, Limits, MAX_GUEST_MESSAGE_BYTES, ObjectRef, Request, Sandbox,
+    bounded, requeue_delay,
 };
 
 use super::actions::{ChildKind, EventRecorder, Executor};
+use super::finalizer::{Finalizer, Phase};
+use super::state::GuestState;
 use super::cache::{CacheSource, to_json};
 use super::grants::Permissions;
 use super::kinds::DeclaredKinds;
@@ -39,6 +42,8 @@ pub struct Stats {
     pub failures: AtomicU64,
     /// The last failure, cleared by the next success.
     pub last_error: Mutex<Option<(Reason, String)>>,
+    /// Parents being deleted whose clean-up the guest has not said done.
+    pub finalizing: Mutex<std::collections::BTreeSet<ObjectKey>>,
 }
 
 /// Everything a running controller needs; built by the manager from a WasmController.
@@ -77,7 +82,21 @@ pub struct ControllerSetup {
     pub sandbox: Sandbox,
     /// Where reconcile counts and durations go.
     pub metrics: Arc<Metrics>,
+    /// The state the guest saves per object (kept across restarts of the controller).
+    pub state: Arc<GuestState>,
+    /// This controller's finalizer (`None` when its name cannot make one).
+    pub finalizer: Option<Finalizer>,
+    /// Whether the controller asked for its finalizer on its parents (`spec.finalize`);
+    /// when not, a finalizer of it left on a parent is removed.
+    pub finalize: bool,
 }
+
+/// How soon a parent whose clean-up the guest has not finished is looked at again, when the
+/// guest does not say.
+const FINALIZE_RETRY: Duration = Duration::from_secs(10);
+
+/// Most parents listed in the status as waiting for clean-up.
+pub const MAX_LISTED_FINALIZING: usize = 16;
 
 /// A running controller.
 pub struct Runner {
@@ -311,6 +330,17 @@ impl Runner {
             }
         }
         let parent_json = parent.as_ref().map(|p| to_json(parent_watch, p));
+        let finalizing = match (&parent_json, &s.finalizer) {
+            (Some(p), Some(f)) => match (f.phase(p), s.finalize) {
+                (Phase::Missing, true) => return self.add_finalizer(f, p).await,
+                (Phase::Held | Phase::Finalizing, false) => {
+                    return self.remove_finalizer(f, p).await;
+                }
+                (Phase::Finalizing, true) => true,
+                _ => false,
+            },
+            _ => false,
+        };
         let children = match &parent {
             Some(p) => self.children_of(p),
             None => Vec::new(),
@@ -334,6 +364,8 @@ impl Runner {
             parent: parent_json.clone(),
             children: children.clone(),
             previous,
+            state: s.state.get(&key.to_string()),
+            finalizing,
         };
         let reads = Arc::new(GrantedReads::new(
             Arc::new(s.reads.clone()),
@@ -346,6 +378,20 @@ impl Runner {
             .reconcile(self.guest(), request, reads, s.limits)
             .await
             .map_err(|e| (e.reason(), e.to_string()))?;
+        let finalized = finalizing && outcome.response.is_finalized();
+        let mut actions = std::borrow::Cow::Borrowed(&outcome.response.actions);
+        if finalizing && !finalized {
+            actions.to_mut().push(Action::Event {
+                event_type: EventType::Warning,
+                reason: "FinalizationPending".into(),
+                message: format!(
+                    "the deletion waits for controller {} to finish its clean-up (its finalizer {} stays until it answers `finalized`)",
+                    s.id,
+                    s.finalizer.as_ref().map(Finalizer::name).unwrap_or_default()
+                ),
+            });
+        }
+        let state_key = key.to_string();
         let child_kinds: Vec<ChildKind> = s.children.iter().map(|(c, _)| c.clone()).collect();
         let executor = Executor {
             client: s.client.clone(),
@@ -360,11 +406,34 @@ impl Runner {
             child_kinds: &child_kinds,
             children: &children,
             events: &self.events,
+            state: (&s.state, &state_key),
         };
         let done = executor
-            .execute(&outcome.response.actions)
+            .execute(&actions)
             .await
             .map_err(|e| (Reason::ActionFailed, e.to_string()))?;
+        for skipped in &done.skipped {
+            tracing::warn!("{skipped}");
+        }
+        if parent.is_none() {
+            // The object is gone: so is what the controller kept about it.
+            self.forget_state(&state_key).await?;
+        }
+        let mut finalize_retry = None;
+        {
+            let mut waiting = self.stats.finalizing.lock().unwrap_or_else(|e| e.into_inner());
+            if finalizing && !finalized {
+                waiting.insert(key.clone());
+                finalize_retry = Some(FINALIZE_RETRY);
+            } else {
+                waiting.remove(key);
+            }
+        }
+        if finalized
+            && let (Some(f), Some(p)) = (&s.finalizer, &parent_json)
+        {
+            self.remove_finalizer(f, p).await?;
+        }
         {
             let mut reconciled = self.reconciled.lock().unwrap_or_else(|e| e.into_inner());
             match parent {
@@ -380,12 +449,111 @@ impl Runner {
             actions = outcome.response.actions.len(),
             "reconciled"
         );
-        let after = [requeue_delay(&outcome.response), done.requeue_after]
+        let after = [
+            requeue_delay(&outcome.response),
+            done.requeue_after,
+            finalize_retry,
+        ]
             .into_iter()
             .flatten()
             .min()
             .map(|after| after.max(s.requeue_floor));
         Ok(after)
+    }
+
+    /// Adds the finalizer to a parent that lacks it; the guest is called once the watch
+    /// brings the parent back with it. A conflict (the parent changed meanwhile) waits for
+    /// that change to arrive.
+    async fn add_finalizer(
+        &self,
+        f: &Finalizer,
+        parent: &Value,
+    ) -> Result<Option<Duration>, (Reason, String)> {
+        self.finalizer_write(parent, "add", f.add(self.setup.client.clone(), self.setup.parent.kind(), parent))
+            .await
+    }
+
+    /// Removes the finalizer from a parent (clean-up done, or `spec.finalize` turned off).
+    async fn remove_finalizer(
+        &self,
+        f: &Finalizer,
+        parent: &Value,
+    ) -> Result<Option<Duration>, (Reason, String)> {
+        self.finalizer_write(
+            parent,
+            "remove",
+            f.remove(self.setup.client.clone(), self.setup.parent.kind(), parent),
+        )
+        .await
+    }
+
+    async fn finalizer_write(
+        &self,
+        parent: &Value,
+        what: &str,
+        write: impl std::future::Future<Output = Result<(), kube::Error>>,
+    ) -> Result<Option<Duration>, (Reason, String)> {
+        self.setup.budget.take().await;
+        if !self.setup.fence.is_open() {
+            return Ok(None);
+        }
+        let name = parent.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+        match write.await {
+            Ok(()) => {
+                tracing::info!("{what} finalizer on {name}: done");
+                Ok(None)
+            }
+            // Changed or gone since observed: the watch brings the news, and a reconcile.
+            Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => Ok(None),
+            Err(e) => Err((
+                Reason::ActionFailed,
+                format!(
+                    "could not {what} this controller's finalizer on {name}: {} (the ServiceAccount needs `patch` on {})",
+                    super::actions::api_message(&e),
+                    self.setup.parent.kind().resource.plural
+                ),
+            )),
+        }
+    }
+
+    /// Forgets the saved state of an object that is gone.
+    async fn forget_state(&self, key: &str) -> Result<(), (Reason, String)> {
+        if !self.setup.state.changes(key, None) {
+            return Ok(());
+        }
+        self.setup.budget.take().await;
+        if !self.setup.fence.is_open() {
+            return Ok(());
+        }
+        self.setup
+            .state
+            .set(key, None)
+            .await
+            .map_err(|e| (Reason::ActionFailed, e.to_string()))
+    }
+
+    /// Removes this controller's finalizer from every parent that carries it, without
+    /// calling the guest: the controller is going away (deleted, or `spec.finalize` turned
+    /// off while the runtime was not running it). Failures are logged.
+    pub async fn release_finalizers(&self) {
+        let Some(f) = &self.setup.finalizer else { return };
+        for parent in self.setup.parent.store().state() {
+            let key = ObjectKey::of(&parent);
+            if !self.in_scope(&key) {
+                continue;
+            }
+            let json = to_json(&self.setup.parent, &parent);
+            if !f.is_on(&json) {
+                continue;
+            }
+            match f
+                .remove(self.setup.client.clone(), self.setup.parent.kind(), &json)
+                .await
+            {
+                Ok(()) => tracing::info!(controller = self.setup.id.as_str(), object = %key, "released finalizer {}", f.name()),
+                Err(e) => tracing::warn!(controller = self.setup.id.as_str(), object = %key, "could not release finalizer {}: {}; remove it with kubectl patch (metadata.finalizers)", f.name(), super::actions::api_message(&e)),
+            }
+        }
     }
 
     fn children_of(&self, parent: &DynamicObject) -> Vec<Value> {

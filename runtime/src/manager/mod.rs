@@ -20,7 +20,7 @@ mod modules;
 mod setup;
 mod status;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,7 +32,7 @@ use tokio::task::JoinHandle;
 
 use crate::api::{ClusterWasmController, Reason, WasmController, WasmControllerSpec};
 use crate::controller::{Fence, Resolver, SharedWatches, Watch};
-use crate::host::{AccessReviews, Runner};
+use crate::host::{AccessReviews, GuestState, Runner, StateOwner};
 use crate::metrics::Metrics;
 use crate::sandbox::{GuestPre, Sandbox, SandboxConfig};
 
@@ -115,6 +115,8 @@ impl std::fmt::Display for ControllerId {
 /// What the manager knows of one declared controller.
 struct Managed {
     spec: WasmControllerSpec,
+    /// The guest's saved states, kept across restarts of the controller in this process.
+    state: Arc<GuestState>,
     generation: Option<i64>,
     runner: Option<(Arc<Runner>, JoinHandle<()>)>,
     guest: Option<Arc<GuestPre>>,
@@ -149,8 +151,17 @@ pub struct Manager {
     config_maps: Option<Arc<Watch>>,
 }
 
+/// A declared controller as its object says.
+struct Seen {
+    id: ControllerId,
+    generation: Option<i64>,
+    spec: WasmControllerSpec,
+    /// `status.guestState`: the guest's saved state, read when the controller is first seen.
+    guest_state: BTreeMap<String, String>,
+}
+
 enum Declared {
-    Upsert(ControllerId, Option<i64>, Box<WasmControllerSpec>),
+    Upsert(Box<Seen>),
     Delete(ControllerId),
     Relisted(HashSet<ControllerId>, bool),
 }
@@ -211,21 +222,25 @@ impl Manager {
             Some(ns) => Api::<WasmController>::namespaced(self.client.clone(), ns),
             None => Api::<WasmController>::all(self.client.clone()),
         };
-        tokio::spawn(watch_declared(wc, tx.clone(), |o: WasmController| {
-            let id = ControllerId {
+        tokio::spawn(watch_declared(wc, tx.clone(), |o: WasmController| Seen {
+            id: ControllerId {
                 namespace: o.namespace(),
                 name: o.name_any(),
-            };
-            (id, o.metadata.generation, o.spec)
+            },
+            generation: o.metadata.generation,
+            spec: o.spec,
+            guest_state: o.status.map(|s| s.guest_state).unwrap_or_default(),
         }));
         if self.config.namespace.is_none() {
             let cwc = Api::<ClusterWasmController>::all(self.client.clone());
-            tokio::spawn(watch_declared(cwc, tx, |o: ClusterWasmController| {
-                let id = ControllerId {
+            tokio::spawn(watch_declared(cwc, tx, |o: ClusterWasmController| Seen {
+                id: ControllerId {
                     namespace: None,
                     name: o.name_any(),
-                };
-                (id, o.metadata.generation, o.spec.controller)
+                },
+                generation: o.metadata.generation,
+                spec: o.spec.controller,
+                guest_state: o.status.map(|s| s.guest_state).unwrap_or_default(),
             }));
         }
 
@@ -275,15 +290,32 @@ impl Manager {
 
     async fn on_declared(&mut self, event: Declared) {
         match event {
-            Declared::Upsert(id, generation, spec) => {
+            Declared::Upsert(seen) => {
+                let Seen {
+                    id,
+                    generation,
+                    spec,
+                    guest_state,
+                } = *seen;
                 let known = self.controllers.get(&id);
-                if known.is_some_and(|m| m.generation == generation && m.spec == *spec) {
+                if known.is_some_and(|m| m.generation == generation && m.spec == spec) {
                     return;
                 }
                 self.stop(&id).await;
-                let guest = self.controllers.remove(&id).and_then(|m| m.guest);
+                let old = self.controllers.remove(&id);
+                let guest = old.as_ref().and_then(|m| m.guest.clone());
+                // The state in memory is at least as new as the status the watch brings (this
+                // process wrote it); the status is read only the first time.
+                let state = match old {
+                    Some(m) => m.state,
+                    None => Arc::new(GuestState::new(
+                        StateOwner::of(self.client.clone(), id.namespace.as_deref(), &id.name),
+                        guest_state,
+                    )),
+                };
                 let managed = Managed {
-                    spec: *spec,
+                    spec,
+                    state,
                     generation,
                     runner: None,
                     guest,
@@ -297,6 +329,7 @@ impl Manager {
                 self.start(&id).await;
             }
             Declared::Delete(id) => {
+                self.release_finalizers(&id).await;
                 self.stop(&id).await;
                 self.controllers.remove(&id);
                 tracing::info!(controller = %id, "controller removed");
@@ -308,11 +341,27 @@ impl Manager {
                     .filter(|id| id.namespace.is_none() == cluster && !seen.contains(id))
                     .cloned()
                     .collect();
+                for id in &gone {
+                    self.release_finalizers(id).await;
+                }
                 self.stop_all(&gone).await;
                 for id in gone {
                     self.controllers.remove(&id);
                 }
             }
+        }
+    }
+
+    /// A controller that put its finalizer on parents is going away: remove them, so that
+    /// no parent waits for a controller that no longer exists.
+    async fn release_finalizers(&self, id: &ControllerId) {
+        let Some(m) = self.controllers.get(id) else {
+            return;
+        };
+        if let (true, Some((runner, _))) = (m.spec.finalize, &m.runner)
+            && self.fence.is_open()
+        {
+            runner.release_finalizers().await;
         }
     }
 
@@ -346,7 +395,7 @@ impl Manager {
             return;
         };
         let Some(guest) = m.guest.clone() else { return };
-        match self.setup(id, &m.spec).await {
+        match self.setup(id, &m.spec, m.state.clone()).await {
             Ok((setup, access)) => {
                 let runner = Runner::new(setup, guest);
                 let task = tokio::spawn(runner.clone().run());
@@ -438,23 +487,20 @@ where
         + serde::de::DeserializeOwned
         + Send
         + 'static,
-    F: Fn(K) -> (ControllerId, Option<i64>, WasmControllerSpec),
+    F: Fn(K) -> Seen,
 {
     let cluster = K::kind(&()) == "ClusterWasmController";
     let mut stream = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
     let mut seen = HashSet::new();
     while let Some(event) = stream.next().await {
         let msg = match event {
-            Ok(watcher::Event::Apply(o)) => {
-                let (id, generation, spec) = split(o);
-                Declared::Upsert(id, generation, Box::new(spec))
-            }
+            Ok(watcher::Event::Apply(o)) => Declared::Upsert(Box::new(split(o))),
             Ok(watcher::Event::InitApply(o)) => {
-                let (id, generation, spec) = split(o);
-                seen.insert(id.clone());
-                Declared::Upsert(id, generation, Box::new(spec))
+                let declared = split(o);
+                seen.insert(declared.id.clone());
+                Declared::Upsert(Box::new(declared))
             }
-            Ok(watcher::Event::Delete(o)) => Declared::Delete(split(o).0),
+            Ok(watcher::Event::Delete(o)) => Declared::Delete(split(o).id),
             Ok(watcher::Event::Init) => {
                 seen.clear();
                 continue;

@@ -9,7 +9,8 @@ use kubewasm_guest_sdk::selector::Selector;
 use crate::api::{Reason, Verb, WasmControllerSpec};
 use crate::controller::{Kind, TokenBucket};
 use crate::host::{
-    CacheSource, ChildKind, ControllerSetup, DeclaredKinds, Permissions, ServiceAccount,
+    CacheSource, ChildKind, ControllerSetup, DeclaredKinds, Finalizer, GuestState, Permissions,
+    ServiceAccount,
 };
 
 use super::{ControllerId, Manager, Problem};
@@ -22,7 +23,14 @@ impl Manager {
         &self,
         id: &ControllerId,
         spec: &WasmControllerSpec,
+        state: Arc<GuestState>,
     ) -> Result<(ControllerSetup, ReadAccess), Problem> {
+        let finalizer = Finalizer::for_controller(id.namespace.is_some(), &id.name);
+        if spec.finalize
+            && let Err(why) = &finalizer
+        {
+            return Err(Problem::new(Reason::InvalidSpec, why.clone()));
+        }
         let asked = spec
             .limits
             .resolve()
@@ -140,6 +148,9 @@ impl Manager {
             kinds,
             sandbox: self.sandbox.clone(),
             metrics: self.metrics.clone(),
+            state,
+            finalizer: finalizer.ok(),
+            finalize: spec.finalize,
         };
         Ok((setup, access))
     }

@@ -10,6 +10,7 @@ use serde_json::json;
 use crate::api::{ClusterWasmController, Reason, WasmController, WasmControllerStatus};
 
 use super::{ControllerId, Managed, Manager};
+use crate::host::MAX_LISTED_FINALIZING;
 
 /// Why something is not working: a CamelCase reason and a sentence.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,7 +109,7 @@ fn desired(m: &Managed) -> WasmControllerStatus {
         }
         (None, None, None) => condition("Ready", false, Reason::Starting, "starting".into(), g),
     };
-    let (reconciles, failures, last_error) = match &m.runner {
+    let (reconciles, failures, last_error, finalizing) = match &m.runner {
         Some((runner, _)) => {
             let s = runner.stats();
             let last = s
@@ -116,13 +117,23 @@ fn desired(m: &Managed) -> WasmControllerStatus {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone();
+            let waiting = s.finalizing.lock().unwrap_or_else(|e| e.into_inner());
+            let mut finalizing: Vec<String> = waiting
+                .iter()
+                .take(MAX_LISTED_FINALIZING)
+                .map(ToString::to_string)
+                .collect();
+            if waiting.len() > MAX_LISTED_FINALIZING {
+                finalizing.push(format!("and {} more", waiting.len() - MAX_LISTED_FINALIZING));
+            }
             (
                 s.reconciles.load(Ordering::Relaxed),
                 s.failures.load(Ordering::Relaxed),
                 last,
+                finalizing,
             )
         }
-        None => (0, 0, None),
+        None => (0, 0, None, Vec::new()),
     };
     let degraded = match &last_error {
         Some((reason, message)) => condition("Degraded", true, *reason, message.clone(), g),
@@ -141,6 +152,8 @@ fn desired(m: &Managed) -> WasmControllerStatus {
         reconciles,
         failures,
         last_error: last_error.map(|(_, m)| m),
+        finalizing,
+        guest_state: Default::default(),
     }
 }
 

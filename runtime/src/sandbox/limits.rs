@@ -2,6 +2,12 @@
 
 use std::time::Duration;
 
+/// Most bytes of the state a controller saves for one object (`setState`).
+pub const MAX_GUEST_STATE_BYTES: usize = 512;
+
+/// Most objects a controller keeps state for at once.
+pub const MAX_GUEST_STATE_OBJECTS: usize = 256;
+
 /// Limits for one reconcile call. Every limit is on by default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {

@@ -15,12 +15,12 @@ mod types;
 pub use call::CallOutcome;
 pub use engine::{Digest, GuestPre, Sandbox, SandboxConfig};
 pub use error::{CallError, LoadError};
-pub use limits::Limits;
+pub use limits::{Limits, MAX_GUEST_STATE_BYTES, MAX_GUEST_STATE_OBJECTS};
 pub use output::Captured;
 pub use text::{
     MAX_EVENT_REASON_BYTES, MAX_GUEST_LOG_LINE_BYTES, MAX_GUEST_MESSAGE_BYTES, bounded,
 };
 pub use types::{
     Action, Error, EventType, NoReads, ObjectRef, Reads, Request, Response, SharedReads,
-    decode_response, requeue_delay,
+    decode_response, parse_time, requeue_delay,
 };

@@ -15,7 +15,7 @@ use serde::de::{DeserializeSeed, Error as _, IgnoredAny, MapAccess, SeqAccess, V
 use serde_json::Value;
 
 use super::bindings::wit;
-use super::limits::Limits;
+use super::limits::{Limits, MAX_GUEST_STATE_BYTES};
 use super::text::{MAX_EVENT_REASON_BYTES, MAX_GUEST_MESSAGE_BYTES, bounded, prefix};
 
 /// The request as the WIT export takes it: JSON documents as strings.
@@ -32,6 +32,8 @@ pub(crate) fn request_to_wit(request: &Request) -> wit::Request {
         parent: request.parent.as_ref().map(Value::to_string),
         children: request.children.iter().map(Value::to_string).collect(),
         previous: request.previous.as_ref().map(Value::to_string),
+        state: request.state.clone(),
+        finalizing: request.finalizing,
     }
 }
 
@@ -156,14 +158,25 @@ fn check_action(action: Action) -> Result<Action, String> {
             kind,
             namespace,
             label_selector,
+            created_before,
         } => {
             check_delete_selector(&label_selector).map_err(|e| format!("deleteAllOf: {e}"))?;
+            if let Some(time) = &created_before {
+                parse_time(time).map_err(|e| format!("deleteAllOf: createdBefore: {e}"))?;
+            }
             Action::DeleteAllOf {
                 api_version,
                 kind,
                 namespace,
                 label_selector,
+                created_before,
             }
+        }
+        Action::SetState(Some(state)) if state.len() > MAX_GUEST_STATE_BYTES => {
+            return Err(format!(
+                "setState: the state is {} bytes, more than the limit of {MAX_GUEST_STATE_BYTES} bytes per object; keep a digest or a version, not the data",
+                state.len()
+            ));
         }
         Action::Event {
             event_type,
@@ -174,7 +187,21 @@ fn check_action(action: Action) -> Result<Action, String> {
             reason: prefix(&reason, MAX_EVENT_REASON_BYTES).to_owned(),
             message: bounded(&message, MAX_GUEST_MESSAGE_BYTES).into_owned(),
         },
-        other @ (Action::Delete(_) | Action::RequeueAfter(_)) => other,
+        other @ (Action::Delete(_)
+        | Action::RequeueAfter(_)
+        | Action::SetState(_)
+        | Action::Finalized(_)) => other,
+    })
+}
+
+/// A time as the API server writes it (RFC 3339, e.g. `2026-11-23T12:00:00Z`); the message
+/// quotes at most 64 bytes of what it got.
+pub fn parse_time(time: &str) -> Result<k8s_openapi::jiff::Timestamp, String> {
+    time.parse().map_err(|e| {
+        format!(
+            "`{}` is not an RFC 3339 time such as 2026-11-23T12:00:00Z: {e}",
+            bounded(time, 64)
+        )
     })
 }
 

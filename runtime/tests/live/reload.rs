@@ -11,7 +11,7 @@ use crate::cluster::{
     WAIT, apply, apply_all, condition, controller_status, ensure_condition, fixture, guest,
     module_config_map, prepare, sha256, wait_status,
 };
-use crate::restarter::wait_digest;
+use crate::restarter::{Owner, wait_digest};
 use crate::runtime::{RuntimeProcess, finish};
 use crate::support::{ControlPlane, eventually};
 use crate::{SELECTOR_ANNOTATION, merge};
@@ -68,7 +68,7 @@ async fn hot_reload(client: &Client, ns: &str, runtime: &mut RuntimeProcess) -> 
     })
     .await?;
 
-    // Module B, the ConfigMap restarter: the digest annotation instead.
+    // Module B, the ConfigMap restarter: its saved digest instead.
     apply(client, &module(&restarter)).await?;
     wait_status(
         client,
@@ -87,7 +87,9 @@ async fn hot_reload(client: &Client, ns: &str, runtime: &mut RuntimeProcess) -> 
     )
     .await?;
     apply(client, &probe(ns, "probe-b", "1")).await?;
-    let recorded = wait_digest(&config_maps, "probe-b", None).await?;
+    let owner = Owner::Namespaced(ns, "reloader");
+    let probe_b = format!("{ns}/probe-b");
+    let recorded = wait_digest(client, owner, &probe_b, None).await?;
     let data = config_maps.get("probe-b").await?.data.unwrap_or_default();
     ensure!(
         !data.contains_key("mode"),
@@ -128,7 +130,7 @@ async fn hot_reload(client: &Client, ns: &str, runtime: &mut RuntimeProcess) -> 
             &merge(json!({"data": {"value": "2"}})),
         )
         .await?;
-    wait_digest(&config_maps, "probe-b", Some(&recorded)).await?;
+    wait_digest(client, owner, &probe_b, Some(&recorded)).await?;
     let status = controller_status(client, ns, "reloader").await?;
     ensure_condition(&status, "Ready", "True")?;
     runtime.ensure_running()?;

@@ -1,19 +1,18 @@
 //! Watching what the ConfigMap restarter does: the Pods it deletes (and their Deployment
-//! replaces), the digest annotation it records, the Events it emits.
+//! replaces), the data digest it saves as its state (in the WasmController's status), the
+//! Events it emits.
 
 use std::collections::BTreeMap;
 
 use anyhow::{Context, Result, bail, ensure};
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod};
+use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{ListParams, PostParams};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
+use kubewasm::api::ClusterWasmController;
 use serde_json::json;
 
-use crate::cluster::{WAIT, live_pods};
+use crate::cluster::{WAIT, controller_status, live_pods};
 use crate::support::eventually;
-
-/// Where the restarter keeps the digest of the data the Pods were last restarted for.
-pub const DIGEST_ANNOTATION: &str = "restarter.kubewasm.dev/data-digest";
 
 /// Creates a Pod with label `app=<app>` (it stays Pending: there are no nodes).
 pub async fn create_pod(pods: &Api<Pod>, name: &str, app: &str) -> Result<()> {
@@ -62,21 +61,47 @@ pub async fn ensure_pods(
     Ok(())
 }
 
-/// Waits until the restarter recorded a data digest on ConfigMap `name` other than `not`.
+/// The controller whose status holds a restarter's state: a WasmController (namespace,
+/// name) or a ClusterWasmController (name).
+#[derive(Debug, Clone, Copy)]
+pub enum Owner<'a> {
+    /// A WasmController.
+    Namespaced(&'a str, &'a str),
+    /// A ClusterWasmController.
+    Cluster(&'a str),
+}
+
+impl Owner<'_> {
+    /// The state it saved for `key` (`namespace/name` of the ConfigMap).
+    pub async fn saved(&self, client: &Client, key: &str) -> Result<Option<String>> {
+        let status = match *self {
+            Owner::Namespaced(ns, name) => controller_status(client, ns, name).await?,
+            Owner::Cluster(name) => Api::<ClusterWasmController>::all(client.clone())
+                .get(name)
+                .await?
+                .status
+                .unwrap_or_default(),
+        };
+        Ok(status.guest_state.get(key).cloned())
+    }
+}
+
+/// Waits until the restarter `owner` saved a data digest for ConfigMap `key`
+/// (`namespace/name`) other than `not`.
 pub async fn wait_digest(
-    config_maps: &Api<ConfigMap>,
-    name: &str,
+    client: &Client,
+    owner: Owner<'_>,
+    key: &str,
     not: Option<&str>,
 ) -> Result<String> {
     let what = match not {
-        Some(old) => format!("the restarter records a new data digest on {name} (was {old})"),
-        None => format!("the restarter records the data digest on {name}"),
+        Some(old) => format!("the restarter saves a new data digest for {key} (was {old})"),
+        None => format!("the restarter saves the data digest for {key}"),
     };
     eventually(&what, WAIT, || async {
-        let cm = config_maps.get(name).await?;
-        match cm.annotations().get(DIGEST_ANNOTATION) {
-            Some(digest) if Some(digest.as_str()) != not => Ok(Some(digest.clone())),
-            other => bail!("{DIGEST_ANNOTATION} is {other:?}"),
+        match owner.saved(client, key).await? {
+            Some(digest) if Some(digest.as_str()) != not => Ok(Some(digest)),
+            other => bail!("status.guestState[{key}] is {other:?}"),
         }
     })
     .await

@@ -128,6 +128,20 @@ impl RuntimeProcess {
         }
     }
 
+    /// Kills the process with SIGKILL (no chance to finish anything) and waits for it.
+    pub fn kill(&mut self) -> Result<()> {
+        let Some(mut child) = self.child.take() else {
+            bail!("kubewasm run is not running");
+        };
+        let pid = child.id();
+        child.kill()?;
+        let status = child.wait()?;
+        self.note(&format!(
+            "=== test: kubewasm run (pid {pid}) killed with SIGKILL: {status}"
+        ));
+        Ok(())
+    }
+
     /// The pid of the running process.
     pub fn pid(&self) -> u32 {
         self.child

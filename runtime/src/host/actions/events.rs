@@ -160,13 +160,25 @@ impl Executor<'_> {
             ..CoreEvent::default()
         };
         self.may_write().await?;
-        let created = api
-            .create(&PostParams::default(), &event)
-            .await
-            .map_err(|source| ActionError::Api {
-                what: what(),
-                source,
-            })?;
+        let created = match api.create(&PostParams::default(), &event).await {
+            Ok(created) => created,
+            // An Event is a note to people, not part of the work: a ServiceAccount that may
+            // not create Events (the restarter tutorial's `joe`) still gets its work done,
+            // and the runtime's log says what was not recorded.
+            Err(kube::Error::Api(s)) if s.code == 403 => {
+                outcome.skipped.push(format!(
+                    "Event {reason} on {} not recorded: {} (grant `create` and `patch` on `events` to see them)",
+                    self.target, s.message
+                ));
+                return Ok(());
+            }
+            Err(source) => {
+                return Err(ActionError::Api {
+                    what: what(),
+                    source,
+                });
+            }
+        };
         if let Some(name) = created.metadata.name {
             self.events.remember(key, name, 1);
         }

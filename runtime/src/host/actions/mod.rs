@@ -33,6 +33,7 @@ use crate::controller::{Fence, Kind, TokenBucket};
 use crate::sandbox::{Action, ObjectRef};
 
 use super::grants::{Denied, Permissions};
+use super::state::GuestState;
 use super::kinds::DeclaredKinds;
 
 /// An action that could not be carried out.
@@ -100,6 +101,8 @@ pub struct Executor<'a> {
     pub children: &'a [Value],
     /// The controller's Events, counted per object and reason.
     pub events: &'a EventRecorder,
+    /// The controller's saved states (`setState`), and the target's key in them.
+    pub state: (&'a GuestState, &'a str),
 }
 
 /// Owned children a response applied, as `(apiVersion, kind, name)`: every other observed
@@ -113,6 +116,9 @@ pub struct Outcome {
     pub changes: Vec<String>,
     /// Ask to look again soon (e.g. a child is still being deleted).
     pub requeue_after: Option<Duration>,
+    /// What was left undone without failing the reconcile (an Event the ServiceAccount may not
+    /// create), for the log.
+    pub skipped: Vec<String>,
 }
 
 fn str_at<'v>(v: &'v Value, ptr: &str) -> Option<&'v str> {
@@ -136,6 +142,7 @@ impl Executor<'_> {
                     kind,
                     namespace,
                     label_selector,
+                    created_before,
                 } => {
                     let r = ObjectRef {
                         api_version: api_version.clone(),
@@ -143,8 +150,13 @@ impl Executor<'_> {
                         namespace: namespace.clone(),
                         name: String::new(),
                     };
-                    self.delete_matching(&r, label_selector, &mut outcome)
-                        .await?
+                    self.delete_matching(
+                        &r,
+                        label_selector,
+                        created_before.as_deref(),
+                        &mut outcome,
+                    )
+                    .await?
                 }
                 Action::SetStatus(status) => self.set_status(status, &mut outcome).await?,
                 Action::Event {
@@ -155,7 +167,18 @@ impl Executor<'_> {
                     self.record_event(*event_type, reason, message, &mut outcome)
                         .await?
                 }
-                Action::RequeueAfter(_) => {}
+                Action::SetState(value) => {
+                    let (state, key) = self.state;
+                    if state.changes(key, value.as_deref()) {
+                        self.may_write().await?;
+                        state
+                            .set(key, value.as_deref())
+                            .await
+                            .map_err(|e| ActionError::Invalid(e.to_string()))?;
+                        outcome.changes.push(format!("saved state for {}", self.target));
+                    }
+                }
+                Action::RequeueAfter(_) | Action::Finalized(_) => {}
             }
         }
         if self.parent.is_some() {

@@ -8,7 +8,7 @@ use kubewasm_guest_sdk::selector::Selector;
 use serde_json::Value;
 
 use crate::api::Verb;
-use crate::sandbox::ObjectRef;
+use crate::sandbox::{ObjectRef, parse_time};
 
 use super::{ActionError, Executor, Outcome};
 
@@ -45,8 +45,13 @@ impl Executor<'_> {
         &self,
         r: &ObjectRef,
         selector: &str,
+        created_before: Option<&str>,
         outcome: &mut Outcome,
     ) -> Result<(), ActionError> {
+        let before = created_before
+            .map(parse_time)
+            .transpose()
+            .map_err(ActionError::Invalid)?;
         Selector::parse(selector).map_err(|e| {
             ActionError::Invalid(format!("invalid label selector `{selector}`: {e}"))
         })?;
@@ -63,6 +68,14 @@ impl Executor<'_> {
                 source,
             })?;
         for object in found.items {
+            // Strictly earlier: objects made in the same second as `before` (the API server
+            // keeps seconds) are taken to be newer.
+            let created = object.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            if let Some(before) = before
+                && created.is_none_or(|c| c >= before)
+            {
+                continue;
+            }
             let value = serde_json::to_value(&object).unwrap_or(Value::Null);
             self.delete_object(kind, namespace.as_deref(), &value, outcome)
                 .await?;

@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 use crate::api::{UpdateStrategy, WasmControllerSpec};
 use crate::controller::{Fence, Kind, TokenBucket};
+use crate::host::GuestState;
 use crate::host::grants::Permissions;
 use crate::host::kinds::DeclaredKinds;
 use crate::sandbox::{Action, EventType, ObjectRef};
@@ -142,6 +143,7 @@ async fn run(
         child_kinds: &child_kinds,
         children: &observed,
         events,
+        state: (&GuestState::in_memory(), "ns/web"),
     };
     executor
         .execute(&actions)
