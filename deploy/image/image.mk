@@ -12,8 +12,11 @@ KUBEWASM_IMAGE ?= kubewasm/runtime:dev
 IMAGE_TARGET ?= x86_64-unknown-linux-musl
 IMAGE_DIR ?= $(KUBEWASM_CACHE)/images
 IMAGE_TAR ?= $(IMAGE_DIR)/kubewasm.tar
-# Arguments for cargo's build, e.g. IMAGE_NICE="nice -n 10" on a shared machine.
+# A prefix for cargo's build, e.g. IMAGE_NICE="nice -n 10" on a shared machine.
 IMAGE_NICE ?=
+# More cargo flags, e.g. IMAGE_CARGO_FLAGS=--locked in CI (the Dockerfile builds --locked; here
+# the lock file is treated as `make build` treats it).
+IMAGE_CARGO_FLAGS ?=
 
 .PHONY: image image-toolchain image-path image-size
 
@@ -30,7 +33,7 @@ image-toolchain:
 
 ## The image as a docker-archive that is also an OCI layout (one tarball); prints its path.
 image: image-toolchain
-	$(IMAGE_NICE) $(CARGO) build --release --locked --target $(IMAGE_TARGET) -p kubewasm --bin kubewasm
+	$(IMAGE_NICE) $(CARGO) build --release $(IMAGE_CARGO_FLAGS) --target $(IMAGE_TARGET) -p kubewasm --bin kubewasm
 	@mkdir -p $(IMAGE_DIR)
 	strip -o $(IMAGE_DIR)/kubewasm target/$(IMAGE_TARGET)/release/kubewasm
 	@SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 0) \
