@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
-# kubewasm's local Kubernetes control plane: etcd + kube-apiserver + kube-controller-manager
-# on loopback, built from Debian's own packages. See deploy/local/README.md.
+# kubewasm's local Kubernetes cluster: etcd + kube-apiserver + kube-controller-manager on
+# loopback, built from Debian's own packages, and optionally one real node (kube-scheduler,
+# containerd, a local image registry and the kubelet). See deploy/local/README.md.
 #
 #   cluster.sh install                 install missing Debian packages (idempotent)
-#   cluster.sh build                   build and cache kube-apiserver + kube-controller-manager
-#   cluster.sh up [--watch-pid PID] [STATE_DIR]
+#   cluster.sh build                   build and cache kube-apiserver, kube-controller-manager,
+#                                      kube-scheduler, the kubelet (and the static pause)
+#   cluster.sh up [--node] [--watch-pid PID] [STATE_DIR]
 #                                      start a control plane; the LAST line of stdout is
-#                                      `export KUBECONFIG=...`. With --watch-pid, a detached
-#                                      watchdog stops it once process PID is gone.
-#   cluster.sh down [STATE_DIR]        stop it (no process or port left behind)
+#                                      `export KUBECONFIG=...`. With --node, also a node
+#                                      (one per machine), Ready when `up` returns. With
+#                                      --watch-pid, a detached watchdog stops it all once
+#                                      process PID is gone.
+#   cluster.sh down [STATE_DIR]        stop it (no process, port, mount, cgroup, iptables rule
+#                                      or sysctl change left behind)
 #   cluster.sh env [STATE_DIR]         print `export KUBECONFIG=...` of a running control plane
 #   cluster.sh status [STATE_DIR]      say what runs
+#   cluster.sh images                  build (once) the pause and busybox images; print their paths
+#   cluster.sh image-push ARCHIVE NAME[:TAG]
+#                                      put a docker-save or OCI archive into the local registry,
+#                                      where the node's containerd finds NAME (e.g. `busybox`,
+#                                      `kubewasm/runtime:dev`); works with or without a node
 #
 # STATE_DIR defaults to $KUBEWASM_CLUSTER_DIR, else $KUBEWASM_CACHE/clusters/default.
 # Only `export` lines go to stdout; everything else goes to stderr.
@@ -21,17 +31,29 @@ CACHE=${KUBEWASM_CACHE:-${HOME:-/root}/.cache/kubewasm}
 K8S_DIR=$CACHE/k8s-v$K8S_VERSION
 BIN_DIR=$K8S_DIR/bin
 UP_TIMEOUT=${KUBEWASM_UP_TIMEOUT:-90}
+NODE= # set by `up --node`
 SELF=$(readlink -f "${BASH_SOURCE[0]}")
+HERE=$(dirname "$SELF")
 
 # etcd-server only when no envtest etcd is given; the build packages only until the
-# binaries are cached.
+# binaries are cached. The node's packages (`up --node`): containerd and runc run the
+# containers, the CNI plugins (which need iptables) wire them, docker-registry serves the
+# images, busybox-static is the busybox image, gcc + libc6-dev build the static pause; jq,
+# iproute2 and nftables (to delete the empty nftables table iptables-nft leaves) for `down`.
 TOOL_PACKAGES=(openssl curl)
 BUILD_PACKAGES=(golang-go rsync jq make dpkg-dev golang-github-modern-go-reflect2-dev)
+NODE_PACKAGES=(containerd runc containernetworking-plugins iptables nftables iproute2
+    busybox-static docker-registry gcc libc6-dev jq)
+# The binaries a build makes (one `make WHAT=...`); the control plane alone needs the first two.
+K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
 # Names how the cached binaries were made; a cache with another (or no) stamp is rebuilt.
 BUILD_STAMP="v$K8S_VERSION debian-source reflect2-1.0.2 cgo-off"
 
 log() { printf 'cluster.sh: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
+
+# shellcheck source=deploy/local/node.sh
+. "$HERE/node.sh"
 
 as_root() {
     if [ "$(id -u)" -eq 0 ]; then "$@"
@@ -66,8 +88,20 @@ apt_install() {
     # shellcheck disable=SC2086
     log "installing: "$missing
     apt_update_once
+    # Packages with a service (docker-registry, containerd) must not start it: the node runs
+    # its own instances. Where no policy-rc.d says so already (containers have one), one
+    # says it for the time of the install.
+    local policy=/usr/sbin/policy-rc.d added=
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\n# kubewasm cluster.sh: no service starts during apt-get install\nexit 101\n' |
+            as_root tee "$policy" >/dev/null
+        as_root chmod 755 "$policy"
+        added=1
+    fi
     # shellcheck disable=SC2086
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >&2
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >&2 ||
+        { [ -z "$added" ] || as_root rm -f "$policy"; die "apt-get install failed"; }
+    [ -z "$added" ] || as_root rm -f "$policy"
 }
 
 # `apt-get source` needs a deb-src entry for Debian's archive; add one next to the deb ones.
@@ -111,15 +145,25 @@ envtest_etcd() {
     fi
 }
 
-# The stamp is written last, after both binaries were renamed into place: a build that
-# stopped half-way leaves no stamp and is not taken for a finished one.
-binaries_cached() {
+# The stamp is written last, after every binary was renamed into place: a build that
+# stopped half-way leaves no stamp and is not taken for a finished one. A cache made before
+# the node existed has the stamp but no kubelet or kube-scheduler: `build` (and `up --node`)
+# rebuild it, a plain `up` is content with it.
+control_plane_cached() {
     [ -x "$BIN_DIR/kube-apiserver" ] && [ -x "$BIN_DIR/kube-controller-manager" ] &&
         [ "$(cat "$BIN_DIR/.stamp" 2>/dev/null)" = "$BUILD_STAMP" ]
 }
 
+binaries_cached() {
+    local b
+    control_plane_cached || return 1
+    for b in "${K8S_BINARIES[@]}" pause; do
+        [ -x "$BIN_DIR/$b" ] || return 1
+    done
+}
+
 cmd_install() {
-    local pkgs=("${TOOL_PACKAGES[@]}")
+    local pkgs=("${TOOL_PACKAGES[@]}" "${NODE_PACKAGES[@]}")
     [ -z "$(envtest_etcd)" ] && pkgs+=(etcd-server)
     if [ -z "$(envtest_apiserver)" ] && ! binaries_cached; then
         pkgs+=("${BUILD_PACKAGES[@]}")
@@ -140,7 +184,7 @@ cmd_build() {
         return 0
     fi
     if binaries_cached; then
-        log "kube-apiserver and kube-controller-manager v$K8S_VERSION cached in $BIN_DIR"
+        log "${K8S_BINARIES[*]} v$K8S_VERSION and pause cached in $BIN_DIR"
         return 0
     fi
     cmd_install
@@ -172,13 +216,18 @@ build_locked() {
     dpkg-source --no-check -x "$dsc" "$work/tree" >&2
     patch_vendor "$work/tree"
     build_in_tree "$work"
+    build_pause "$work"
     # Binaries land atomically: each is copied to a temporary name and renamed, and
-    # the cache counts as built only when both final names exist.
+    # the cache counts as built only when every final name and the stamp exist.
     mkdir -p "$BIN_DIR"
     rm -f "$BIN_DIR/.stamp"
     local b out
-    for b in kube-controller-manager kube-apiserver; do
-        out=$(find "$work/tree/_output" -type f -name "$b" -perm -u+x | head -n1)
+    for b in "${K8S_BINARIES[@]}" pause; do
+        if [ "$b" = pause ]; then
+            out=$work/pause
+        else
+            out=$(find "$work/tree/_output" -type f -name "$b" -perm -u+x | head -n1)
+        fi
         [ -n "$out" ] || die "build produced no $b"
         cp "$out" "$BIN_DIR/.$b.tmp.$$"
         mv -f "$BIN_DIR/.$b.tmp.$$" "$BIN_DIR/$b"
@@ -186,10 +235,21 @@ build_locked() {
     echo "$BUILD_STAMP" >"$BIN_DIR/.stamp.tmp.$$"
     mv -f "$BIN_DIR/.stamp.tmp.$$" "$BIN_DIR/.stamp"
     # Removing the work tree (GOCACHE and all) takes a minute: do it in the background,
-    # out of the lock, so that nobody waits for it.
+    # out of the lock (it must not inherit the lock's fd 9), so that nobody waits for it.
     mv "$work" "$work.done.$$"
-    setsid rm -rf "$work.done.$$" >/dev/null 2>&1 </dev/null &
-    log "built kube-apiserver and kube-controller-manager v$K8S_VERSION in $((SECONDS - started))s -> $BIN_DIR"
+    setsid rm -rf "$work.done.$$" >/dev/null 2>&1 </dev/null 9>&- &
+    log "built ${K8S_BINARIES[*]} v$K8S_VERSION and pause in $((SECONDS - started))s -> $BIN_DIR"
+}
+
+# The pod sandbox's `pause`, as the Kubernetes image is made (build/pause/Makefile): the
+# tree's pause.c, static. The node tags its image as the kubelet's default sandbox image.
+build_pause() {
+    local work=$1 src=$1/tree/build/pause/linux/pause.c
+    [ -f "$src" ] || die "no $src in the Kubernetes tree"
+    command -v gcc >/dev/null || die "gcc is missing (cluster.sh install installs gcc and libc6-dev)"
+    gcc -Os -Wall -Werror -static -DVERSION=v$K8S_VERSION-kubewasm -o "$work/pause" "$src" >&2 ||
+        die "compiling $src with gcc -static failed (is libc6-dev installed?)"
+    strip "$work/pause" 2>/dev/null || true
 }
 
 # Kubernetes 1.20 vendors reflect2 1.0.1, which breaks on Go >= 1.18: kube-apiserver then
@@ -216,7 +276,7 @@ build_in_tree() {
     local work=$1 gopath=$1/gopath
     mkdir -p "$gopath/src/k8s.io" "$work/gocache"
     ln -sfn "$work/tree" "$gopath/src/k8s.io/kubernetes"
-    log "building kube-apiserver and kube-controller-manager (a few minutes; log: $work/build.log)"
+    log "building ${K8S_BINARIES[*]} (a few minutes; log: $work/build.log)"
     if ! (
         cd "$gopath/src/k8s.io/kubernetes"
         export GOPATH=$gopath GOCACHE=$work/gocache GO111MODULE=on GOFLAGS=-mod=vendor \
@@ -225,7 +285,7 @@ build_in_tree() {
             KUBE_GIT_MAJOR=1 KUBE_GIT_MINOR=${K8S_VERSION#1.}
         KUBE_GIT_MINOR=${KUBE_GIT_MINOR%%.*}
         export KUBE_GIT_MINOR
-        make WHAT="cmd/kube-apiserver cmd/kube-controller-manager" >"$work/build.log" 2>&1
+        make WHAT="${K8S_BINARIES[*]/#/cmd/}" >"$work/build.log" 2>&1
     ); then
         tail -n 40 "$work/build.log" >&2
         die "build failed; full log in $work/build.log"
@@ -337,6 +397,9 @@ not_ready() {
     local name=$1 what=$2 why=$3
     log "error: $name did not become ready ($what): $why. Last lines of $STATE/logs/$name.log:"
     tail -n 25 "$STATE/logs/$name.log" >&2 || true
+    if [ "$name" = kubelet ]; then
+        node_not_ready_help
+    fi
     if [ "$name" = kube-apiserver ] && alive "$(component_pid kube-apiserver)"; then
         log "checks that /readyz reports failing:"
         curl -sS --max-time 5 --cacert "$STATE/pki/ca.crt" -H "Authorization: Bearer $TOKEN" \
@@ -394,6 +457,10 @@ stop_all() {
     # The watchdog's pid file goes first: a watchdog that sees it gone exits by itself.
     pid=$(component_pid watchdog)
     rm -f "$STATE/pids/watchdog.pid"
+    # The node first (the kubelet, its containers, containerd...), while the API still answers.
+    if [ -d "$STATE/node" ]; then
+        node_down
+    fi
     for name in kube-controller-manager kube-apiserver etcd; do
         stop_pid "$name" "$(component_pid "$name")"
         rm -f "$STATE/pids/$name.pid"
@@ -425,9 +492,17 @@ resolve_binaries() {
                 "(no Deployments -> Pods, no garbage collection, no default ServiceAccounts)"
         fi
     else
-        cmd_build
+        # A plain control plane is content with a cache made before the node existed.
+        if [ -n "$NODE" ] || ! control_plane_cached; then
+            cmd_build
+        fi
         APISERVER=$BIN_DIR/kube-apiserver
         KCM=$BIN_DIR/kube-controller-manager
+    fi
+    if [ -n "$NODE" ]; then
+        [ -z "$(envtest_apiserver)" ] ||
+            die "up --node runs the kubelet and kube-scheduler built by 'cluster.sh build', not envtest binaries: unset KUBEBUILDER_ASSETS/TEST_ASSET_*"
+        [ -n "$KCM" ] || die "up --node needs kube-controller-manager"
     fi
     local b
     for b in "${TOOL_PACKAGES[@]}"; do
@@ -506,23 +581,30 @@ api_get() {
 
 cmd_up() {
     local watch_pid=
+    NODE=
     while [ $# -gt 0 ]; do
         case "$1" in
+            --node) NODE=1; shift ;;
             --watch-pid) watch_pid=${2:?--watch-pid needs a pid}; shift 2 ;;
             --watch-pid=*) watch_pid=${1#*=}; shift ;;
             -*) die "up: unknown option $1" ;;
             *) break ;;
         esac
     done
+    [ $# -le 1 ] || die "up: one state directory only (got: $*)"
     resolve_state "${1:-}"
     if is_running; then
         if [ -n "$watch_pid" ]; then
             die "a control plane already runs in $STATE; run '$0 down $STATE' first"
         fi
+        if [ -n "$NODE" ] && [ "$(owner_dir)" != "$STATE" ]; then
+            die "a control plane without a node runs in $STATE; run '$0 down $STATE' first"
+        fi
         log "a control plane already runs in $STATE"
         echo "export KUBECONFIG=$KUBECONFIG_FILE"
         return 0
     fi
+    [ -z "$NODE" ] || require_root "up --node"
     if [ -n "$watch_pid" ] && ! alive "$watch_pid"; then
         die "--watch-pid $watch_pid: no such process"
     fi
@@ -532,15 +614,27 @@ cmd_up() {
     fi
     resolve_binaries
     UP_STARTED=$SECONDS
-    # A fresh state every time: data, keys, token, logs.
-    rm -rf "$STATE/etcd-data" "$STATE/pki" "$STATE/logs" "$STATE/pids" \
-        "$KUBECONFIG_FILE" "$STATE/cluster.env" "$STATE/tokens.csv"
-    mkdir -p "$STATE/logs" "$STATE/pids"
     echo $$ >"$STATE/up.pid"
     trap up_exit EXIT
     trap 'exit 130' INT
     trap 'exit 143' TERM
+    if [ -n "$NODE" ]; then
+        # One node per machine; also cleans up after a node that was not stopped.
+        node_claim
+    elif [ -d "$STATE/node" ] && [ "$(owner_dir)" = "$STATE" ]; then
+        stop_all # what is left of a node that ran in this directory
+    fi
+    # A fresh state every time: data, keys, token, logs.
+    rm -rf "$STATE/etcd-data" "$STATE/pki" "$STATE/logs" "$STATE/pids" "$STATE/node" \
+        "$KUBECONFIG_FILE" "$STATE/cluster.env" "$STATE/tokens.csv"
+    mkdir -p "$STATE/logs" "$STATE/pids"
+    if [ -n "$NODE" ]; then
+        node_preflight
+        node_images
+        node_record
+    fi
     make_pki
+    [ -z "$NODE" ] || node_pki
     TOKEN=$(openssl rand -hex 24)
     (umask 077 && printf '%s,admin,admin,"system:masters"\n' "$TOKEN" >"$STATE/tokens.csv")
 
@@ -574,7 +668,7 @@ cmd_up() {
         --cert-dir="$STATE/pki"
         --tls-cert-file="$STATE/pki/apiserver.crt" --tls-private-key-file="$STATE/pki/apiserver.key"
         --token-auth-file="$STATE/tokens.csv"
-        --authorization-mode=RBAC
+        --authorization-mode="$([ -n "$NODE" ] && echo Node,RBAC || echo RBAC)"
         --service-account-key-file="$STATE/pki/sa.pub"
         --service-account-signing-key-file="$STATE/pki/sa.key"
         --service-account-issuer=https://kubernetes.default.svc
@@ -593,12 +687,22 @@ cmd_up() {
     if [ -z "$KCM" ]; then
         apiserver_args+=(--disable-admission-plugins=ServiceAccount)
     fi
+    if [ -n "$NODE" ]; then
+        # Node identities (Node authorizer, NodeRestriction), the kubelet's client certificate
+        # and serving CA, and its InternalIP for logs/exec (no name to resolve).
+        local a
+        while IFS= read -r a; do apiserver_args+=("$a"); done < <(node_apiserver_args)
+    fi
     start_component kube-apiserver "$APISERVER" "${apiserver_args[@]}"
     wait_ready kube-apiserver "GET https://127.0.0.1:$APISERVER_PORT/readyz as admin" \
         "api_get /readyz | grep -qx ok"
     write_kubeconfig "$KUBECONFIG_FILE" "$TOKEN"
 
     if [ -n "$KCM" ]; then
+        # With a node, also the node lifecycle controller (only it removes the kubelet's
+        # not-ready taint), attach/detach and TTL.
+        local controllers='*,-nodelifecycle,-nodeipam,-cloud-node-lifecycle,-route,-service,-attachdetach,-persistentvolume-expander,-horizontalpodautoscaling,-csrsigning,-csrapproving,-csrcleaner,-ttl'
+        [ -z "$NODE" ] || controllers='*,-nodeipam,-cloud-node-lifecycle,-route,-service,-persistentvolume-expander,-horizontalpodautoscaling,-csrsigning,-csrapproving,-csrcleaner'
         local kcm_args=(
             --kubeconfig="$KUBECONFIG_FILE"
             --leader-elect=false
@@ -608,9 +712,10 @@ cmd_up() {
             --cluster-name="kubewasm-$(basename "$STATE")"
             # No nodes, no cloud, no CSRs, no metrics: what a control plane without a kubelet
             # can do (Deployments, ReplicaSets, GC, namespaces, ServiceAccounts, Jobs...).
-            --controllers='*,-nodelifecycle,-nodeipam,-cloud-node-lifecycle,-route,-service,-attachdetach,-persistentvolume-expander,-horizontalpodautoscaling,-csrsigning,-csrapproving,-csrcleaner,-ttl'
+            --controllers="$controllers"
             --secure-port=0
         )
+        [ -z "$NODE" ] || kcm_args+=(--node-monitor-period=2s)
         minor=$(minor_version "$KCM")
         if [ -n "$minor" ] && [ "$minor" -lt 22 ]; then
             kcm_args+=(--port=0)
@@ -620,6 +725,7 @@ cmd_up() {
         wait_ready kube-controller-manager "ServiceAccount default/default created" \
             "api_get /api/v1/namespaces/default/serviceaccounts/default"
     fi
+    [ -z "$NODE" ] || node_up
 
     {
         echo "KUBEWASM_APISERVER_PORT=$APISERVER_PORT"
@@ -627,10 +733,25 @@ cmd_up() {
         echo "KUBEWASM_ETCD_PEER_PORT=$etcd_peer_port"
         echo "KUBEWASM_KUBE_CONTROLLER_MANAGER=$([ -n "$KCM" ] && echo true || echo false)"
         echo "KUBEWASM_KUBE_VERSION=$("$APISERVER" --version 2>/dev/null | awk '{print $2}')"
+        if [ -n "$NODE" ]; then
+            echo "KUBEWASM_NODE=true"
+            echo "KUBEWASM_NODE_NAME=$NODE_NAME"
+            echo "KUBEWASM_NODE_IP=$NODE_IP"
+            echo "KUBEWASM_REGISTRY=$REGISTRY_ADDR"
+            echo "KUBEWASM_CONTAINERD_SOCK=$CONTAINERD_SOCK"
+            echo "KUBEWASM_POD_SUBNET=$POD_SUBNET"
+            echo "KUBEWASM_NODE_READY_SECONDS=$NODE_READY_AFTER"
+        else
+            echo "KUBEWASM_NODE=false"
+        fi
     } >"$STATE/cluster.env"
     trap - EXIT INT TERM
     rm -f "$STATE/up.pid"
-    log "control plane up in $((SECONDS - UP_STARTED))s: https://127.0.0.1:$APISERVER_PORT (state in $STATE)"
+    if [ -n "$NODE" ]; then
+        log "cluster with node $NODE_NAME up in $((SECONDS - UP_STARTED))s: https://127.0.0.1:$APISERVER_PORT (state in $STATE)"
+    else
+        log "control plane up in $((SECONDS - UP_STARTED))s: https://127.0.0.1:$APISERVER_PORT (state in $STATE)"
+    fi
     echo "export KUBECONFIG=$KUBECONFIG_FILE"
 }
 
@@ -676,9 +797,9 @@ cmd_env() {
 cmd_status() {
     resolve_state "${1:-}"
     local name pid
-    for name in etcd kube-apiserver kube-controller-manager watchdog; do
+    for name in etcd kube-apiserver kube-controller-manager "${NODE_COMPONENTS[@]}" watchdog; do
         pid=$(component_pid "$name")
-        if [ "$name" = watchdog ] && [ -z "$pid" ]; then
+        if [ -z "$pid" ] && { [ "$name" = watchdog ] || [[ " ${NODE_COMPONENTS[*]} " == *" $name "* ]]; }; then
             continue
         elif alive "$pid" && owned_by_state "$pid"; then
             log "$name: running (pid $pid)"
@@ -698,6 +819,8 @@ case "$cmd" in
     down) cmd_down "$@" ;;
     env) cmd_env "$@" ;;
     status) cmd_status "$@" ;;
+    images) cmd_images "$@" ;;
+    image-push) cmd_image_push "$@" ;;
     __watchdog) cmd_watchdog "$@" ;;
-    *) die "usage: cluster.sh install | build | up [--watch-pid PID] [DIR] | down [DIR] | env [DIR] | status [DIR]" ;;
+    *) die "usage: cluster.sh install | build | up [--node] [--watch-pid PID] [DIR] | down [DIR] | env [DIR] | status [DIR] | images | image-push ARCHIVE NAME[:TAG]" ;;
 esac
