@@ -371,6 +371,12 @@ wait_ready() {
     done
 }
 
+# The last lines of a log before any Go stack dump (a fatal klog line is followed by the
+# stacks of every goroutine).
+log_tail() {
+    awk '/^goroutine [0-9]+ \[/ { exit } { print }' "$1" 2>/dev/null | tail -n "$2"
+}
+
 # With --watch-pid: once the watched process is gone, `up` gives up (its EXIT trap stops
 # what it started) rather than start more behind the watchdog's back.
 WATCH_PID=
@@ -396,7 +402,11 @@ up_exit() {
 not_ready() {
     local name=$1 what=$2 why=$3
     log "error: $name did not become ready ($what): $why. Last lines of $STATE/logs/$name.log:"
-    tail -n 25 "$STATE/logs/$name.log" >&2 || true
+    log_tail "$STATE/logs/$name.log" 25 >&2 || true
+    if grep -qE '^[EF][0-9]{4} ' "$STATE/logs/$name.log" 2>/dev/null; then
+        log "its last error lines (klog E/F):"
+        grep -E '^[EF][0-9]{4} ' "$STATE/logs/$name.log" | tail -n 8 >&2 || true
+    fi
     if [ "$name" = kubelet ]; then
         node_not_ready_help
     fi

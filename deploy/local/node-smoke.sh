@@ -5,7 +5,8 @@
 #
 # Each run: `cluster.sh up --node` in a fresh temporary state directory; a busybox Pod that
 # echoes "Hello, Your Name!" runs to Succeeded and `kubectl logs` prints it; a 2-replica
-# busybox Deployment gets both Pods Running, `kubectl exec` works in one, a deleted Pod is
+# busybox Deployment gets both Pods Running, `kubectl exec` works in one and reaches the API
+# server through the kubernetes Service (https://10.0.0.1), a deleted Pod is
 # replaced by a Running one; `cluster.sh down`; then nothing of the node is left: no kubelet,
 # containerd, shim or registry process, no mount, no kubepods cgroup, no bridge, the same
 # iptables rules and sysctls as before. Prints timings. Needs root and kubectl.
@@ -159,6 +160,13 @@ EOF
     [ "$(kubectl exec "$survivor" -- echo exec works 2>/dev/null)" = "exec works" ] ||
         die "kubectl exec $survivor failed"
     log "kubectl exec $survivor -- echo exec works: ok"
+    # In-cluster clients reach the API server through the kubernetes Service.
+    local version
+    version=$(kubectl exec "$survivor" -- sh -c \
+        'wget -q -O- --no-check-certificate https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT/version' 2>/dev/null) ||
+        die "a Pod could not reach the API server at https://\$KUBERNETES_SERVICE_HOST:\$KUBERNETES_SERVICE_PORT"
+    grep -q '"gitVersion"' <<<"$version" || die "GET /version from a Pod returned: $version"
+    log "a Pod reached the API server through the kubernetes Service: ok"
     t0=$(now_ms)
     kubectl delete pod "$victim" --wait=false >/dev/null 2>&1 || die "deleting Pod $victim failed"
     wait_for "a Running replacement of Pod $victim" \

@@ -23,6 +23,9 @@ POD_SUBNET=${KUBEWASM_POD_SUBNET:-10.88.0.0/16}
 CNI_NETWORK=kubewasm
 CNI_BRIDGE=kubewasm0
 CNI_BIN_DIR=/usr/lib/cni
+# The `kubernetes` Service's ClusterIP: the first address of the API server's
+# --service-cluster-ip-range (10.0.0.0/24).
+KUBERNETES_SERVICE_IP=10.0.0.1
 # The kubelet's default sandbox image in 1.20 (dockershim's defaultSandboxImage).
 PAUSE_IMAGE=k8s.gcr.io/pause:3.2
 IMAGES_DIR=$CACHE/images
@@ -104,6 +107,8 @@ node_ip() {
         ip=$(ip -4 -o addr show scope global 2>/dev/null | awk '{print $4}' | cut -d/ -f1 | head -n1)
     fi
     [ -n "$ip" ] || die "found no non-loopback IPv4 address for the node; set KUBEWASM_NODE_IP to one of this machine's addresses"
+    ip -4 -o addr show 2>/dev/null | awk '{ print $4 }' | cut -d/ -f1 | grep -qxF -- "$ip" ||
+        die "KUBEWASM_NODE_IP=$ip is not an address of this machine ($(ip -4 -o addr show | awk '{ print $4 }' | tr '\n' ' '))"
     echo "$ip"
 }
 
@@ -476,6 +481,8 @@ node_up() {
         { cat "$STATE/logs/images.log" >&2; die "pushing busybox to $REGISTRY_ADDR failed"; }
     log "pushed busybox:latest to $REGISTRY_ADDR after $((SECONDS - UP_STARTED))s"
 
+    node_service_network
+
     start_component kubelet "$BIN_DIR/kubelet" \
         --config="$STATE/node/kubelet.yaml" \
         --kubeconfig="$STATE/node/kubelet.kubeconfig" \
@@ -491,6 +498,24 @@ node_up() {
     wait_ready kubelet "Node $NODE_NAME Ready, without the not-ready taint" node_ready_probe
     NODE_READY_AFTER=$((SECONDS - NODE_STARTED))
     log "node $NODE_NAME Ready ${NODE_READY_AFTER}s after the kubelet started"
+}
+
+# Pods reach the API server as in any cluster, through the `kubernetes` Service
+# (https://10.0.0.1:443, the env KUBERNETES_SERVICE_HOST/PORT and the ServiceAccount token
+# that in-cluster clients use), without kube-proxy: the pods' bridge, made here before the
+# CNI plugin finds it, accepts packets for 127.0.0.1 (route_localnet, a setting of this
+# interface only), and one DNAT rule sends what Pods send to 10.0.0.1:443 to the API server
+# on 127.0.0.1. Nothing changes for the host's own traffic. hostNetwork Pods are not covered.
+node_service_network() {
+    ip link add "$CNI_BRIDGE" type bridge || die "could not create the pods' bridge $CNI_BRIDGE"
+    ip link set "$CNI_BRIDGE" up
+    echo 1 >"/proc/sys/net/ipv4/conf/$CNI_BRIDGE/route_localnet"
+    iptables -t nat -N KUBEWASM-SERVICES &&
+        iptables -t nat -A KUBEWASM-SERVICES -d "$KUBERNETES_SERVICE_IP/32" -p tcp --dport 443 \
+            -m comment --comment "kubewasm: default/kubernetes" \
+            -j DNAT --to-destination "127.0.0.1:$APISERVER_PORT" &&
+        iptables -t nat -A PREROUTING -i "$CNI_BRIDGE" -j KUBEWASM-SERVICES ||
+        die "could not add the iptables rules of the kubernetes Service"
 }
 
 # Extra diagnostics when the kubelet does not get Ready.
@@ -632,7 +657,8 @@ node_remove_cgroups() {
     return 0
 }
 
-# Rules and chains the node added (the CNI plugins' CNI-*, the kubelet's KUBE-*), found by
+# Rules and chains the node added (the CNI plugins' CNI-*, the kubelet's KUBE-*, our
+# KUBEWASM-SERVICES), found by
 # comparing with what `up` saw; nobody else's rules are touched.
 node_restore_iptables() {
     local fam before table now rules
@@ -643,9 +669,9 @@ node_restore_iptables() {
             now=$("$fam" -t "$table" -S 2>/dev/null) || continue
             rules=$(table_rules "$before" "$table")
             local new_chains new_rules script
-            new_chains=$({ grep -E '^-N (KUBE-|CNI-)' <<<"$now" || true; } | cut -d' ' -f2 |
+            new_chains=$({ grep -E '^-N (KUBE-|KUBEWASM-|CNI-)' <<<"$now" || true; } | cut -d' ' -f2 |
                 while IFS= read -r c; do grep -qxF -- ":$c" <<<"$rules" || echo "$c"; done)
-            new_rules=$({ grep -E '^-A ' <<<"$now" || true; } | { grep -E 'KUBE-|CNI-|'"$CNI_NETWORK" || true; } |
+            new_rules=$({ grep -E '^-A ' <<<"$now" || true; } | { grep -E 'KUBE-|KUBEWASM-|CNI-|'"$CNI_NETWORK" || true; } |
                 while IFS= read -r r; do
                     local chain=${r#-A }
                     chain=${chain%% *}
