@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck source-path=SCRIPTDIR
 # kubewasm's local Kubernetes cluster: etcd + kube-apiserver + kube-controller-manager on
 # loopback, built from Debian's own packages, and optionally one real node (kube-scheduler,
 # containerd, a local image registry and the kubelet). See deploy/local/README.md.
@@ -52,7 +53,7 @@ BUILD_STAMP="v$K8S_VERSION debian-source reflect2-1.0.2 cgo-off"
 log() { printf 'cluster.sh: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-# shellcheck source=deploy/local/node.sh
+# shellcheck source=node.sh
 . "$HERE/node.sh"
 
 as_root() {
@@ -468,7 +469,7 @@ stop_all() {
     pid=$(component_pid watchdog)
     rm -f "$STATE/pids/watchdog.pid"
     # The node first (the kubelet, its containers, containerd...), while the API still answers.
-    if [ -d "$STATE/node" ]; then
+    if [ -d "$STATE/node" ] || [ "$(owner_dir)" = "$STATE" ]; then
         node_down
     fi
     for name in kube-controller-manager kube-apiserver etcd; do

@@ -38,14 +38,14 @@ trap cleanup EXIT
 # build
 
 cmd_build() {
-    local rootfs= tag= workdir= user= out=
-    local entrypoint=() cmd=() env=("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    local rootfs='' tag='' workdir='' user='' out=''
+    local entrypoint=() cmd_args=() env=("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
     while [ $# -gt 0 ]; do
         case "$1" in
             --rootfs) rootfs=${2:?--rootfs needs a directory}; shift 2 ;;
             --tag) tag=${2:?--tag needs NAME:TAG}; shift 2 ;;
             --entrypoint) entrypoint+=("${2?--entrypoint needs an argument}"); shift 2 ;;
-            --cmd) cmd+=("${2?--cmd needs an argument}"); shift 2 ;;
+            --cmd) cmd_args+=("${2?--cmd needs an argument}"); shift 2 ;;
             --env) env+=("${2:?--env needs K=V}"); shift 2 ;;
             --workdir) workdir=${2:?--workdir needs a directory}; shift 2 ;;
             --user) user=${2:?--user needs a user}; shift 2 ;;
@@ -53,7 +53,8 @@ cmd_build() {
             *) [ -z "$out" ] || die "build: one output file only ($out, $1)"; out=$1; shift ;;
         esac
     done
-    [ -n "$rootfs" ] && [ -d "$rootfs" ] || die "build: --rootfs DIR (an existing directory) is required"
+    [ -n "$rootfs" ] || die "build: --rootfs DIR is required"
+    [ -d "$rootfs" ] || die "build: --rootfs $rootfs is not a directory"
     [ -n "$tag" ] || die "build: --tag NAME:TAG is required"
     [ -n "$out" ] || die "build: the output file (OUT.tar) is required"
     need tar jq sha256sum
@@ -67,7 +68,7 @@ cmd_build() {
     mv "$TMP/layer.tar" "$TMP/image/$diff_id/layer.tar"
     jq -cn \
         --argjson entrypoint "$(json_array "${entrypoint[@]+"${entrypoint[@]}"}")" \
-        --argjson cmd "$(json_array "${cmd[@]+"${cmd[@]}"}")" \
+        --argjson cmd "$(json_array "${cmd_args[@]+"${cmd_args[@]}"}")" \
         --argjson env "$(json_array "${env[@]}")" \
         --arg workdir "$workdir" --arg user "$user" --arg diff_id "sha256:$diff_id" '
         {

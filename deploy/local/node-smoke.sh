@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2016 # wait conditions and in-Pod commands are expanded later, on purpose
 # Smoke check of the local cluster's node (deploy/local/README.md, "The node"):
 #
 #   node-smoke.sh [RUNS]      (make node-smoke; RUNS defaults to 1)
@@ -63,6 +64,7 @@ snapshot() {
         echo "## paths"
         for p in /var/lib/kubelet /var/log/pods /var/log/containers /var/lib/cni /run/containerd \
             /run/kubewasm-node /var/lib/kubewasm-node; do
+            # shellcheck disable=SC2012
             if [ -e "$p" ]; then echo "$p: $(ls -A "$p" | tr '\n' ' ')"; fi
         done
         echo "## mounts"

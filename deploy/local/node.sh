@@ -39,6 +39,7 @@ NODE_SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_
 # Paths the kubelet, libcni and containerd-shim use whatever they are told: `down` removes
 # them if `up` found them missing, else only the entries `up` did not find there.
 NODE_HOST_PATHS=(/var/lib/kubelet /var/log/pods /var/log/containers /var/lib/cni /run/containerd)
+# shellcheck disable=SC2034 # used by cluster.sh
 NODE_COMPONENTS=(kubelet containerd registry kube-scheduler)
 
 require_root() {
@@ -138,15 +139,17 @@ node_preflight() {
 }
 
 port_owner() {
-    local inode pid
+    local inode pid fd
     inode=$(awk -v p="$(printf ':%04X' "$1")" '$4 == "0A" && substr($2, length($2) - 4) == p { print $10; exit }' \
         /proc/net/tcp /proc/net/tcp6 2>/dev/null)
     [ -n "$inode" ] || { echo "unknown process"; return; }
     for pid in /proc/[0-9]*; do
-        if ls -l "$pid/fd" 2>/dev/null | grep -q "socket:\[$inode\]"; then
-            echo "pid ${pid#/proc/}: $(tr '\0' ' ' <"$pid/cmdline" | cut -c1-120)"
-            return
-        fi
+        for fd in "$pid"/fd/*; do
+            if [ "$(readlink "$fd" 2>/dev/null)" = "socket:[$inode]" ]; then
+                echo "pid ${pid#/proc/}: $(tr '\0' ' ' <"$pid/cmdline" | cut -c1-120)"
+                return
+            fi
+        done
     done
     echo "unknown process"
 }
@@ -266,7 +269,7 @@ build_busybox_image() {
     chmod 700 "$root/root"
     cp "$busybox" "$root/bin/busybox"
     while IFS= read -r applet; do
-        [ -n "$applet" ] && [ "$applet" != bin/busybox ] || continue
+        if [ -z "$applet" ] || [ "$applet" = bin/busybox ]; then continue; fi
         mkdir -p "$root/$(dirname "$applet")"
         ln -sf /bin/busybox "$root/$applet"
     done < <("$busybox" --list-full)
@@ -419,7 +422,8 @@ makeIPTablesUtilChains: false
 serializeImagePulls: false
 resolvConf: /etc/resolv.conf
 EOF
-    local name=kubewasm-$(basename "$STATE")
+    local name
+    name=kubewasm-$(basename "$STATE")
     (
         umask 077
         printf '%s\n' \
@@ -510,12 +514,15 @@ node_service_network() {
     ip link add "$CNI_BRIDGE" type bridge || die "could not create the pods' bridge $CNI_BRIDGE"
     ip link set "$CNI_BRIDGE" up
     echo 1 >"/proc/sys/net/ipv4/conf/$CNI_BRIDGE/route_localnet"
-    iptables -t nat -N KUBEWASM-SERVICES &&
-        iptables -t nat -A KUBEWASM-SERVICES -d "$KUBERNETES_SERVICE_IP/32" -p tcp --dport 443 \
-            -m comment --comment "kubewasm: default/kubernetes" \
-            -j DNAT --to-destination "127.0.0.1:$APISERVER_PORT" &&
-        iptables -t nat -A PREROUTING -i "$CNI_BRIDGE" -j KUBEWASM-SERVICES ||
+    if ! {
+        iptables -t nat -N KUBEWASM-SERVICES &&
+            iptables -t nat -A KUBEWASM-SERVICES -d "$KUBERNETES_SERVICE_IP/32" -p tcp --dport 443 \
+                -m comment --comment "kubewasm: default/kubernetes" \
+                -j DNAT --to-destination "127.0.0.1:$APISERVER_PORT" &&
+            iptables -t nat -A PREROUTING -i "$CNI_BRIDGE" -j KUBEWASM-SERVICES
+    }; then
         die "could not add the iptables rules of the kubernetes Service"
+    fi
 }
 
 # Extra diagnostics when the kubelet does not get Ready.
@@ -533,16 +540,16 @@ node_not_ready_help() {
 # Stops the node of $STATE and undoes what it did to the machine. Safe to run more than
 # once and on a node that only started half-way. Machine-wide things (containers, mounts,
 # cgroups, iptables, sysctls, host paths) are touched only if this state directory owns the
-# node (or nobody does).
+# node (or nobody does) and `up` got as far as recording the machine's state (node/before:
+# a preflight that failed on another kubelet's cgroups must not remove them).
 node_down() {
-    local owner
+    local owner name
     owner=$(owner_dir)
     stop_pid kubelet "$(component_pid kubelet)"
     rm -f "$STATE/pids/kubelet.pid"
     if [ -z "$owner" ] || [ "$owner" = "$STATE" ]; then
         node_remove_containers
     fi
-    local name
     for name in containerd registry kube-scheduler; do
         stop_pid "$name" "$(component_pid "$name")"
         rm -f "$STATE/pids/$name.pid"
@@ -550,18 +557,22 @@ node_down() {
     if [ -n "$owner" ] && [ "$owner" != "$STATE" ]; then
         return 0
     fi
-    [ -d "$STATE/node/before" ] || [ -e "$NODE_OWNER" ] || [ -e "$NODE_RUN" ] || [ -e "$NODE_ROOT" ] || return 0
-    node_kill_leftovers
-    node_unmount
-    node_remove_cgroups
-    if ip link show "$CNI_BRIDGE" >/dev/null 2>&1; then
-        ip link del "$CNI_BRIDGE" || log "warning: could not delete interface $CNI_BRIDGE"
+    if [ -d "$STATE/node/before" ]; then
+        node_kill_leftovers
+        node_unmount
+        node_remove_cgroups
+        if ip link show "$CNI_BRIDGE" >/dev/null 2>&1; then
+            ip link del "$CNI_BRIDGE" || log "warning: could not delete interface $CNI_BRIDGE"
+        fi
+        node_restore_iptables
+        node_restore_sysctls
+        node_remove_host_paths
+        rm -rf "$NODE_ROOT" "$STATE/node/before"
+        rm -rf "$NODE_RUN"
+    elif [ "$owner" = "$STATE" ]; then
+        rm -f "$NODE_OWNER"
+        rmdir "$NODE_RUN" 2>/dev/null || true
     fi
-    node_restore_iptables
-    node_restore_sysctls
-    node_remove_host_paths
-    rm -rf "$NODE_ROOT" "$STATE/node/before"
-    rm -rf "$NODE_RUN"
 }
 
 # Every container and sandbox of containerd's namespaces, killed and deleted while
@@ -640,7 +651,7 @@ node_unmount() {
             umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
         done <<<"$mounts"
     done
-    log "warning: mounts left under the node's directories: $(echo $mounts)"
+    log "warning: mounts left under the node's directories: ${mounts//$'\n'/ }"
 }
 
 node_remove_cgroups() {
@@ -664,7 +675,7 @@ node_restore_iptables() {
     local fam before table now rules
     for fam in iptables ip6tables; do
         before=$STATE/node/before/$fam
-        [ -f "$before" ] && command -v "$fam" >/dev/null || continue
+        if [ ! -f "$before" ] || ! command -v "$fam" >/dev/null; then continue; fi
         for table in filter nat mangle raw; do
             now=$("$fam" -t "$table" -S 2>/dev/null) || continue
             rules=$(table_rules "$before" "$table")
@@ -679,6 +690,7 @@ node_restore_iptables() {
                     grep -qxF -- "$r" <<<"$rules" || echo "$r"
                 done)
             [ -n "$new_chains$new_rules" ] || continue
+            # shellcheck disable=SC2001
             script=$(
                 echo "*$table"
                 [ -z "$new_rules" ] || sed 's/^-A /-D /' <<<"$new_rules"
@@ -741,9 +753,10 @@ node_remove_host_paths() {
         if ! grep -qxF -- "$p" "$dir/paths"; then
             rm -rf "$p"
         else
-            for e in $(ls -A "$p" 2>/dev/null); do
+            while IFS= read -r e; do
+                [ -n "$e" ] || continue
                 grep -qxF -- "$e" "$dir/entries${p//\//_}" 2>/dev/null || rm -rf "${p:?}/$e"
-            done
+            done < <(ls -A "$p" 2>/dev/null)
         fi
     done
     # libcni's cache of results, in a /var/lib/cni that was there before.
@@ -759,7 +772,7 @@ cmd_image_push() {
     [ $# -eq 2 ] || die "usage: cluster.sh image-push ARCHIVE NAME[:TAG] (a docker-save or OCI archive)"
     local archive=$1 name=$2 owner addr tmp pid
     [ -f "$archive" ] || die "no such image archive: $archive"
-    command -v docker-registry >/dev/null && command -v jq >/dev/null || cmd_install
+    if ! command -v docker-registry >/dev/null || ! command -v jq >/dev/null; then cmd_install; fi
     owner=$(owner_dir)
     if [ -n "$owner" ] && alive "$(cat "$owner/pids/registry.pid" 2>/dev/null)" &&
         curl -fsS --max-time 2 -o /dev/null "http://$REGISTRY_ADDR/v2/"; then
