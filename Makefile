@@ -11,6 +11,7 @@ GUEST_WASM := $(GUEST_DIR)/hello_world.wasm $(GUEST_DIR)/configmap_restarter.was
 export KUBEWASM_GUEST_DIR := $(CURDIR)/$(GUEST_DIR)
 
 include deploy/local/cluster.mk
+include deploy/install.mk
 
 .PHONY: all test demo demo-offline up down toolchain guests build lint fmt unit-test integration-test bench bench-storm crds guest-sizes
 

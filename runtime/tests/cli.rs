@@ -18,7 +18,6 @@ use serde_json::Value;
 /// No run of the binary may take longer; a hung one fails the test instead of hanging it.
 const WATCHDOG: Duration = Duration::from_secs(60);
 
-
 /// What one run of the binary did.
 struct Run {
     args: String,
@@ -249,7 +248,11 @@ impl Restarter {
             .unwrap_or_else(|| panic!("not a saved state: {}", comments[0]))
             .to_owned();
         assert!(digest.starts_with("sha256:"), "{digest}");
-        assert!(first.documents().is_empty(), "nothing applied: {}", first.stdout);
+        assert!(
+            first.documents().is_empty(),
+            "nothing applied: {}",
+            first.stdout
+        );
 
         // Same data, digest saved: nothing to do.
         let again = self.reconcile(&config, Some(&digest)).success();
@@ -264,23 +267,33 @@ impl Restarter {
         let changed_path = write_yaml(self.dir.path(), "changed.yaml", &changed);
         let restart = self.reconcile(&changed_path, Some(&digest)).success();
         let comments = action_comments(&restart.stdout);
-        assert_eq!(comments.len(), 3, "{}", restart.stdout);
+        assert_eq!(comments.len(), 4, "{}", restart.stdout);
+        let new_digest = comments[2]
+            .strip_prefix("# action 3: save state for ConfigMap test-space/frontend-config: ")
+            .unwrap_or_else(|| panic!("not a saved state: {}", comments[2]));
+        assert!(new_digest.starts_with("sha256:") && new_digest != digest);
         assert_eq!(
             comments[0],
-            "# action 1: delete every Pod (v1) in namespace test-space matching `app=frontend`"
+            format!(
+                "# action 1: save state for ConfigMap test-space/frontend-config: pending:{new_digest}"
+            )
         );
-        let new_digest = comments[1]
-            .strip_prefix("# action 2: save state for ConfigMap test-space/frontend-config: ")
-            .unwrap_or_else(|| panic!("not a saved state: {}", comments[1]));
-        assert!(new_digest.starts_with("sha256:") && new_digest != digest);
+        assert_eq!(
+            comments[1],
+            "# action 2: delete every Pod (v1) in namespace test-space matching `app=frontend`"
+        );
         assert!(
-            comments[2].starts_with(
-                "# action 3: record Normal Event on ConfigMap test-space/frontend-config: PodsRestarted: "
+            comments[3].starts_with(
+                "# action 4: record Normal Event on ConfigMap test-space/frontend-config: PodsRestarted: "
             ),
             "{}",
-            comments[2]
+            comments[3]
         );
-        assert!(restart.documents().is_empty(), "nothing applied: {}", restart.stdout);
+        assert!(
+            restart.documents().is_empty(),
+            "nothing applied: {}",
+            restart.stdout
+        );
     }
 }
 

@@ -11,21 +11,25 @@
 //!
 //! - no state yet (first sighting): save the digest, restart nothing;
 //! - same digest (e.g. a metadata-only change): nothing;
-//! - another digest: delete the matching Pods *created before the data changed*, then save
-//!   the new digest, and emit `PodsRestarted`.
+//! - another digest: save `pending:<new digest>`, delete the matching Pods created no later
+//!   than the second the data changed in, save the new digest, emit `PodsRestarted`;
+//! - `pending:<this digest>`: a runtime was killed during that restart; delete the matching
+//!   Pods created *strictly before* the second of the change — the replacements, made after
+//!   the first deletions, are spared even when they came in that same second — then save the
+//!   digest and emit `PodsRestarted`.
 //!
 //! It needs no write on the ConfigMap: the tutorial's ServiceAccount `joe` (read ConfigMaps;
 //! read and delete Pods) is enough. A change made while the runtime was down shows up as a
-//! different digest when it comes back. A runtime killed after deleting the Pods but before
-//! saving the digest sees the old digest again when it returns; the Pods it deletes then are
-//! again only those created before the change — the replacements are newer, so they are left
-//! alone and nothing restarts twice.
+//! different digest when it comes back. A runtime killed between deleting the Pods and saving
+//! the digest finds `pending:` when it returns, and deletes only what is older than the change:
+//! nothing restarts twice.
 //!
 //! When the data changed is read from the ConfigMap itself, in the API server's clock: the
 //! latest `metadata.managedFields[].time` of a field manager that owns `data` or
-//! `binaryData`. The API server keeps seconds, so a Pod created in the very second of the
-//! change counts as newer (left alone). With no such entry (managed fields stripped), every
-//! matching Pod is deleted, as the tutorial does.
+//! `binaryData`. The API server keeps seconds; the one case left is a Pod created in the very
+//! second of the change, before it, that a killed runtime had not deleted yet: after the
+//! restart it is taken for a replacement and kept. With no such entry (managed fields
+//! stripped), every matching Pod is deleted, as the tutorial does.
 //!
 //! An invalid (or empty, which would match every Pod) selector is the ConfigMap author's
 //! mistake, not the controller's: the guest emits a `Warning` Event `InvalidSelector` on the
@@ -63,36 +67,110 @@ pub fn reconcile(req: &Request, _cluster: &dyn Cluster) -> Result<Response, Erro
 
     let digest = data_digest(config_map);
     let namespace = req.target.namespace.as_deref();
-    match req.state.as_deref() {
-        None => Ok(Response::new().set_state(digest)),
-        Some(saved) if saved == digest => Ok(Response::new()),
-        Some(_) => {
-            let selector = selector.to_string();
-            let (response, since) = match data_changed_at(config_map) {
-                Some(time) => (
-                    Response::new().delete_all_created_before(
-                        "v1",
-                        "Pod",
-                        namespace,
-                        &selector,
-                        time,
-                    ),
-                    format!(", created before the change at {time}"),
-                ),
-                None => (
-                    Response::new().delete_all_of("v1", "Pod", namespace, &selector),
-                    String::new(),
-                ),
-            };
-            let message = format!(
-                "ConfigMap data changed: deleted the Pods in namespace {} matching {selector:?}{since}",
-                namespace.unwrap_or_default(),
-            );
-            Ok(response
-                .set_state(digest)
-                .event(EventType::Normal, "PodsRestarted", message))
-        }
+    let pending = format!("{PENDING}{digest}");
+    let recovering = match req.state.as_deref() {
+        None => return Ok(Response::new().set_state(digest)),
+        Some(saved) if saved == digest => return Ok(Response::new()),
+        // Killed while restarting for this very data: Pods created in the second of the
+        // change may be the replacements, so only strictly older ones go.
+        Some(saved) => saved == pending,
+    };
+    let selector = selector.to_string();
+    let changed_at = data_changed_at(config_map);
+    // A first try includes the second of the change (a Pod made in it, before the change,
+    // has the old data; the replacements do not exist yet when the Pods are listed).
+    let before = match changed_at {
+        Some(time) if recovering => Some(time.to_owned()),
+        Some(time) => next_second(time),
+        None => None,
+    };
+    let mut response = Response::new();
+    if !recovering {
+        response = response.set_state(pending);
     }
+    let (response, since) = match &before {
+        Some(before) => (
+            response.delete_all_created_before("v1", "Pod", namespace, &selector, before),
+            format!(
+                ", created before {before} (the data changed at {})",
+                changed_at.unwrap_or_default()
+            ),
+        ),
+        None => (
+            response.delete_all_of("v1", "Pod", namespace, &selector),
+            String::new(),
+        ),
+    };
+    let message = format!(
+        "ConfigMap data changed: deleted the Pods in namespace {} matching {selector:?}{since}",
+        namespace.unwrap_or_default(),
+    );
+    Ok(response
+        .set_state(digest)
+        .event(EventType::Normal, "PodsRestarted", message))
+}
+
+/// The prefix of the state saved while a restart is under way: `pending:<digest>`.
+pub const PENDING: &str = "pending:";
+
+/// The second after `time` (`YYYY-MM-DDTHH:MM:SSZ`, as the API server writes times), in the
+/// same form; `None` for anything else.
+pub fn next_second(time: &str) -> Option<String> {
+    let b = time.as_bytes();
+    if b.len() != 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || b[10] != b'T'
+        || b[13] != b':'
+        || b[16] != b':'
+        || b[19] != b'Z'
+    {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| time.get(r)?.parse::<i64>().ok();
+    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
+        return None;
+    }
+    let seconds =
+        days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second + 1;
+    let (days, rest) = (seconds.div_euclid(86_400), seconds.rem_euclid(86_400));
+    let (year, month, day) = civil_from_days(days);
+    Some(format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    ))
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let yoe = year - era * 400;
+    let doy = (153 * (month + if month > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// The date of a day count since 1970-01-01 (the inverse of [`days_from_civil`]).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(month <= 2), month, day)
 }
 
 /// When `data` or `binaryData` last changed, as the API server recorded it: the latest

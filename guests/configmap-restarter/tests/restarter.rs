@@ -1,6 +1,6 @@
 //! The ConfigMap restarter's reconcile against fixtures, natively.
 
-use configmap_restarter::{data_changed_at, data_digest, reconcile};
+use configmap_restarter::{PENDING, data_changed_at, data_digest, next_second, reconcile};
 use kubewasm_guest_sdk::selector::Selector;
 use kubewasm_guest_sdk::testing::{FakeCluster, object_from_yaml, request_from_yaml};
 use kubewasm_guest_sdk::{Action, EventType, ObjectRef, Request, Response, object};
@@ -35,11 +35,36 @@ fn fixture(yaml: &str) -> Value {
 fn first_sighting_saves_the_digest_only() {
     let config_map = fixture(include_str!("fixtures/first-sighting.yaml"));
     let response = run_with(&config_map, None);
-    assert_eq!(response.actions, [Action::SetState(Some(BLUE_DIGEST.into()))]);
+    assert_eq!(
+        response.actions,
+        [Action::SetState(Some(BLUE_DIGEST.into()))]
+    );
+}
+
+fn restart_event(before: &str) -> Action {
+    Action::Event {
+        event_type: EventType::Normal,
+        reason: "PodsRestarted".into(),
+        message: format!(
+            "ConfigMap data changed: deleted the Pods in namespace demo matching \
+             \"app=frontend\", created before {before} (the data changed at \
+             2026-11-23T12:00:05Z)"
+        ),
+    }
+}
+
+fn delete_created_before(before: &str) -> Action {
+    Action::DeleteAllOf {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        namespace: Some("demo".into()),
+        label_selector: "app=frontend".into(),
+        created_before: Some(before.into()),
+    }
 }
 
 #[test]
-fn changed_data_restarts_the_pods_older_than_the_change_then_saves() {
+fn changed_data_restarts_the_pods_of_the_old_data_then_saves() {
     let config_map = fixture(include_str!("fixtures/data-changed.yaml"));
     let response = run(&config_map);
     let green = data_digest(&config_map);
@@ -47,23 +72,11 @@ fn changed_data_restarts_the_pods_older_than_the_change_then_saves() {
     assert_eq!(
         response.actions,
         [
-            Action::DeleteAllOf {
-                api_version: "v1".into(),
-                kind: "Pod".into(),
-                namespace: Some("demo".into()),
-                label_selector: "app=frontend".into(),
-                // The data's last writer (kubectl-patch), not the later relabel.
-                created_before: Some("2026-11-23T12:00:05Z".into()),
-            },
+            Action::SetState(Some(format!("{PENDING}{green}"))),
+            // The data's last writer (kubectl-patch), not the later relabel; its whole second.
+            delete_created_before("2026-11-23T12:00:06Z"),
             Action::SetState(Some(green.clone())),
-            Action::Event {
-                event_type: EventType::Normal,
-                reason: "PodsRestarted".into(),
-                message: "ConfigMap data changed: deleted the Pods in namespace demo \
-                          matching \"app=frontend\", created before the change at \
-                          2026-11-23T12:00:05Z"
-                    .into(),
-            },
+            restart_event("2026-11-23T12:00:06Z"),
         ]
     );
     // Once the host has saved the state, the same data restarts nothing.
@@ -71,16 +84,49 @@ fn changed_data_restarts_the_pods_older_than_the_change_then_saves() {
 }
 
 #[test]
-fn a_runtime_killed_before_saving_deletes_only_the_same_old_pods_again() {
-    // Killed after the deletes, before the state was saved: the next reconcile sees the old
-    // state and the same ConfigMap, so it asks for the same deletion, bounded by the same
-    // time; the replacements, created after it, do not match it.
+fn a_runtime_killed_mid_restart_spares_the_replacements() {
+    // Killed after `pending:` was saved (and maybe some Pods deleted), before the digest was:
+    // the next reconcile deletes only Pods strictly older than the change's second, which
+    // the replacements, made after the first deletions, are not.
     let config_map = fixture(include_str!("fixtures/data-changed.yaml"));
-    assert_eq!(run(&config_map), run(&config_map));
-    let Action::DeleteAllOf { created_before, .. } = &run(&config_map).actions[0] else {
-        panic!("not a deleteAllOf");
-    };
-    assert_eq!(created_before.as_deref(), Some("2026-11-23T12:00:05Z"));
+    let green = data_digest(&config_map);
+    let response = run_with(&config_map, Some(&format!("{PENDING}{green}")));
+    assert_eq!(
+        response.actions,
+        [
+            delete_created_before("2026-11-23T12:00:05Z"),
+            Action::SetState(Some(green)),
+            restart_event("2026-11-23T12:00:05Z"),
+        ]
+    );
+    // A pending restart for other data is a new change.
+    let response = run_with(&config_map, Some(&format!("{PENDING}{BLUE_DIGEST}")));
+    assert_eq!(
+        response.actions[1],
+        delete_created_before("2026-11-23T12:00:06Z")
+    );
+}
+
+#[test]
+fn the_second_after_a_time() {
+    for (time, next) in [
+        ("2026-11-23T12:00:05Z", "2026-11-23T12:00:06Z"),
+        ("2026-12-31T23:59:59Z", "2027-01-01T00:00:00Z"),
+        ("2024-02-28T23:59:59Z", "2024-02-29T00:00:00Z"),
+        ("2023-02-28T23:59:59Z", "2023-03-01T00:00:00Z"),
+        ("1970-01-01T00:00:00Z", "1970-01-01T00:00:01Z"),
+    ] {
+        assert_eq!(next_second(time).as_deref(), Some(next), "{time}");
+    }
+    for bad in [
+        "",
+        "2026-11-23T12:00:05",
+        "2026-11-23 12:00:05Z",
+        "2026-13-23T12:00:05Z",
+        "2026-11-23T12:00:05.5Z",
+    ] {
+        assert_eq!(next_second(bad), None, "{bad:?}");
+    }
 }
 
 #[test]
@@ -93,7 +139,7 @@ fn without_managed_fields_every_matching_pod_is_restarted() {
     assert_eq!(data_changed_at(&config_map), None);
     let response = run(&config_map);
     assert_eq!(
-        response.actions[0],
+        response.actions[1],
         Action::delete_all_of("v1", "Pod", Some("demo"), "app=frontend")
     );
 }
@@ -105,9 +151,9 @@ fn the_selector_picks_the_pods_of_the_configmaps_namespace() {
         namespace,
         label_selector,
         ..
-    } = &response.actions[0]
+    } = &response.actions[1]
     else {
-        panic!("first action is not a DeleteAllOf: {response:?}");
+        panic!("second action is not a DeleteAllOf: {response:?}");
     };
     let cluster = FakeCluster::from_yaml(include_str!("fixtures/pods.yaml"));
     let selector = Selector::parse(label_selector).unwrap();
@@ -214,5 +260,5 @@ fn reads_go_through_the_request_only() {
         request_from_yaml(include_str!("fixtures/data-changed.yaml")).with_state(BLUE_DIGEST);
     let refusing = FakeCluster::new().refusing_reads("no reads granted");
     let response = reconcile(&request, &refusing).unwrap();
-    assert_eq!(response.actions.len(), 3);
+    assert_eq!(response.actions.len(), 4);
 }

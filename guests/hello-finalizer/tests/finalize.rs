@@ -44,9 +44,17 @@ fn finalizing_deletes_the_record_first_then_releases() {
     let response = reconcile(&request, &cluster).unwrap();
     assert_eq!(
         response.actions[0],
-        Action::Delete(ObjectRef::new("v1", "ConfigMap", Some("hello"), "greeting-your-name"))
+        Action::Delete(ObjectRef::new(
+            "v1",
+            "ConfigMap",
+            Some("hello"),
+            "greeting-your-name"
+        ))
     );
-    assert!(!response.is_finalized(), "released before the record was gone");
+    assert!(
+        !response.is_finalized(),
+        "released before the record was gone"
+    );
 
     let response = reconcile(&request, &FakeCluster::new()).unwrap();
     assert_eq!(response.actions, [Action::Finalized(true)]);

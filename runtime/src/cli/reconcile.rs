@@ -8,9 +8,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
 use kubewasm::api::{ClusterWasmController, WasmController, WasmControllerSpec};
 use kubewasm::host::{GrantedReads, ObjectSet, ObjectSource, Permissions, module};
-use kubewasm::sandbox::{
-    Action, Limits, ObjectRef, Request, Sandbox, SandboxConfig, parse_time,
-};
+use kubewasm::sandbox::{Action, Limits, ObjectRef, Request, Sandbox, SandboxConfig, parse_time};
 use kubewasm_guest_sdk::query::Query;
 use serde_json::Value;
 
@@ -297,15 +295,19 @@ fn render(target: &ObjectRef, actions: &[Action], state: &ObjectSet) -> anyhow::
             Action::RequeueAfter(d) => out.push_str(&format!(
                 "# action {n}: reconcile {target} again in {d:?}\n"
             )),
-            Action::SetState(Some(saved)) => out.push_str(&format!(
-                "# action {n}: save state for {target}: {saved}\n"
-            )),
+            Action::SetState(Some(saved)) => {
+                out.push_str(&format!("# action {n}: save state for {target}: {saved}\n"))
+            }
             Action::SetState(None) => {
                 out.push_str(&format!("# action {n}: forget the state of {target}\n"))
             }
             Action::Finalized(done) => out.push_str(&format!(
                 "# action {n}: clean-up of {target} {}\n",
-                if *done { "done: remove the finalizer" } else { "not done yet" }
+                if *done {
+                    "done: remove the finalizer"
+                } else {
+                    "not done yet"
+                }
             )),
         }
     }

@@ -136,11 +136,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
         let lease = format!("{}/{}", args.leader_election_namespace, args.leader_election_id);
         tracing::info!(identity, lease, "waiting to become the leader");
+        // A standby is ready for what it is there for, taking over: `/readyz` says so, or a
+        // Deployment of two replicas would never be fully available and a rolling update
+        // would stall. Once the leader, it is ready again only when its caches are synced.
+        let metrics = manager.metrics();
+        metrics.set_ready(true);
         let fence = tokio::select! {
             acquired = elector.acquire() => acquired.with_context(|| format!("cannot take the leader Lease {lease}"))?,
             _ = shutdown_signal() => return Ok(()),
         };
         tracing::info!(identity, lease, "became the leader");
+        metrics.set_ready(false);
         // Renewal runs in a task of its own, so that nothing the manager does can delay it;
         // losing the Lease closes the fence, which aborts every controller at once, and a
         // renewal that no longer covers the present shuts it even before that.

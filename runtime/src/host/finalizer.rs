@@ -83,7 +83,12 @@ impl Finalizer {
     }
 
     /// Adds the finalizer to `parent` (as observed), keeping the others.
-    pub async fn add(&self, client: Client, kind: &Kind, parent: &Value) -> Result<(), kube::Error> {
+    pub async fn add(
+        &self,
+        client: Client,
+        kind: &Kind,
+        parent: &Value,
+    ) -> Result<(), kube::Error> {
         let mut list: Vec<&str> = finalizers(parent).collect();
         list.push(&self.0);
         patch(client, kind, parent, &list).await
@@ -118,7 +123,9 @@ async fn patch(
     parent: &Value,
     list: &[&str],
 ) -> Result<(), kube::Error> {
-    let namespace = parent.pointer("/metadata/namespace").and_then(Value::as_str);
+    let namespace = parent
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str);
     let name = parent
         .pointer("/metadata/name")
         .and_then(Value::as_str)

@@ -4,20 +4,20 @@
 mod access;
 pub mod actions;
 mod cache;
+mod finalizer;
 mod grants;
 mod kinds;
 pub mod module;
 mod reads;
-mod finalizer;
 mod runner;
 mod state;
 
 pub use access::{AccessReviews, MissingReads, READ_VERBS, ReviewFailed, ServiceAccount};
 pub use actions::{ActionError, ChildKind, Executor};
 pub use cache::{CacheSource, to_json};
+pub use finalizer::Finalizer;
 pub use grants::{Denied, Permissions};
 pub use kinds::DeclaredKinds;
 pub use reads::{GrantedReads, ObjectSet, ObjectSource};
-pub use finalizer::Finalizer;
 pub use runner::{ControllerSetup, MAX_LISTED_FINALIZING, Runner, Stats};
 pub use state::{GuestState, StateError, StateOwner};

@@ -22,12 +22,12 @@ use crate::sandbox::{
 };
 
 use super::actions::{ChildKind, EventRecorder, Executor};
-use super::finalizer::{Finalizer, Phase};
-use super::state::GuestState;
 use super::cache::{CacheSource, to_json};
+use super::finalizer::{Finalizer, Phase};
 use super::grants::Permissions;
 use super::kinds::DeclaredKinds;
 use super::reads::GrantedReads;
+use super::state::GuestState;
 
 /// Most bytes of a failure's message kept for the status (`lastError`, `Degraded`) and the
 /// log: room for a guest's own bounded message and the API server's words around it.
@@ -421,7 +421,11 @@ impl Runner {
         }
         let mut finalize_retry = None;
         {
-            let mut waiting = self.stats.finalizing.lock().unwrap_or_else(|e| e.into_inner());
+            let mut waiting = self
+                .stats
+                .finalizing
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
             if finalizing && !finalized {
                 waiting.insert(key.clone());
                 finalize_retry = Some(FINALIZE_RETRY);
@@ -429,9 +433,7 @@ impl Runner {
                 waiting.remove(key);
             }
         }
-        if finalized
-            && let (Some(f), Some(p)) = (&s.finalizer, &parent_json)
-        {
+        if finalized && let (Some(f), Some(p)) = (&s.finalizer, &parent_json) {
             self.remove_finalizer(f, p).await?;
         }
         {
@@ -454,10 +456,10 @@ impl Runner {
             done.requeue_after,
             finalize_retry,
         ]
-            .into_iter()
-            .flatten()
-            .min()
-            .map(|after| after.max(s.requeue_floor));
+        .into_iter()
+        .flatten()
+        .min()
+        .map(|after| after.max(s.requeue_floor));
         Ok(after)
     }
 
@@ -469,8 +471,12 @@ impl Runner {
         f: &Finalizer,
         parent: &Value,
     ) -> Result<Option<Duration>, (Reason, String)> {
-        self.finalizer_write(parent, "add", f.add(self.setup.client.clone(), self.setup.parent.kind(), parent))
-            .await
+        self.finalizer_write(
+            parent,
+            "add",
+            f.add(self.setup.client.clone(), self.setup.parent.kind(), parent),
+        )
+        .await
     }
 
     /// Removes the finalizer from a parent (clean-up done, or `spec.finalize` turned off).
@@ -497,7 +503,10 @@ impl Runner {
         if !self.setup.fence.is_open() {
             return Ok(None);
         }
-        let name = parent.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+        let name = parent
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         match write.await {
             Ok(()) => {
                 tracing::info!("{what} finalizer on {name}: done");
@@ -536,7 +545,9 @@ impl Runner {
     /// calling the guest: the controller is going away (deleted, or `spec.finalize` turned
     /// off while the runtime was not running it). Failures are logged.
     pub async fn release_finalizers(&self) {
-        let Some(f) = &self.setup.finalizer else { return };
+        let Some(f) = &self.setup.finalizer else {
+            return;
+        };
         for parent in self.setup.parent.store().state() {
             let key = ObjectKey::of(&parent);
             if !self.in_scope(&key) {
@@ -550,8 +561,12 @@ impl Runner {
                 .remove(self.setup.client.clone(), self.setup.parent.kind(), &json)
                 .await
             {
-                Ok(()) => tracing::info!(controller = self.setup.id.as_str(), object = %key, "released finalizer {}", f.name()),
-                Err(e) => tracing::warn!(controller = self.setup.id.as_str(), object = %key, "could not release finalizer {}: {}; remove it with kubectl patch (metadata.finalizers)", f.name(), super::actions::api_message(&e)),
+                Ok(()) => {
+                    tracing::info!(controller = self.setup.id.as_str(), object = %key, "released finalizer {}", f.name())
+                }
+                Err(e) => {
+                    tracing::warn!(controller = self.setup.id.as_str(), object = %key, "could not release finalizer {}: {}; remove it with kubectl patch (metadata.finalizers)", f.name(), super::actions::api_message(&e))
+                }
             }
         }
     }

@@ -195,7 +195,11 @@ mod tests {
             state.set(&format!("ns/{i}"), Some("v")).await.unwrap();
         }
         let err = state.set("ns/one-more", Some("v")).await.unwrap_err();
-        assert!(err.to_string().contains("already keeps state for 256 objects"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("already keeps state for 256 objects"),
+            "{err}"
+        );
         // Replacing an existing entry, or forgetting one, still works when full.
         state.set("ns/0", Some("w")).await.unwrap();
         state.set("ns/1", None).await.unwrap();

@@ -329,8 +329,11 @@ impl Manager {
                 self.start(&id).await;
             }
             Declared::Delete(id) => {
-                self.release_finalizers(&id).await;
+                let releasing = self.finalizing_runner(&id);
                 self.stop(&id).await;
+                if let Some(runner) = releasing {
+                    runner.release_finalizers().await;
+                }
                 self.controllers.remove(&id);
                 tracing::info!(controller = %id, "controller removed");
             }
@@ -341,10 +344,14 @@ impl Manager {
                     .filter(|id| id.namespace.is_none() == cluster && !seen.contains(id))
                     .cloned()
                     .collect();
-                for id in &gone {
-                    self.release_finalizers(id).await;
-                }
+                let releasing: Vec<_> = gone
+                    .iter()
+                    .filter_map(|id| self.finalizing_runner(id))
+                    .collect();
                 self.stop_all(&gone).await;
+                for runner in releasing {
+                    runner.release_finalizers().await;
+                }
                 for id in gone {
                     self.controllers.remove(&id);
                 }
@@ -352,17 +359,14 @@ impl Manager {
         }
     }
 
-    /// A controller that put its finalizer on parents is going away: remove them, so that
-    /// no parent waits for a controller that no longer exists.
-    async fn release_finalizers(&self, id: &ControllerId) {
-        let Some(m) = self.controllers.get(id) else {
-            return;
-        };
-        if let (true, Some((runner, _))) = (m.spec.finalize, &m.runner)
-            && self.fence.is_open()
-        {
-            runner.release_finalizers().await;
-        }
+    /// The runner of a controller that puts its finalizer on parents, if it runs here: when
+    /// the controller goes away, its finalizers are removed once the runner has stopped (so
+    /// that no reconcile adds one back), and no parent waits for a controller that no longer
+    /// exists.
+    fn finalizing_runner(&self, id: &ControllerId) -> Option<Arc<Runner>> {
+        let m = self.controllers.get(id)?;
+        let (runner, _) = m.runner.as_ref()?;
+        (m.spec.finalize && self.fence.is_open()).then(|| runner.clone())
     }
 
     async fn stop(&mut self, id: &ControllerId) {

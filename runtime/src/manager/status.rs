@@ -124,7 +124,10 @@ fn desired(m: &Managed) -> WasmControllerStatus {
                 .map(ToString::to_string)
                 .collect();
             if waiting.len() > MAX_LISTED_FINALIZING {
-                finalizing.push(format!("and {} more", waiting.len() - MAX_LISTED_FINALIZING));
+                finalizing.push(format!(
+                    "and {} more",
+                    waiting.len() - MAX_LISTED_FINALIZING
+                ));
             }
             (
                 s.reconciles.load(Ordering::Relaxed),

@@ -35,10 +35,18 @@ async fn a_finalizing_guest_cleans_up_before_its_parent_goes() {
 /// Waits until HelloWorld `name` carries the controller's finalizer.
 async fn wait_finalizer(client: &Client, ns: &str, name: &str) -> Result<()> {
     let hellos = hello_worlds(client, ns);
-    eventually(&format!("HelloWorld {name} gets {FINALIZER}"), WAIT, || async {
-        let hello = hellos.get(name).await?;
-        Ok(hello.finalizers().iter().any(|f| f == FINALIZER).then_some(()))
-    })
+    eventually(
+        &format!("HelloWorld {name} gets {FINALIZER}"),
+        WAIT,
+        || async {
+            let hello = hellos.get(name).await?;
+            Ok(hello
+                .finalizers()
+                .iter()
+                .any(|f| f == FINALIZER)
+                .then_some(()))
+        },
+    )
     .await
 }
 
@@ -68,15 +76,19 @@ async fn finalizers(client: &Client, ns: &str) -> Result<()> {
 
     // Deleted: the record goes first, then the HelloWorld. Never the other way round.
     hellos.delete("your-name", &DeleteParams::default()).await?;
-    eventually("HelloWorld your-name gone, after its record", WAIT, || async {
-        let parent = hellos.get_opt("your-name").await?;
-        let record = config_maps.get_opt("greeting-your-name").await?;
-        match (parent, record) {
-            (None, None) => Ok(Some(())),
-            (None, Some(_)) => bail!("the HelloWorld went before its record was cleaned up"),
-            _ => Ok(None),
-        }
-    })
+    eventually(
+        "HelloWorld your-name gone, after its record",
+        WAIT,
+        || async {
+            let parent = hellos.get_opt("your-name").await?;
+            let record = config_maps.get_opt("greeting-your-name").await?;
+            match (parent, record) {
+                (None, None) => Ok(Some(())),
+                (None, Some(_)) => bail!("the HelloWorld went before its record was cleaned up"),
+                _ => Ok(None),
+            }
+        },
+    )
     .await
     .context("the clean-up did not finish")?;
 
@@ -91,26 +103,34 @@ async fn finalizers(client: &Client, ns: &str) -> Result<()> {
     wait_finalizer(client, ns, "held").await?;
     hellos.delete("held", &DeleteParams::default()).await?;
     let key = format!("{ns}/held");
-    eventually("status.finalizing lists the held HelloWorld", WAIT, || async {
-        let status = controller_status(client, ns, "hello-finalizer").await?;
-        Ok(status.finalizing.contains(&key).then_some(()))
-    })
+    eventually(
+        "status.finalizing lists the held HelloWorld",
+        WAIT,
+        || async {
+            let status = controller_status(client, ns, "hello-finalizer").await?;
+            Ok(status.finalizing.contains(&key).then_some(()))
+        },
+    )
     .await?;
     let events: Api<Event> = Api::namespaced(client.clone(), ns);
-    eventually("a FinalizationPending Event on the held HelloWorld", WAIT, || async {
-        let list = events
-            .list(&ListParams::default().fields("involvedObject.name=held"))
-            .await?;
-        Ok(list
-            .items
-            .iter()
-            .any(|e| {
-                e.reason.as_deref() == Some("FinalizationPending")
-                    && e.type_.as_deref() == Some("Warning")
-                    && e.message.as_deref().is_some_and(|m| m.contains(FINALIZER))
-            })
-            .then_some(()))
-    })
+    eventually(
+        "a FinalizationPending Event on the held HelloWorld",
+        WAIT,
+        || async {
+            let list = events
+                .list(&ListParams::default().fields("involvedObject.name=held"))
+                .await?;
+            Ok(list
+                .items
+                .iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some("FinalizationPending")
+                        && e.type_.as_deref() == Some("Warning")
+                        && e.message.as_deref().is_some_and(|m| m.contains(FINALIZER))
+                })
+                .then_some(()))
+        },
+    )
     .await?;
     tokio::time::sleep(QUIET).await;
     let still = hellos.get("held").await?;
@@ -155,10 +175,14 @@ async fn finalizers(client: &Client, ns: &str) -> Result<()> {
     controllers
         .delete("hello-finalizer", &DeleteParams::default())
         .await?;
-    eventually("deleting the controller releases its finalizers", WAIT, || async {
-        let kept = hellos.get("kept").await?;
-        Ok((!kept.finalizers().iter().any(|f| f == FINALIZER)).then_some(()))
-    })
+    eventually(
+        "deleting the controller releases its finalizers",
+        WAIT,
+        || async {
+            let kept = hellos.get("kept").await?;
+            Ok((!kept.finalizers().iter().any(|f| f == FINALIZER)).then_some(()))
+        },
+    )
     .await?;
     Ok(())
 }

@@ -1,12 +1,11 @@
 //! Watching what the ConfigMap restarter does: the Pods it deletes (and their Deployment
-//! replaces), the data digest it saves as its state (in the WasmController's status), the
-//! Events it emits.
+//! replaces) and the data digest it saves as its state (in the WasmController's status).
 
 use std::collections::BTreeMap;
 
 use anyhow::{Context, Result, bail, ensure};
-use k8s_openapi::api::core::v1::{Event, Pod};
-use kube::api::{ListParams, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::PostParams;
 use kube::{Api, Client};
 use kubewasm::api::ClusterWasmController;
 use serde_json::json;
@@ -104,25 +103,5 @@ pub async fn wait_digest(
             other => bail!("status.guestState[{key}] is {other:?}"),
         }
     })
-    .await
-}
-
-/// Waits for an Event with `reason` about ConfigMap `name`.
-pub async fn wait_event(client: &Client, ns: &str, name: &str, reason: &str) -> Result<()> {
-    let events: Api<Event> = Api::namespaced(client.clone(), ns);
-    eventually(
-        &format!("an Event {reason} on ConfigMap {name}"),
-        WAIT,
-        || async {
-            let list = events
-                .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
-                .await?;
-            let found = list.items.iter().any(|e| {
-                e.reason.as_deref() == Some(reason)
-                    && e.involved_object.kind.as_deref() == Some("ConfigMap")
-            });
-            Ok(found.then_some(()))
-        },
-    )
     .await
 }

@@ -33,8 +33,8 @@ use crate::controller::{Fence, Kind, TokenBucket};
 use crate::sandbox::{Action, ObjectRef};
 
 use super::grants::{Denied, Permissions};
-use super::state::GuestState;
 use super::kinds::DeclaredKinds;
+use super::state::GuestState;
 
 /// An action that could not be carried out.
 #[derive(Debug, thiserror::Error)]
@@ -175,7 +175,9 @@ impl Executor<'_> {
                             .set(key, value.as_deref())
                             .await
                             .map_err(|e| ActionError::Invalid(e.to_string()))?;
-                        outcome.changes.push(format!("saved state for {}", self.target));
+                        outcome
+                            .changes
+                            .push(format!("saved state for {}", self.target));
                     }
                 }
                 Action::RequeueAfter(_) | Action::Finalized(_) => {}
