@@ -44,14 +44,14 @@ for f in hello_world.wasm configmap_restarter.wasm guitar_reviewer.wasm pod_watc
 done
 [ -x "$KUBEWASM" ] || fail "$KUBEWASM is missing: run make build"
 
-say "1. Starting a local Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager v1.20)"
+say "1. Starting a local Kubernetes cluster: etcd, kube-apiserver, kube-controller-manager, kube-scheduler v1.20 and one real node (kubelet, containerd)"
 # A runtime and control plane left by an earlier `make up` go first.
 [ -f "$STATE/kubewasm.pid" ] && kill "$(cat "$STATE/kubewasm.pid")" 2>/dev/null || true
 rm -f "$STATE/kubewasm.pid"
 bash "$ROOT/deploy/local/cluster.sh" down "$STATE" >/dev/null 2>&1 || true
 $KEEP || trap cleanup EXIT
-eval "$(bash "$ROOT/deploy/local/cluster.sh" up "$STATE" 2>"$STATE.up.log" | tail -1)" || { cat "$STATE.up.log" >&2; fail "the control plane did not start"; }
-step "API server ready; KUBECONFIG=$KUBECONFIG"
+eval "$(bash "$ROOT/deploy/local/cluster.sh" up --node "$STATE" 2>"$STATE.up.log" | tail -1)" || { tail -30 "$STATE.up.log" >&2; fail "the cluster did not start (full log: $STATE.up.log)"; }
+step "API server ready, node $(k get nodes -o jsonpath='{.items[0].metadata.name}') Ready; KUBECONFIG=$KUBECONFIG"
 
 say "2. Installing kubewasm's CRDs and the two first tutorials' controllers"
 k apply -f "$ROOT/deploy/crds/kubewasm.dev.yaml" >/dev/null
@@ -69,6 +69,7 @@ step "configmap_restarter.wasm ($(stat -c %s "$GUESTS/configmap_restarter.wasm")
 say "3. Starting the kubewasm runtime (log: $STATE/kubewasm.log)"
 "$KUBEWASM" run > "$STATE/kubewasm.log" 2>&1 &
 RUNTIME_PID=$!
+$KEEP && echo "$RUNTIME_PID" > "$STATE/kubewasm.pid" # make down stops it, even after a failure
 ready() { [ "$(k -n "$1" get wasmcontroller "$2" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]; }
 wait_for 60 "WasmController hello/hello-world becoming Ready" ready hello hello-world
 wait_for 60 "WasmController test-space/configmap-restarter becoming Ready" ready test-space configmap-restarter
@@ -79,19 +80,21 @@ say "4. The HelloWorld tutorial (Metacontroller's CompositeController example)"
 k apply -f "$EX/hello-world/hello.yaml" >/dev/null
 step "created HelloWorld 'your-name' with spec.who = 'Your Name'"
 pod_cmd() { k -n hello get pod your-name -o jsonpath='{.spec.containers[0].command[1]}'; }
-pod_says() { [ "$(pod_cmd)" = "$1" ]; }
-wait_for 30 "Pod your-name echoing 'Hello, Your Name!'" pod_says "Hello, Your Name!"
+pod_says() { [ "$(pod_cmd)" = "$1" ] && [ "$(k -n hello get pod your-name -o jsonpath='{.status.phase}')" = Succeeded ] && [ "$(k -n hello logs your-name)" = "$1" ]; }
+wait_for 60 "Pod your-name printing 'Hello, Your Name!'" pod_says "Hello, Your Name!"
 uid1=$(k -n hello get pod your-name -o jsonpath='{.metadata.uid}')
-step "the controller created Pod 'your-name'; it runs: echo \"$(pod_cmd)\""
+step "the controller created Pod 'your-name'; it ran on the node, and kubectl -n hello logs your-name says:"
+k -n hello logs your-name | sed 's/^/      /'
 pods_status() { [ "$(k -n hello get helloworld your-name -o jsonpath='{.status.pods}')" = 1 ]; }
 wait_for 30 "HelloWorld status.pods becoming 1" pods_status
 step "HelloWorld 'your-name' reports status.pods = 1"
 k -n hello patch helloworld your-name --type merge -p '{"spec":{"who":"My Name"}}' >/dev/null
 step "changed spec.who to 'My Name'"
-wait_for 30 "Pod your-name being recreated to echo 'Hello, My Name!'" pod_says "Hello, My Name!"
+wait_for 60 "Pod your-name being recreated to print 'Hello, My Name!'" pod_says "Hello, My Name!"
 uid2=$(k -n hello get pod your-name -o jsonpath='{.metadata.uid}')
 [ "$uid1" != "$uid2" ] || fail "the Pod was not recreated"
-step "the old Pod was deleted and a new one created (Recreate); it now says: \"$(pod_cmd)\""
+step "the old Pod was deleted and a new one created (Recreate); kubectl -n hello logs your-name:"
+k -n hello logs your-name | sed 's/^/      /'
 k -n hello delete helloworld your-name >/dev/null
 gone() { ! k -n hello get pod your-name; }
 wait_for 60 "Pod your-name being garbage-collected after its parent was deleted" gone
@@ -99,10 +102,10 @@ step "deleted the HelloWorld; Kubernetes garbage-collected its Pod"
 
 say "5. The ConfigMap restarter tutorial (magalix.com/podDeleteMatch)"
 k apply -f "$EX/configmap-restarter/frontend.yaml" >/dev/null
-k -n test-space run bystander --image=busybox --labels=app=other >/dev/null
-frontend_pods() { k -n test-space get pods -l app=frontend -o jsonpath='{.items[*].metadata.name}'; }
+k -n test-space run bystander --image=busybox --labels=app=other -- sleep 3600 >/dev/null
+frontend_pods() { k -n test-space get pods -l app=frontend --field-selector=status.phase=Running -o go-template='{{range .items}}{{if not .metadata.deletionTimestamp}}{{.metadata.name}} {{end}}{{end}}'; }
 two_pods() { [ "$(frontend_pods | wc -w)" = 2 ]; }
-wait_for 60 "Deployment frontend getting 2 Pods" two_pods
+wait_for 60 "Deployment frontend getting 2 Running Pods" two_pods
 before=$(frontend_pods)
 step "Deployment 'frontend' runs Pods: $before (plus Pod 'bystander' with app=other)"
 saved() { k -n test-space get wasmcontroller configmap-restarter -o jsonpath="{.status.guestState['test-space/frontend-config']}"; }
@@ -114,13 +117,16 @@ step "  (kubectl get wc configmap-restarter -o jsonpath='{.status.guestState}': 
 bystander=$(k -n test-space get pod bystander -o jsonpath='{.metadata.uid}')
 k -n test-space patch configmap frontend-config --type merge -p '{"data":{"TEXT3":"Hello from the new config"}}' >/dev/null
 step "changed the ConfigMap's data (TEXT3)"
-replaced() { two_pods && for p in $before; do k -n test-space get pod "$p" && return 1; done; return 0; }
+replaced() { two_pods || return 1; for p in $before; do k -n test-space get pod "$p" && return 1; done; return 0; }
 wait_for 60 "the frontend Pods being replaced" replaced
 step "the restarter deleted Pods created before the change: $before"
-step "the Deployment recreated them as: $(frontend_pods)"
+step "the Deployment recreated them as: $(frontend_pods)(Running); the new ones read the new config:"
+first_pod=$(frontend_pods | cut -d' ' -f1)
+wait_for 30 "the new Pod printing the new TEXT3" bash -c "kubectl -n test-space logs $first_pod 2>/dev/null | grep -q 'Hello from the new config'"
+step "  kubectl -n test-space logs $first_pod: $(k -n test-space logs "$first_pod")"
 [ "$(k -n test-space get pod bystander -o jsonpath='{.metadata.uid}')" = "$bystander" ] || fail "Pod bystander was touched"
 step "Pod 'bystander' (app=other) was left alone"
-step "joe may not create Events, so the runtime's log says: $(grep -o 'Event PodsRestarted on ConfigMap [^ ]* not recorded' "$STATE/kubewasm.log" | head -1)"
+step "joe may not create Events, so the runtime's log says: $(grep -ao 'Event PodsRestarted on ConfigMap [^ ]* not recorded' "$STATE/kubewasm.log" | head -1)"
 
 say "6. The Guitar reviewer tutorial (a ClusterWasmController over every namespace)"
 k apply -f "$EX/guitar-reviewer/crd.yaml" >/dev/null
@@ -145,11 +151,12 @@ k apply -f "$EX/pod-watcher/controller.yaml" >/dev/null
 wait_for 60 "ClusterWasmController pod-watcher becoming Ready" bash -c "[ \"\$(kubectl get clusterwasmcontroller pod-watcher -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}')\" = True ]"
 k -n chronos run watched --image=busybox --labels=app=demo -- sleep 3600 >/dev/null
 k -n chronos label pod watched tier=web >/dev/null
-k -n chronos delete pod watched --wait=false >/dev/null
-logged() { grep 'controller="pod-watcher"' "$STATE/kubewasm.log" | grep -q "pod chronos/watched $1"; }
+wait_for 60 "Pod chronos/watched Running" bash -c "[ \"\$(kubectl -n chronos get pod watched -o jsonpath='{.status.phase}')\" = Running ]"
+k -n chronos delete pod watched --grace-period=1 --wait=false >/dev/null
+logged() { grep -a 'controller="pod-watcher"' "$STATE/kubewasm.log" | grep -q "pod chronos/watched $1"; }
 wait_for 30 "the pod watcher logging the deletion" logged deleted
-step "created, relabelled and deleted Pod chronos/watched; the runtime's log (controller=\"pod-watcher\") says:"
-grep 'controller="pod-watcher"' "$STATE/kubewasm.log" | grep -o 'pod chronos/watched .*' | sed 's/^/      /'
+step "created Pod chronos/watched (scheduled, started), relabelled and deleted it; the runtime's log (controller=\"pod-watcher\") says:"
+grep -a 'controller="pod-watcher"' "$STATE/kubewasm.log" | grep -o 'pod chronos/watched .*' | sed 's/ controller=.*//; s/^/      /'
 
 say "8. Finalizers: a HelloWorld that cleans up outside the cluster before it may go"
 k -n hello delete wasmcontroller hello-world >/dev/null
@@ -178,7 +185,6 @@ if $KEEP; then
     echo "      kubectl get wasmcontrollers -A"
     echo "      kubectl -n hello apply -f deploy/examples/hello-world/hello.yaml"
     echo "  Stop everything with: make down"
-    echo "$RUNTIME_PID" > "$STATE/kubewasm.pid"
 else
     say "Demo finished: stopping the runtime and the control plane."
 fi
