@@ -13,6 +13,7 @@
 #![allow(dead_code)] // each test binary uses its own part of this module
 
 mod identity;
+mod kubectl;
 mod manifest;
 mod wait;
 
@@ -38,6 +39,8 @@ use kube::{
 // Each test binary uses its own part of these too.
 #[allow(unused_imports)]
 pub use identity::{RUNTIME_ACCOUNT, RUNTIME_NAMESPACE, RUNTIME_WATCH_ROLE, runtime_rbac};
+#[allow(unused_imports)]
+pub use kubectl::Kubectl;
 #[allow(unused_imports)]
 pub use manifest::{FIELD_MANAGER, apply, apply_all, documents};
 pub use wait::eventually;
@@ -93,23 +96,43 @@ impl ControlPlane {
                 runtime_kubeconfig: OnceLock::new(),
             });
         }
+        Self::start(&Self::state_dir_of_this_process(), Some(std::process::id()))
+    }
+
+    /// `target/tmp/control-planes/<test binary>.<pid>/`: where this test process keeps the
+    /// state (and logs) of a control plane it starts. State directories of test processes
+    /// that are gone and whose control plane was stopped are removed first.
+    pub fn state_dir_of_this_process() -> PathBuf {
         let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("control-planes");
         prune_stale_state_dirs(&root);
         let binary = std::env::current_exe()
             .ok()
             .and_then(|exe| exe.file_stem().map(|s| s.to_string_lossy().into_owned()))
             .unwrap_or_else(|| "tests".to_owned());
-        let pid = std::process::id();
-        Self::start(&root.join(format!("{binary}.{pid}")), Some(pid))
+        root.join(format!("{binary}.{}", std::process::id()))
     }
 
     /// Starts a control plane of its own in `state_dir` (`cluster.sh up`). With `watch_pid`,
     /// the script's watchdog stops it once that process is gone; without, call [`Self::stop`].
     pub fn start(state_dir: &Path, watch_pid: Option<u32>) -> Result<ControlPlane> {
+        Self::up(state_dir, watch_pid, false)
+    }
+
+    /// Like [`Self::start`], with one real node that runs Pods (`cluster.sh up --node`: the
+    /// kubelet, containerd, kube-scheduler and a local registry; root only, one node per
+    /// machine). Returns once the Node is Ready. [`Self::stop`] stops the node too.
+    pub fn start_with_node(state_dir: &Path, watch_pid: Option<u32>) -> Result<ControlPlane> {
+        Self::up(state_dir, watch_pid, true)
+    }
+
+    fn up(state_dir: &Path, watch_pid: Option<u32>, node: bool) -> Result<ControlPlane> {
         std::fs::create_dir_all(state_dir)
             .with_context(|| format!("creating {}", state_dir.display()))?;
         let mut up = Command::new("bash");
         up.arg(cluster_script()).arg("up");
+        if node {
+            up.arg("--node");
+        }
         if let Some(pid) = watch_pid {
             up.arg("--watch-pid").arg(pid.to_string());
         }
@@ -119,7 +142,8 @@ impl ControlPlane {
         let log = String::from_utf8_lossy(&out.stderr);
         if !out.status.success() {
             bail!(
-                "`cluster.sh up {}` failed ({}):\n{log}",
+                "`cluster.sh up {}{}` failed ({}):\n{log}",
+                if node { "--node " } else { "" },
                 state_dir.display(),
                 out.status
             );

@@ -1,0 +1,282 @@
+//! Step 2: `kubectl apply -k deploy/`, the CRDs Established, `kubectl apply -k
+//! deploy/overlays/tutorials`; both runtime Pods Running and Ready, one of them holding the
+//! Lease, both running as ServiceAccount kubewasm-system/kubewasm and nothing else.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::{Api, ResourceExt};
+use kubewasm::api::WasmController;
+
+use crate::cluster::{
+    NodeCluster, RUNTIME_SELECTOR, SYSTEM, WAIT, holder_pod, lease_holder, sha256, wait_running,
+    workspace,
+};
+use crate::support::eventually;
+use crate::timings::{Timings, secs};
+
+/// The runtime's ServiceAccount, as `deploy/runtime/rbac.yaml` makes it.
+const ACCOUNT: &str = "kubewasm";
+
+/// The two runtime Pods, by role.
+#[derive(Debug, Clone)]
+pub struct RuntimePods {
+    /// The Pod whose runtime holds the Lease.
+    pub leader: String,
+    /// The other one.
+    pub standby: String,
+}
+
+/// Installs kubewasm with both tutorials and checks the runtime as installed.
+pub async fn install(
+    cluster: &NodeCluster,
+    inputs: &crate::cluster::Inputs,
+    timings: &mut Timings,
+) -> Result<RuntimePods> {
+    let kubectl = &cluster.kubectl;
+    let deploy = workspace().join("deploy");
+    let deploy = deploy.to_str().context("non-UTF-8 path")?;
+    let started = Instant::now();
+    kubectl.run(&["apply", "-k", deploy]).await?;
+    kubectl
+        .run(&[
+            "wait",
+            "--for",
+            "condition=established",
+            "--timeout=60s",
+            "crd/wasmcontrollers.kubewasm.dev",
+            "crd/clusterwasmcontrollers.kubewasm.dev",
+        ])
+        .await?;
+    let overlay = format!("{deploy}/overlays/tutorials");
+    kubectl.run(&["apply", "-k", &overlay]).await?;
+    timings.note(format!(
+        "apply -k deploy/, CRDs Established, apply -k deploy/overlays/tutorials: {}",
+        secs(started.elapsed())
+    ));
+
+    let client = &cluster.client;
+    let pods = wait_running(client, SYSTEM, RUNTIME_SELECTOR, 2, &[], WAIT).await?;
+    timings.note(format!(
+        "both runtime Pods Running and Ready {} after the first apply",
+        secs(started.elapsed())
+    ));
+
+    let names: Vec<String> = pods.keys().cloned().collect();
+    let leader = eventually(
+        "one runtime Pod holds the Lease kubewasm-system/kubewasm",
+        WAIT,
+        || async {
+            let holder = lease_holder(client).await?.context("nobody holds it")?;
+            holder_pod(&holder, &names)
+                .map(Some)
+                .with_context(|| format!("holderIdentity {holder:?} names none of {names:?}"))
+        },
+    )
+    .await?;
+    let standby = names
+        .iter()
+        .find(|n| **n != leader)
+        .context("only one runtime Pod")?
+        .clone();
+    // Exactly one leads: the holder says it became the leader, the other still waits.
+    eventually(
+        &format!("{leader} logs that it leads and {standby} that it waits"),
+        WAIT,
+        || async {
+            let leader_log = kubectl.run(&["-n", SYSTEM, "logs", &leader]).await?;
+            let standby_log = kubectl.run(&["-n", SYSTEM, "logs", &standby]).await?;
+            ensure!(
+                leader_log.contains("became the leader"),
+                "{leader} has not logged `became the leader`"
+            );
+            ensure!(
+                standby_log.contains("waiting to become the leader"),
+                "{standby} has not logged `waiting to become the leader`"
+            );
+            ensure!(
+                !standby_log.contains("became the leader"),
+                "{standby} logged `became the leader` too"
+            );
+            Ok(Some(()))
+        },
+    )
+    .await?;
+    timings.note(format!("leader {leader}, standby {standby}"));
+
+    for pod in pods.values() {
+        runs_as_its_service_account(cluster, pod).await?;
+    }
+    only_what_deploy_grants(cluster).await?;
+
+    // The overlay's controllers run, with the guests `make install-files` packed.
+    let controllers = [
+        ("hello", "hello-world", std::fs::read(&inputs.hello_wasm)?),
+        (
+            "test-space",
+            "configmap-restarter",
+            std::fs::read(&inputs.restarter_wasm)?,
+        ),
+    ];
+    for (namespace, name, wasm) in controllers {
+        let digest = sha256(&wasm);
+        let api: Api<WasmController> = Api::namespaced(client.clone(), namespace);
+        eventually(
+            &format!("WasmController {namespace}/{name} is Ready with module {digest}"),
+            WAIT,
+            || async {
+                let status = api.get(name).await?.status.unwrap_or_default();
+                let ready = status
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == "Ready")
+                    .map(|c| format!("{} ({}: {})", c.status, c.reason, c.message));
+                ensure!(
+                    ready.as_deref().is_some_and(|r| r.starts_with("True")),
+                    "Ready is {ready:?}"
+                );
+                ensure!(
+                    status.module_digest.as_deref() == Some(digest.as_str()),
+                    "moduleDigest is {:?}",
+                    status.module_digest
+                );
+                Ok(Some(()))
+            },
+        )
+        .await?;
+    }
+    timings.note(format!(
+        "both tutorial WasmControllers Ready {} after the first apply",
+        secs(started.elapsed())
+    ));
+    Ok(RuntimePods { leader, standby })
+}
+
+/// The Pod runs as ServiceAccount kubewasm-system/kubewasm, and its only credential is that
+/// account's own token: no kubeconfig, no other Secret mounted, no admin token anywhere.
+async fn runs_as_its_service_account(cluster: &NodeCluster, pod: &Pod) -> Result<()> {
+    let name = pod.name_any();
+    let spec = pod.spec.as_ref().context("a Pod without spec")?;
+    ensure!(
+        pod.namespace().as_deref() == Some(SYSTEM)
+            && spec.service_account_name.as_deref() == Some(ACCOUNT),
+        "Pod {name} runs as {:?}/{:?}, want {SYSTEM}/{ACCOUNT}",
+        pod.namespace(),
+        spec.service_account_name
+    );
+    ensure!(
+        spec.automount_service_account_token != Some(false),
+        "Pod {name} does not mount its ServiceAccount token"
+    );
+    for container in &spec.containers {
+        let env: Vec<&str> = container
+            .env
+            .iter()
+            .flatten()
+            .map(|e| e.name.as_str())
+            .collect();
+        ensure!(
+            !env.contains(&"KUBECONFIG") && container.env_from.is_none(),
+            "container {} of {name} gets a kubeconfig or other environment: {env:?}",
+            container.name
+        );
+        let args = container.args.clone().unwrap_or_default();
+        ensure!(
+            !args.iter().any(|a| a.starts_with("--kubeconfig")),
+            "container {} of {name} is given a kubeconfig: {args:?}",
+            container.name
+        );
+    }
+    let secrets: Api<Secret> = Api::namespaced(cluster.client.clone(), SYSTEM);
+    for volume in spec.volumes.iter().flatten() {
+        if let Some(cm) = &volume.config_map {
+            ensure!(
+                cm.name == "kubewasm-modules",
+                "Pod {name} mounts ConfigMap {}",
+                cm.name
+            );
+        } else if let Some(secret) = &volume.secret {
+            // 1.20: the token controller's Secret of the ServiceAccount.
+            let secret_name = secret.secret_name.clone().unwrap_or_default();
+            let found = secrets.get(&secret_name).await?;
+            let account = found
+                .annotations()
+                .get("kubernetes.io/service-account.name")
+                .cloned();
+            ensure!(
+                found.type_.as_deref() == Some("kubernetes.io/service-account-token")
+                    && account.as_deref() == Some(ACCOUNT),
+                "Pod {name} mounts Secret {secret_name} ({:?} of {account:?}), not its ServiceAccount token",
+                found.type_
+            );
+        } else if let Some(projected) = &volume.projected {
+            // Bound tokens (newer clusters): a token, kube-root-ca.crt and the namespace.
+            for source in projected.sources.iter().flatten() {
+                let config_map = source.config_map.as_ref().map(|c| c.name.as_str());
+                ensure!(
+                    source.service_account_token.is_some()
+                        || source.downward_api.is_some()
+                        || config_map == Some("kube-root-ca.crt"),
+                    "Pod {name} mounts a projected volume {} with {source:?}",
+                    volume.name
+                );
+            }
+        } else {
+            bail!("Pod {name} mounts an unexpected volume: {volume:?}");
+        }
+    }
+    Ok(())
+}
+
+/// What the runtime's identity may do is what `deploy/runtime/rbac.yaml` grants, checked the
+/// way an admin would (`kubectl auth can-i --as`).
+async fn only_what_deploy_grants(cluster: &NodeCluster) -> Result<()> {
+    let me = format!("--as=system:serviceaccount:{SYSTEM}:{ACCOUNT}");
+    let checks: &[(&[&str], bool)] = &[
+        (&["list", "configmaps", "-A"], true),
+        (&["watch", "wasmcontrollers.kubewasm.dev", "-A"], true),
+        (
+            &[
+                "patch",
+                "wasmcontrollers.kubewasm.dev",
+                "--subresource=status",
+                "-A",
+            ],
+            true,
+        ),
+        (&["impersonate", "serviceaccounts", "-A"], true),
+        (
+            &["update", "leases.coordination.k8s.io", "-n", SYSTEM],
+            true,
+        ),
+        (&["patch", "wasmcontrollers.kubewasm.dev", "-A"], false),
+        (&["get", "secrets", "-A"], false),
+        (&["create", "pods", "-A"], false),
+        (&["impersonate", "users", "-A"], false),
+        (&["impersonate", "groups", "-A"], false),
+        (
+            &["update", "leases.coordination.k8s.io", "-n", "default"],
+            false,
+        ),
+        (&["*", "*", "-A"], false),
+    ];
+    let mut wrong = Vec::new();
+    for (args, want) in checks {
+        let mut all = args.to_vec();
+        all.push(&me);
+        if cluster.kubectl.can_i(&all).await? != *want {
+            wrong.push(format!(
+                "{} {}",
+                if *want { "may not" } else { "may" },
+                args.join(" ")
+            ));
+        }
+    }
+    ensure!(
+        wrong.is_empty(),
+        "ServiceAccount {SYSTEM}/{ACCOUNT}: {}",
+        wrong.join("; ")
+    );
+    Ok(())
+}
