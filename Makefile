@@ -40,7 +40,8 @@ lint: toolchain
 	$(CARGO) clippy --target wasm32-wasip2 $(addprefix -p ,$(GUESTS)) -- -D warnings
 
 ## Every test: lint, unit, guest-native, sandbox, CLI, integration against the local control plane.
-test: lint guests k8s-binaries
+test: export KUBEWASM_IMAGE_TAR := $(abspath $(IMAGE_TAR))
+test: lint guests k8s-binaries image install-files
 	$(CARGO) test --workspace
 	@# The bench still runs (tiny size, debug build); its numbers come from `make bench` only.
 	$(CARGO) test -p kubewasm --bench reconcile -- 20 >/dev/null

@@ -156,6 +156,15 @@ async fn kill_and_change(
         },
     )
     .await?;
+    // Taken over because the Lease expired, not because it was handed over: a released Lease
+    // is taken within one retry period (a third of a lease).
+    ensure!(
+        took >= lease - lease / 3,
+        "the new leader took over {} after the stop, sooner than an unreleased Lease of {} allows: \
+         the killed leader released it (was it stopped before its SIGTERM?)",
+        secs(took),
+        secs(lease)
+    );
     let which = if new_leader == pods.standby {
         "the standby"
     } else {
@@ -188,18 +197,27 @@ async fn kill_and_change(
     tokio::time::sleep(QUIET).await;
     let pods_api: Api<Pod> = Api::namespaced(client.clone(), "hello");
     let now = pods_api.get("your-name").await?.uid().unwrap_or_default();
-    let new: Vec<String> = seen
+    let (new, created): (Vec<String>, Vec<Duration>) = seen
         .lock()
         .unwrap()
         .iter()
         .filter(|(_, uid)| uid != hello_uid)
-        .map(|(_, uid)| uid.clone())
-        .collect();
+        .map(|(at, uid)| (uid.clone(), at.saturating_duration_since(changed)))
+        .unzip();
     ensure!(
         new == [new_uid.clone()] && now == new_uid,
         "Pod your-name was recreated {} times after the change (uids {new:?}, now {now})",
         new.len()
     );
+    timings.note(format!(
+        "Pod your-name recreated exactly once ({} after the change; uid {hello_uid} -> {new_uid}), \
+         the same {} later",
+        created
+            .first()
+            .copied()
+            .map_or_else(|| "?".to_owned(), secs),
+        secs(QUIET)
+    ));
 
     // The restarter's state went over to the new leader: no restart of the frontend.
     let frontend_after = uids(&live_pods(client, TEST_SPACE, FRONTEND).await?);
@@ -207,6 +225,8 @@ async fn kill_and_change(
         frontend_after == frontend_before,
         "the frontend Pods changed across the failover: {frontend_before:?} became {frontend_after:?}"
     );
+    timings
+        .note("the frontend Pods untouched across the failover (the restarter's state went over)");
 
     let settled = wait_running(
         client,

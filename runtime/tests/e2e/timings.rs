@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 #[derive(Debug)]
 pub struct Timings {
     started: Instant,
-    current: Option<(String, Instant)>,
+    /// The step under way: its name, start and the index of its line in `lines`.
+    current: Option<(String, Instant, usize)>,
     lines: Vec<String>,
 }
 
@@ -30,15 +31,16 @@ impl Timings {
     pub fn step(&mut self, name: &str) {
         self.end();
         eprintln!("e2e: ==== {name}");
-        self.current = Some((name.to_owned(), Instant::now()));
+        self.lines.push(format!("{name}: ..."));
+        self.current = Some((name.to_owned(), Instant::now(), self.lines.len() - 1));
     }
 
     /// Ends the step under way.
     pub fn end(&mut self) {
-        if let Some((name, started)) = self.current.take() {
+        if let Some((name, started, at)) = self.current.take() {
             let line = format!("{name}: {}", secs(started.elapsed()));
             eprintln!("e2e: {line}");
-            self.lines.push(line);
+            self.lines[at] = line;
         }
     }
 
@@ -51,10 +53,10 @@ impl Timings {
 
     /// Ends the step under way as failed.
     pub fn fail(&mut self) {
-        if let Some((name, started)) = self.current.take() {
+        if let Some((name, started, at)) = self.current.take() {
             let line = format!("{name}: FAILED after {}", secs(started.elapsed()));
             eprintln!("e2e: {line}");
-            self.lines.push(line);
+            self.lines[at] = line;
         }
     }
 
