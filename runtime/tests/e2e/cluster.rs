@@ -39,7 +39,8 @@ pub const LEASE: &str = "kubewasm";
 
 /// The workspace root.
 pub fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    root.canonicalize().unwrap_or(root)
 }
 
 /// `sha256:<hex>`, as `status.moduleDigest` names a module.

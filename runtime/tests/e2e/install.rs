@@ -266,11 +266,11 @@ async fn only_what_deploy_grants(cluster: &NodeCluster) -> Result<()> {
         let mut all = args.to_vec();
         all.push(&me);
         if cluster.kubectl.can_i(&all).await? != *want {
-            wrong.push(format!(
-                "{} {}",
-                if *want { "may not" } else { "may" },
-                args.join(" ")
-            ));
+            wrong.push(if *want {
+                format!("may not {}, which deploy/ grants", args.join(" "))
+            } else {
+                format!("may {}, which deploy/ does not grant", args.join(" "))
+            });
         }
     }
     ensure!(
