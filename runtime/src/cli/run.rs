@@ -122,10 +122,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if !args.leader_elect {
             return manager.run(shutdown_signal()).await;
         }
+        // Unique per process, as client-go's hostname + uuid: in a container the pid is always
+        // 1, and a restarted leader must not take its predecessor's unexpired Lease as its own.
+        let nonce = std::hash::BuildHasher::hash_one(
+            &std::collections::hash_map::RandomState::new(),
+            std::time::SystemTime::now(),
+        );
         let identity = format!(
-            "{}-{}",
+            "{}-{}-{:08x}",
             std::env::var("HOSTNAME").unwrap_or_else(|_| "kubewasm".into()),
-            std::process::id()
+            std::process::id(),
+            nonce as u32
         );
         let elector = LeaderElector::new(
             kube::Client::try_from(kube_config.clone())?,
