@@ -129,10 +129,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             std::time::SystemTime::now(),
         );
         let identity = format!(
-            "{}-{}-{:08x}",
+            "{}-{:08x}-{}",
             std::env::var("HOSTNAME").unwrap_or_else(|_| "kubewasm".into()),
-            std::process::id(),
-            nonce as u32
+            nonce as u32,
+            std::process::id()
         );
         let elector = LeaderElector::new(
             kube::Client::try_from(kube_config.clone())?,
