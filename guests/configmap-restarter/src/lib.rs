@@ -13,10 +13,12 @@
 //! - same digest (e.g. a metadata-only change): nothing;
 //! - another digest: save `pending:<new digest>`, delete the matching Pods created no later
 //!   than the second the data changed in, save the new digest, emit `PodsRestarted`;
-//! - `pending:<this digest>`: a runtime was killed during that restart; delete the matching
-//!   Pods created *strictly before* the second of the change — the replacements, made after
-//!   the first deletions, are spared even when they came in that same second — then save the
-//!   digest and emit `PodsRestarted`.
+//! - `pending:<this digest>` in the first reconcile since the runtime started (`previous` is
+//!   `None`): a runtime was killed during that restart; delete the matching Pods created
+//!   *strictly before* the second of the change — the replacements, made after the first
+//!   deletions, are spared even when they came in that same second — then save the digest and
+//!   emit `PodsRestarted`. (With `previous` set, `pending:` means the same runtime's attempt
+//!   failed, e.g. a delete was refused: it tries again like the first time.)
 //!
 //! It needs no write on the ConfigMap: the tutorial's ServiceAccount `joe` (read ConfigMaps;
 //! read and delete Pods) is enough. A change made while the runtime was down shows up as a
@@ -26,9 +28,11 @@
 //!
 //! When the data changed is read from the ConfigMap itself, in the API server's clock: the
 //! latest `metadata.managedFields[].time` of a field manager that owns `data` or
-//! `binaryData`. The API server keeps seconds; the one case left is a Pod created in the very
-//! second of the change, before it, that a killed runtime had not deleted yet: after the
-//! restart it is taken for a replacement and kept. With no such entry (managed fields
+//! `binaryData`. The API server keeps seconds, which leaves two cases, both needing a Pod
+//! created in the very second of the change: such a Pod made before the change and not yet
+//! deleted by a runtime that was killed is taken for a replacement and kept; and after a
+//! delete that failed part-way, the replacement of a Pod deleted in that second is deleted
+//! again on the retry. With no such entry (managed fields
 //! stripped), every matching Pod is deleted, as the tutorial does.
 //!
 //! An invalid (or empty, which would match every Pod) selector is the ConfigMap author's
@@ -71,9 +75,11 @@ pub fn reconcile(req: &Request, _cluster: &dyn Cluster) -> Result<Response, Erro
     let recovering = match req.state.as_deref() {
         None => return Ok(Response::new().set_state(digest)),
         Some(saved) if saved == digest => return Ok(Response::new()),
-        // Killed while restarting for this very data: Pods created in the second of the
-        // change may be the replacements, so only strictly older ones go.
-        Some(saved) => saved == pending,
+        // Killed while restarting for this very data (`previous` is `None` only in the first
+        // reconcile since the runtime started): Pods created in the second of the change may be
+        // the replacements, so only strictly older ones go. A retry in the same runtime (a
+        // delete that failed) deletes like the first try, or it could miss Pods of that second.
+        Some(saved) => saved == pending && req.previous.is_none(),
     };
     let selector = selector.to_string();
     let changed_at = data_changed_at(config_map);

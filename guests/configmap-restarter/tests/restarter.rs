@@ -108,6 +108,28 @@ fn a_runtime_killed_mid_restart_spares_the_replacements() {
 }
 
 #[test]
+fn a_retry_in_the_same_runtime_deletes_like_the_first_try() {
+    // `pending:` with `previous` set: this runtime's own attempt failed (a delete refused);
+    // the retry includes the second of the change, or Pods made in it would be missed.
+    let config_map = fixture(include_str!("fixtures/data-changed.yaml"));
+    let green = data_digest(&config_map);
+    let request = Request::for_object(config_map.clone())
+        .unwrap()
+        .with_previous(config_map.clone())
+        .with_state(format!("{PENDING}{green}"));
+    let response = reconcile(&request, &FakeCluster::new()).unwrap();
+    // (The `pending:` it saves again is the same value: the runtime writes nothing for it.)
+    assert_eq!(
+        response.actions[0],
+        Action::SetState(Some(format!("{PENDING}{green}")))
+    );
+    assert_eq!(
+        response.actions[1],
+        delete_created_before("2026-11-23T12:00:06Z")
+    );
+}
+
+#[test]
 fn the_second_after_a_time() {
     for (time, next) in [
         ("2026-11-23T12:00:05Z", "2026-11-23T12:00:06Z"),
