@@ -332,9 +332,9 @@ impl Runner {
         let parent_json = parent.as_ref().map(|p| to_json(parent_watch, p));
         let finalizing = match (&parent_json, &s.finalizer) {
             (Some(p), Some(f)) => match (f.phase(p), s.finalize) {
-                (Phase::Missing, true) => return self.add_finalizer(f, p).await,
+                (Phase::Missing, true) => return self.write_finalizer(f, p, true).await,
                 (Phase::Held | Phase::Finalizing, false) => {
-                    return self.remove_finalizer(f, p).await;
+                    return self.write_finalizer(f, p, false).await;
                 }
                 (Phase::Finalizing, true) => true,
                 _ => false,
@@ -434,7 +434,7 @@ impl Runner {
             }
         }
         if finalized && let (Some(f), Some(p)) = (&s.finalizer, &parent_json) {
-            self.remove_finalizer(f, p).await?;
+            self.write_finalizer(f, p, false).await?;
         }
         {
             let mut reconciled = self.reconciled.lock().unwrap_or_else(|e| e.into_inner());
@@ -463,42 +463,17 @@ impl Runner {
         Ok(after)
     }
 
-    /// Adds the finalizer to a parent that lacks it; the guest is called once the watch
-    /// brings the parent back with it. A conflict (the parent changed meanwhile) waits for
-    /// that change to arrive.
-    async fn add_finalizer(
+    /// Adds (`add`) or removes this controller's finalizer on a parent, as observed. After an
+    /// add, the guest is called once the watch brings the parent back with it; a conflict (the
+    /// parent changed meanwhile) or a parent gone waits for the watch's news.
+    async fn write_finalizer(
         &self,
         f: &Finalizer,
         parent: &Value,
+        add: bool,
     ) -> Result<Option<Duration>, (Reason, String)> {
-        self.finalizer_write(
-            parent,
-            "add",
-            f.add(self.setup.client.clone(), self.setup.parent.kind(), parent),
-        )
-        .await
-    }
-
-    /// Removes the finalizer from a parent (clean-up done, or `spec.finalize` turned off).
-    async fn remove_finalizer(
-        &self,
-        f: &Finalizer,
-        parent: &Value,
-    ) -> Result<Option<Duration>, (Reason, String)> {
-        self.finalizer_write(
-            parent,
-            "remove",
-            f.remove(self.setup.client.clone(), self.setup.parent.kind(), parent),
-        )
-        .await
-    }
-
-    async fn finalizer_write(
-        &self,
-        parent: &Value,
-        what: &str,
-        write: impl std::future::Future<Output = Result<(), kube::Error>>,
-    ) -> Result<Option<Duration>, (Reason, String)> {
+        let (client, kind) = (self.setup.client.clone(), self.setup.parent.kind());
+        let what = if add { "add" } else { "remove" };
         self.setup.budget.take().await;
         if !self.setup.fence.is_open() {
             return Ok(None);
@@ -507,7 +482,12 @@ impl Runner {
             .pointer("/metadata/name")
             .and_then(Value::as_str)
             .unwrap_or_default();
-        match write.await {
+        let written = if add {
+            f.add(client, kind, parent).await
+        } else {
+            f.remove(client, kind, parent).await
+        };
+        match written {
             Ok(()) => {
                 tracing::info!("{what} finalizer on {name}: done");
                 Ok(None)
