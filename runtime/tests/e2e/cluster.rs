@@ -15,7 +15,7 @@ use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 use sha2::{Digest as _, Sha256};
 
-use crate::support::{ControlPlane, Kubectl, cluster_script, eventually};
+use crate::support::{ControlPlane, Kubectl, cluster_script, ensure_greeting_pod, eventually};
 
 /// What anything on the node may take (a Pod scheduled, its image pulled, run to the end) on
 /// the busy 2-core machine.
@@ -446,22 +446,8 @@ pub async fn wait_greeting(
         let Some(pod) = pods.get_opt(name).await? else {
             bail!("no Pod {name}");
         };
+        ensure_greeting_pod(&pod, greeting, replaces)?;
         let uid = pod.uid().unwrap_or_default();
-        ensure!(replaces != Some(uid.as_str()), "still the old Pod {uid}");
-        ensure!(
-            pod.metadata.deletion_timestamp.is_none(),
-            "Pod {name} is being deleted"
-        );
-        let command = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.containers.first())
-            .and_then(|c| c.command.clone())
-            .unwrap_or_default();
-        ensure!(
-            command == ["echo", greeting],
-            "Pod {name} runs {command:?}, want [\"echo\", {greeting:?}]"
-        );
         match phase(&pod) {
             "Succeeded" => Ok(Some(pod)),
             "Failed" => bail!("Pod {name} failed: {:?}", pod.status),

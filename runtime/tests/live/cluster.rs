@@ -19,7 +19,7 @@ use kubewasm::api::{WasmController, WasmControllerStatus};
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 
-use crate::support::{ControlPlane, FIELD_MANAGER, eventually};
+use crate::support::{ControlPlane, FIELD_MANAGER, ensure_greeting_pod, eventually};
 pub use crate::support::{apply, apply_all, documents};
 
 /// How long anything the runtime or kube-controller-manager does may take on a busy
@@ -231,24 +231,7 @@ pub async fn wait_greeting_pod(
         let Some(pod) = pods.get_opt(name).await? else {
             bail!("no Pod {name}");
         };
-        let uid = pod.uid().unwrap_or_default();
-        if replaces == Some(uid.as_str()) {
-            bail!("still the old Pod (uid {uid})");
-        }
-        ensure!(
-            pod.metadata.deletion_timestamp.is_none(),
-            "Pod {name} is being deleted"
-        );
-        let command = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.containers.first())
-            .and_then(|c| c.command.clone())
-            .unwrap_or_default();
-        ensure!(
-            command == ["echo", greeting],
-            "Pod {name} runs {command:?}, want [\"echo\", {greeting:?}]"
-        );
+        ensure_greeting_pod(&pod, greeting, replaces)?;
         Ok(Some(pod))
     })
     .await

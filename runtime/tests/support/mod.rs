@@ -43,7 +43,8 @@ pub use identity::{RUNTIME_ACCOUNT, RUNTIME_NAMESPACE, RUNTIME_WATCH_ROLE, runti
 pub use kubectl::Kubectl;
 #[allow(unused_imports)]
 pub use manifest::{FIELD_MANAGER, apply, apply_all, documents};
-pub use wait::eventually;
+#[allow(unused_imports)]
+pub use wait::{ensure_greeting_pod, eventually};
 
 /// Names a kubeconfig of an existing cluster to run the tests against.
 pub const TEST_KUBECONFIG_ENV: &str = "KUBEWASM_TEST_KUBECONFIG";

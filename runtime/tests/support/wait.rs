@@ -38,3 +38,32 @@ where
         tokio::time::sleep(POLL.min(deadline.saturating_duration_since(Instant::now()))).await;
     }
 }
+
+/// Fails unless `pod` runs `echo <greeting>`, is not being deleted and, with `replaces`, is
+/// another Pod than that uid: what the HelloWorld guest makes, checked by the live and the
+/// end-to-end tests alike.
+pub fn ensure_greeting_pod(
+    pod: &k8s_openapi::api::core::v1::Pod,
+    greeting: &str,
+    replaces: Option<&str>,
+) -> Result<()> {
+    use kube::ResourceExt as _;
+    let name = pod.name_any();
+    let uid = pod.uid().unwrap_or_default();
+    if replaces == Some(uid.as_str()) {
+        bail!("still the old Pod {name} (uid {uid})");
+    }
+    if pod.metadata.deletion_timestamp.is_some() {
+        bail!("Pod {name} is being deleted");
+    }
+    let command = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.command.clone())
+        .unwrap_or_default();
+    if command != ["echo", greeting] {
+        bail!("Pod {name} runs {command:?}, want [\"echo\", {greeting:?}]");
+    }
+    Ok(())
+}
