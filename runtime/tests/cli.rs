@@ -453,7 +453,7 @@ fn modules_that_are_not_guests_are_refused() {
     let empty = write(dir.path(), "empty.wasm", b"\0asm\x0d\0\x01\0");
     assert_module_refused(
         &empty,
-        &["not a kubewasm controller (world `kubewasm:controller/controller@0.2.0`)"],
+        &["not a kubewasm controller (world `kubewasm:controller/controller@0.3.0`)"],
     );
 }
 

@@ -544,7 +544,7 @@ fn empty_component_is_the_wrong_world() {
     assert!(matches!(err, LoadError::WrongWorld(_)), "{err:?}");
     assert!(
         err.to_string()
-            .contains("kubewasm:controller/controller@0.2.0"),
+            .contains("kubewasm:controller/controller@0.3.0"),
         "{err}"
     );
 }

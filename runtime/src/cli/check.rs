@@ -22,7 +22,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .load(&bytes)
         .with_context(|| format!("`{}` is not a usable guest", args.module.display()))?;
     println!(
-        "ok: {} is a kubewasm controller (kubewasm:controller/controller@0.2.0)",
+        "ok: {} is a kubewasm controller (kubewasm:controller/controller@0.3.0)",
         args.module.display()
     );
     println!("digest: {}", guest.digest());

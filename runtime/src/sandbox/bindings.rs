@@ -16,7 +16,7 @@ pub use self::kubewasm::controller::types as wit;
 
 /// The instance name of the host imports, `kubewasm:controller/host@<version>`: a guest
 /// built against another version of the contract does not link.
-pub const HOST_INTERFACE: &str = "kubewasm:controller/host@0.2.0";
+pub const HOST_INTERFACE: &str = "kubewasm:controller/host@0.3.0";
 
 #[cfg(test)]
 mod tests {

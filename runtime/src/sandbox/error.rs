@@ -30,7 +30,7 @@ pub enum LoadError {
     Compile(#[source] wasmtime::Error),
     /// The component is valid but is not a kubewasm controller.
     #[error(
-        "not a kubewasm controller (world `kubewasm:controller/controller@0.2.0`): {0:#}; build it against the current kubewasm-guest-sdk (a module built for 0.1.0 must be rebuilt) and export a reconciler"
+        "not a kubewasm controller (world `kubewasm:controller/controller@0.3.0`): {0:#}; build it against the current kubewasm-guest-sdk (a module built for an earlier contract, 0.1.0 or 0.2.0, must be rebuilt) and export a reconciler"
     )]
     WrongWorld(#[source] wasmtime::Error),
     /// The engine could not be set up.
