@@ -48,7 +48,7 @@ pub mod __private;
 pub use cluster::{Cluster, LogLevel, Reads};
 pub use error::Error;
 pub use request::{ObjectRef, Request};
-pub use response::{Action, EventType, Response};
+pub use response::{Action, EventType, MAX_STATE_BYTES, MAX_STATE_OBJECTS, Response};
 
 /// Export `reconcile` (a `fn(&Request, &dyn Cluster) -> Result<Response, Error>`) as the
 /// guest's WIT `reconcile`. Use it once per guest crate, at the top level.

@@ -107,8 +107,9 @@ pub struct Request {
     pub previous: Option<Value>,
     /// What this controller saved for the target with [`crate::Action::SetState`], kept by
     /// the runtime in the controller's status across restarts; `None` when nothing is saved.
-    /// At most 512 bytes per object, 256 objects per controller; forgotten once the target is
-    /// gone.
+    /// At most [`crate::MAX_STATE_BYTES`] per object, [`crate::MAX_STATE_OBJECTS`] objects per
+    /// controller. Forgotten once the target is gone, after the guest was called once more
+    /// without `parent` — also for a target deleted while the runtime was not running.
     pub state: Option<String>,
     /// The target is being deleted and still carries this controller's finalizer
     /// (`spec.finalize`): clean up, then answer with [`crate::Action::Finalized`].

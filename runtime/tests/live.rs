@@ -684,7 +684,7 @@ async fn cluster_wasm_controller_acts_in_every_namespace() {
     let result = async {
         cluster_scoped(&control_plane.0, &client, &modules).await?;
         guitars::guitar_reviews(&control_plane.0, &client, &modules, &runtime).await?;
-        pods::pod_watcher(&control_plane.0, &client, &modules, &runtime).await?;
+        pods::pod_watcher(&control_plane.0, &client, &modules, &mut runtime).await?;
         tutorial_crd::hello_world_with_the_tutorials_crd(&control_plane.0, &client).await?;
         file_module(&client, &modules, module_dir.path()).await
     }

@@ -35,6 +35,21 @@ impl ObjectKey {
             name: object.metadata.name.clone().unwrap_or_default(),
         }
     }
+
+    /// The key [`ObjectKey`]'s `Display` wrote: `namespace/name`, or `name` (names and
+    /// namespaces have no `/`).
+    pub fn parse(text: &str) -> ObjectKey {
+        match text.split_once('/') {
+            Some((ns, name)) => ObjectKey {
+                namespace: Some(ns.to_owned()),
+                name: name.to_owned(),
+            },
+            None => ObjectKey {
+                namespace: None,
+                name: text.to_owned(),
+            },
+        }
+    }
 }
 
 impl std::fmt::Display for ObjectKey {
@@ -319,6 +334,19 @@ mod tests {
         ObjectKey {
             namespace: Some("ns".into()),
             name: name.into(),
+        }
+    }
+
+    #[test]
+    fn a_key_parses_back_from_its_display() {
+        for k in [
+            key("a"),
+            ObjectKey {
+                namespace: None,
+                name: "cluster-wide".into(),
+            },
+        ] {
+            assert_eq!(ObjectKey::parse(&k.to_string()), k);
         }
     }
 

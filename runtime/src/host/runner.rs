@@ -168,10 +168,21 @@ impl Runner {
         }
     }
 
+    /// Every parent in the cache, and every object the controller keeps state for that is not
+    /// there: gone while the runtime was not watching (deleted while it was down, or between
+    /// two of its watches), it is reconciled once without `parent`, which tells the guest and
+    /// then forgets the state.
     fn enqueue_all(&self) {
-        for parent in self.setup.parent.store().state() {
+        let store = self.setup.parent.store();
+        for parent in store.state() {
             let key = ObjectKey::of(&parent);
             if self.in_scope(&key) {
+                self.queue.add(key);
+            }
+        }
+        for saved in self.setup.state.keys() {
+            let key = ObjectKey::parse(&saved);
+            if self.in_scope(&key) && self.setup.parent.get(&key).is_none() {
                 self.queue.add(key);
             }
         }

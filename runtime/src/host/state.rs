@@ -111,6 +111,11 @@ impl GuestState {
         self.lock().get(key).cloned()
     }
 
+    /// The keys of every object with state.
+    pub fn keys(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
+    }
+
     /// How many objects have state.
     pub fn len(&self) -> usize {
         self.lock().len()
