@@ -30,6 +30,24 @@ pub struct CallOutcome {
     pub log_dropped: u64,
     /// Wall-clock time of instantiation plus the call.
     pub elapsed: Duration,
+    /// Where that time and the time before it went.
+    pub phases: Phases,
+}
+
+/// Wall-clock time of each part of a call (for the bench's breakdown and debug logs). What is
+/// left of a caller's measured time after these is the Store's teardown (the instance slot
+/// handed back, touched pages reset) and the caller's own work.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Phases {
+    /// The per-call state: WASI context (captured stdout/stderr only), limiter, Store, deadline.
+    pub setup: Duration,
+    /// Instantiating the component from its pre-linked form (a pool slot, data segments).
+    pub instantiate: Duration,
+    /// The request converted for WIT (its documents serialized to JSON text).
+    pub request: Duration,
+    /// The export called: the request lowered into guest memory, the guest's work, its host
+    /// calls, and the response checked and decoded in `respond`.
+    pub call: Duration,
 }
 
 /// Most bytes of an `apiVersion`, kind, namespace or name a guest may pass to `get` or
@@ -264,6 +282,7 @@ pub(crate) async fn run(
     reads: SharedReads,
     limits: &Limits,
 ) -> Result<CallOutcome, CallError> {
+    let entered = Instant::now();
     let stdout = BoundedOutput::new(limits.output_bytes);
     let stderr = BoundedOutput::new(limits.output_bytes);
     // No preopened dirs, no env, no args, no network: only captured stdout/stderr.
@@ -301,11 +320,20 @@ pub(crate) async fn run(
     });
 
     let started = Instant::now();
+    let mut phases = Phases {
+        setup: started - entered,
+        ..Phases::default()
+    };
     let result = async {
         let guest = pre.instantiate_async(&mut store).await?;
-        guest
-            .call_reconcile(&mut store, &request_to_wit(request))
-            .await
+        let instantiated = Instant::now();
+        phases.instantiate = instantiated - started;
+        let wit_request = request_to_wit(request);
+        let converted = Instant::now();
+        phases.request = converted - instantiated;
+        let called = guest.call_reconcile(&mut store, &wit_request).await;
+        phases.call = converted.elapsed();
+        called
     }
     .await;
     let elapsed = started.elapsed();
@@ -330,6 +358,7 @@ pub(crate) async fn run(
         host_calls: state.host_calls,
         log_dropped: state.logs.dropped(),
         elapsed,
+        phases,
     })
 }
 

@@ -12,7 +12,7 @@ mod slots;
 mod text;
 mod types;
 
-pub use call::CallOutcome;
+pub use call::{CallOutcome, Phases};
 pub use engine::{Digest, GuestPre, Sandbox, SandboxConfig};
 pub use error::{CallError, LoadError};
 pub use limits::{Limits, MAX_GUEST_STATE_BYTES, MAX_GUEST_STATE_OBJECTS};
