@@ -113,9 +113,10 @@ matching=$(grep 'app: frontend' "$demo/pods.yaml" | grep -o 'name: [a-z0-9-]*' |
 echo
 say "The data no longer matches the saved digest, so it would delete every Pod in"
 say "test-space labelled app=frontend: here $matching (backend-1 is left alone);"
-say "their Deployment recreates them and they read the new data. (On a cluster, the"
-say "API server's managedFields say when the data changed, and only Pods created before"
-say "then are deleted.) It saves the new digest and records an Event PodsRestarted."
+say "their Deployment recreates them and they read the new data. It first saves"
+say "pending:<digest>@<newest of those Pods' creation times>, so that a runtime killed"
+say "mid-restart deletes only those, never their replacements, when it comes back; then"
+say "the new digest, and it records an Event PodsRestarted."
 
 echo
 echo "2c. The next reconcile of the same ConfigMap (new digest saved) answers:"

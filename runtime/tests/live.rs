@@ -352,12 +352,41 @@ async fn configmap_restarter(
         "Pod `other` (app=other) was replaced"
     );
 
+    // The same change again by the same field manager (a value of an existing key): Kubernetes
+    // 1.20 keeps that manager's `managedFields` time at the first change, so the Pods made since
+    // then must be found by their own creation times.
+    config_maps
+        .patch(
+            "frontend-config",
+            &PatchParams::default(),
+            &merge(json!({"data": {"TEXT2": "Venusians"}})),
+        )
+        .await?;
+    let restarted = wait_pods(
+        &pods,
+        "a second change of the same key by the same manager replaces both frontend Pods",
+        Some(&restarted),
+    )
+    .await?;
+    let third = wait_digest(client, owner, &key, Some(&third)).await?;
+
     // A runtime killed after deleting the Pods and before saving the digest. Made exactly:
-    // the runtime is killed, and the saved state is set back to `pending:<digest>`, what the
-    // restart saves before it deletes anything, as if the last save had never happened. Back
-    // up, it deletes only Pods created before that change — the replacements are newer.
+    // the runtime is killed, and the saved state is set back to `pending:<digest>@<bound>`,
+    // what the restart saves before it deletes anything, as if the last save had never
+    // happened (the bound: Pod `other`'s creation, older than the replacements, as the newest
+    // old Pod was). Back up, it deletes only Pods created up to the bound — the replacements
+    // are newer.
     runtime.kill()?;
-    let pending = format!("pending:{third}");
+    let bound = pods
+        .get("other")
+        .await?
+        .metadata
+        .creation_timestamp
+        .context("Pod `other` has a creationTimestamp")?
+        .0
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    let pending = format!("pending:{third}@{bound}");
     rewind_state(client, ns, "configmap-restarter", &key, &pending).await?;
     let offset = runtime.log_len();
     runtime.start_again();

@@ -11,29 +11,29 @@
 //!
 //! - no state yet (first sighting): save the digest, restart nothing;
 //! - same digest (e.g. a metadata-only change): nothing;
-//! - another digest: save `pending:<new digest>`, delete the matching Pods created no later
-//!   than the second the data changed in, save the new digest, emit `PodsRestarted`;
-//! - `pending:<this digest>` in the first reconcile since the runtime started (`previous` is
-//!   `None`): a runtime was killed during that restart; delete the matching Pods created
-//!   *strictly before* the second of the change — the replacements, made after the first
-//!   deletions, are spared even when they came in that same second — then save the digest and
-//!   emit `PodsRestarted`. (With `previous` set, `pending:` means the same runtime's attempt
-//!   failed, e.g. a delete was refused: it tries again like the first time.)
+//! - another digest: list the matching Pods (the runtime's cache) and take the *bound* — the
+//!   newest `creationTimestamp` among them, or the time the data changed if that is later —
+//!   save `pending:<new digest>@<bound>`, delete the matching Pods created no later than the
+//!   bound's second, save the new digest, emit `PodsRestarted`;
+//! - `pending:<this digest>@<bound>`: an attempt for this data did not finish (a runtime
+//!   killed between the deletions and saving the digest, or a delete that failed): delete the
+//!   matching Pods created no later than the saved bound's second again — the replacements,
+//!   made after the first deletions, are newer and spared — then save the digest and emit
+//!   `PodsRestarted`.
 //!
 //! It needs no write on the ConfigMap: the tutorial's ServiceAccount `joe` (read ConfigMaps;
 //! read and delete Pods) is enough. A change made while the runtime was down shows up as a
 //! different digest when it comes back. A runtime killed between deleting the Pods and saving
-//! the digest finds `pending:` when it returns, and deletes only what is older than the change:
-//! nothing restarts twice.
+//! the digest finds `pending:` when it returns, and deletes only what existed when the restart
+//! began: nothing restarts twice.
 //!
-//! When the data changed is read from the ConfigMap itself, in the API server's clock: the
-//! latest `metadata.managedFields[].time` of a field manager that owns `data` or
-//! `binaryData`. The API server keeps seconds, which leaves two cases, both needing a Pod
-//! created in the very second of the change: such a Pod made before the change and not yet
-//! deleted by a runtime that was killed is taken for a replacement and kept; and after a
-//! delete that failed part-way, the replacement of a Pod deleted in that second is deleted
-//! again on the retry. With no such entry (managed fields
-//! stripped), every matching Pod is deleted, as the tutorial does.
+//! The bound comes from the Pods themselves (the API server's clock) because the time a
+//! ConfigMap's data changed is not recorded reliably: `metadata.managedFields[].time` stays at
+//! the first change when the same manager (two `kubectl patch`) changes the data again, on
+//! Kubernetes 1.20 at least — it is used only when it is later than every Pod. The API server
+//! keeps seconds, so a replacement created in the very second of the newest old Pod would be
+//! deleted once more by an unfinished attempt's retry; and a Pod created just before the change
+//! but not yet in the runtime's cache when the restart began is kept.
 //!
 //! An invalid (or empty, which would match every Pod) selector is the ConfigMap author's
 //! mistake, not the controller's: the guest emits a `Warning` Event `InvalidSelector` on the
@@ -52,7 +52,7 @@ use sha2::{Digest as _, Sha256};
 pub const SELECTOR_ANNOTATION: &str = "magalix.com/podDeleteMatch";
 
 /// Restart the ConfigMap's Pods once per change of its data.
-pub fn reconcile(req: &Request, _cluster: &dyn Cluster) -> Result<Response, Error> {
+pub fn reconcile(req: &Request, cluster: &dyn Cluster) -> Result<Response, Error> {
     let Some(config_map) = &req.parent else {
         return Ok(Response::new());
     };
@@ -71,41 +71,29 @@ pub fn reconcile(req: &Request, _cluster: &dyn Cluster) -> Result<Response, Erro
 
     let digest = data_digest(config_map);
     let namespace = req.target.namespace.as_deref();
-    let pending = format!("{PENDING}{digest}");
-    let recovering = match req.state.as_deref() {
-        None => return Ok(Response::new().set_state(digest)),
-        Some(saved) if saved == digest => return Ok(Response::new()),
-        // Killed while restarting for this very data (`previous` is `None` only in the first
-        // reconcile since the runtime started): Pods created in the second of the change may be
-        // the replacements, so only strictly older ones go. A retry in the same runtime (a
-        // delete that failed) deletes like the first try, or it could miss Pods of that second.
-        Some(saved) => saved == pending && req.previous.is_none(),
-    };
     let selector = selector.to_string();
-    let changed_at = data_changed_at(config_map);
-    // A first try includes the second of the change (a Pod made in it, before the change,
-    // has the old data; the replacements do not exist yet when the Pods are listed).
-    let before = match changed_at {
-        Some(time) if recovering => Some(time.to_owned()),
-        Some(time) => next_second(time),
-        None => None,
-    };
     let mut response = Response::new();
-    if !recovering {
-        response = response.set_state(pending);
-    }
-    let (response, since) = match &before {
+    let bound = match req.state.as_deref() {
+        None => return Ok(response.set_state(digest)),
+        Some(saved) if saved == digest => return Ok(response),
+        Some(saved) => match pending_bound(saved, &digest) {
+            // An unfinished attempt for this very data: the bound it saved.
+            Some(bound) => bound.map(str::to_owned),
+            None => {
+                let pods = cluster.list("v1", "Pod", namespace, Some(&selector))?;
+                let bound = restart_bound(&pods, data_changed_at(config_map));
+                response = response.set_state(pending_state(&digest, bound.as_deref()));
+                bound
+            }
+        },
+    };
+    let (response, since) = match bound.as_deref().and_then(next_second) {
         Some(before) => (
-            response.delete_all_created_before("v1", "Pod", namespace, &selector, before),
-            format!(
-                ", created before {before} (the data changed at {})",
-                changed_at.unwrap_or_default()
-            ),
+            response.delete_all_created_before("v1", "Pod", namespace, &selector, &before),
+            format!(", created before {before}"),
         ),
-        None => (
-            response.delete_all_of("v1", "Pod", namespace, &selector),
-            String::new(),
-        ),
+        // No matching Pod when the restart began: nothing to delete.
+        None => (response, String::from(" (there were none)")),
     };
     let message = format!(
         "ConfigMap data changed: deleted the Pods in namespace {} matching {selector:?}{since}",
@@ -116,7 +104,41 @@ pub fn reconcile(req: &Request, _cluster: &dyn Cluster) -> Result<Response, Erro
         .event(EventType::Normal, "PodsRestarted", message))
 }
 
-/// The prefix of the state saved while a restart is under way: `pending:<digest>`.
+/// The state saved while a restart for `digest` is under way: `pending:<digest>@<bound>`, or
+/// `pending:<digest>` when there was no Pod to restart.
+pub fn pending_state(digest: &str, bound: Option<&str>) -> String {
+    match bound {
+        Some(bound) => format!("{PENDING}{digest}@{bound}"),
+        None => format!("{PENDING}{digest}"),
+    }
+}
+
+/// The bound of an unfinished restart for `digest` saved as `saved` (`Some(None)`: it had no
+/// Pod to restart); `None` when `saved` is not one for this digest.
+pub fn pending_bound<'a>(saved: &'a str, digest: &str) -> Option<Option<&'a str>> {
+    let rest = saved.strip_prefix(PENDING)?.strip_prefix(digest)?;
+    match rest {
+        "" => Some(None),
+        _ => rest.strip_prefix('@').map(Some),
+    }
+}
+
+/// The newest `creationTimestamp` of `pods`, or `changed_at` when that is later; `None` when
+/// there is neither.
+pub fn restart_bound(pods: &[Value], changed_at: Option<&str>) -> Option<String> {
+    pods.iter()
+        .filter_map(|p| {
+            p.pointer("/metadata/creationTimestamp")
+                .and_then(Value::as_str)
+        })
+        .chain(changed_at)
+        .filter(|t| next_second(t).is_some())
+        // RFC 3339 in UTC with a fixed format (`2026-11-23T12:00:00Z`): text order is time order.
+        .max()
+        .map(str::to_owned)
+}
+
+/// The prefix of the state saved while a restart is under way: `pending:<digest>@<bound>`.
 pub const PENDING: &str = "pending:";
 
 /// The second after `time` (`YYYY-MM-DDTHH:MM:SSZ`, as the API server writes times), in the
