@@ -18,6 +18,9 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(15);
 /// Lines of the log shown when a test fails.
 const TAIL_LINES: usize = 80;
 
+/// `RUST_LOG` of the runtime under test: debug lines of kubewasm, which some tests read.
+pub const TEST_LOG_FILTER: &str = "info,kubewasm=debug";
+
 /// A running `kubewasm run --namespace <ns>`; killed when dropped.
 pub struct RuntimeProcess {
     namespace: String,
@@ -28,6 +31,8 @@ pub struct RuntimeProcess {
     child: Option<Child>,
     /// More arguments of `kubewasm run`.
     args: Vec<String>,
+    /// Its `RUST_LOG`.
+    log_filter: String,
 }
 
 impl RuntimeProcess {
@@ -40,6 +45,17 @@ impl RuntimeProcess {
 
     /// Starts `kubewasm run [--namespace <namespace>] <args>` (`""`: every namespace).
     pub fn start_with_args(kubeconfig: &Path, namespace: &str, args: &[&str]) -> RuntimeProcess {
+        Self::start_with_log_filter(kubeconfig, namespace, args, TEST_LOG_FILTER)
+    }
+
+    /// Like [`Self::start_with_args`], with `RUST_LOG=<log_filter>` (a benchmark runs it at
+    /// `info`, as deployed, instead of [`TEST_LOG_FILTER`]).
+    pub fn start_with_log_filter(
+        kubeconfig: &Path,
+        namespace: &str,
+        args: &[&str],
+        log_filter: &str,
+    ) -> RuntimeProcess {
         let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("live-runtime-logs");
         std::fs::create_dir_all(&root).expect("creating the directory for runtime logs");
         let dir = tempfile::Builder::new()
@@ -61,6 +77,7 @@ impl RuntimeProcess {
             log,
             child: None,
             args: args.iter().map(|a| a.to_string()).collect(),
+            log_filter: log_filter.to_owned(),
         };
         runtime.start_again();
         runtime
@@ -84,7 +101,7 @@ impl RuntimeProcess {
             .args(["--metrics-addr", "127.0.0.1:0"])
             .args(&self.args)
             .env("KUBECONFIG", &self.kubeconfig)
-            .env("RUST_LOG", "info,kubewasm=debug")
+            .env("RUST_LOG", &self.log_filter)
             .env("NO_COLOR", "1")
             .env_remove("KUBEWASM_LOG_FORMAT")
             .stdin(Stdio::null())
