@@ -313,10 +313,43 @@ struct Seen {
     writes: u64,
 }
 
-/// A change seen by one of the two watches.
+/// What the two watches say, reduced to what [`observe`] counts.
 enum Change {
-    Hello(watcher::Event<DynamicObject>),
-    Pod(watcher::Event<Pod>),
+    /// One watch has listed what was there.
+    Listed,
+    /// A HelloWorld and its status (`null` without).
+    Hello { name: String, status: Value },
+    /// A Pod at a resourceVersion.
+    Pod { name: String, version: String },
+    /// A Pod is gone.
+    PodGone(String),
+    /// Nothing counted.
+    Other,
+}
+
+impl Change {
+    fn of_hello(event: watcher::Event<DynamicObject>) -> Change {
+        match event {
+            watcher::Event::InitDone => Change::Listed,
+            watcher::Event::Apply(h) | watcher::Event::InitApply(h) => Change::Hello {
+                status: h.data.get("status").cloned().unwrap_or(Value::Null),
+                name: h.name_any(),
+            },
+            _ => Change::Other,
+        }
+    }
+
+    fn of_pod(event: watcher::Event<Pod>) -> Change {
+        match event {
+            watcher::Event::InitDone => Change::Listed,
+            watcher::Event::Apply(p) | watcher::Event::InitApply(p) => Change::Pod {
+                version: p.resource_version().unwrap_or_default(),
+                name: p.name_any(),
+            },
+            watcher::Event::Delete(p) => Change::PodGone(p.name_any()),
+            _ => Change::Other,
+        }
+    }
 }
 
 /// Watches the namespace's HelloWorlds and Pods; says on `ready` once both listed, returns
@@ -327,16 +360,14 @@ async fn observe(
     count: usize,
     ready: oneshot::Sender<()>,
 ) -> Result<Seen> {
-    let hellos = watcher(hello_worlds(&client, &ns), watcher::Config::default())
-        .map_ok(Change::Hello)
-        .boxed();
+    let hellos =
+        watcher(hello_worlds(&client, &ns), watcher::Config::default()).map_ok(Change::of_hello);
     let pods = watcher(
         Api::<Pod>::namespaced(client, &ns),
         watcher::Config::default(),
     )
-    .map_ok(Change::Pod)
-    .boxed();
-    let mut changes = stream::select(hellos, pods);
+    .map_ok(Change::of_pod);
+    let mut changes = stream::select(hellos.boxed(), pods.boxed());
     let mut ready = Some(ready);
     let mut listed = 0;
     let mut statuses: HashMap<String, Value> = HashMap::new();
@@ -346,7 +377,7 @@ async fn observe(
     let mut writes = 0;
     while let Some(change) = changes.try_next().await? {
         match change {
-            Change::Hello(watcher::Event::InitDone) | Change::Pod(watcher::Event::InitDone) => {
+            Change::Listed => {
                 listed += 1;
                 if listed == 2
                     && let Some(ready) = ready.take()
@@ -354,9 +385,7 @@ async fn observe(
                     let _ = ready.send(());
                 }
             }
-            Change::Hello(watcher::Event::Apply(h) | watcher::Event::InitApply(h)) => {
-                let status = h.data.get("status").cloned().unwrap_or(Value::Null);
-                let name = h.name_any();
+            Change::Hello { name, status } => {
                 if !status.is_null() && statuses.get(&name) != Some(&status) {
                     writes += 1;
                 }
@@ -365,17 +394,16 @@ async fn observe(
                 }
                 statuses.insert(name, status);
             }
-            Change::Pod(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => {
-                let version = p.resource_version().unwrap_or_default();
-                if pod_versions.insert(p.name_any(), version.clone()) != Some(version) {
+            Change::Pod { name, version } => {
+                if pod_versions.insert(name.clone(), version.clone()) != Some(version) {
                     writes += 1;
                 }
-                live_pods.insert(p.name_any());
+                live_pods.insert(name);
             }
-            Change::Pod(watcher::Event::Delete(p)) => {
-                live_pods.remove(&p.name_any());
+            Change::PodGone(name) => {
+                live_pods.remove(&name);
             }
-            _ => {}
+            Change::Other => {}
         }
         if ok_at.len() >= count && live_pods.len() >= count {
             return Ok(Seen {
