@@ -10,7 +10,10 @@
 //!   same writes ([`hello`]).
 //!
 //! `make bench-cluster`, or `cargo bench -p kubewasm --bench cluster [-- WORDS]` with words
-//! `p2`, `p4` (default both), `tiny` (a few seconds' worth: proves it still runs), `no-python`.
+//! `p2`, `p4` (default both), `tiny` (a few seconds' worth: proves it still runs), `no-python`,
+//! and sizes `rounds=N` (P2: 20 per restarter; P4: 3 each of the lifted runtime and the raw
+//! client), `count=N` (P4: 1000 HelloWorlds), `shipped=N` (P4: 1 round of the runtime as
+//! shipped, which takes minutes).
 //! The Python controller needs the official `kubernetes` client in the venv
 //! `$KUBEWASM_CACHE/py` (made by `make bench-cluster`); `tiny` leaves it out when it is missing.
 //! Numbers are printed, never asserted.
@@ -76,9 +79,8 @@ mod python {
 
 /// What to run, from the words after `--`.
 struct Plan {
-    tiny: bool,
-    p2: bool,
-    p4: bool,
+    p2: Option<restart::Size>,
+    p4: Option<hello::Size>,
     python: bool,
 }
 
@@ -88,9 +90,18 @@ impl Plan {
             .skip(1)
             .filter(|a| !a.starts_with("--"))
             .collect();
+        let mut sizes = std::collections::HashMap::new();
         for word in &words {
-            if !["tiny", "p2", "p4", "no-python"].contains(&word.as_str()) {
-                bail!("unknown word `{word}`: expected p2, p4, tiny or no-python");
+            if let Some((key, value)) = word.split_once('=') {
+                if !["rounds", "count", "shipped"].contains(&key) {
+                    bail!("unknown size `{key}`: expected rounds=N, count=N or shipped=N");
+                }
+                let n: usize = value
+                    .parse()
+                    .with_context(|| format!("`{word}`: not a number"))?;
+                sizes.insert(key.to_owned(), n);
+            } else if !["tiny", "p2", "p4", "no-python"].contains(&word.as_str()) {
+                bail!("unknown word `{word}`: expected p2, p4, tiny, no-python or a size");
             }
         }
         let has = |w: &str| words.iter().any(|a| a == w);
@@ -99,19 +110,29 @@ impl Plan {
             both => both,
         };
         let tiny = has("tiny");
-        let mut python = p2 && !has("no-python");
+        let size = |key: &str, full: usize, tiny_size: usize| {
+            sizes
+                .get(key)
+                .copied()
+                .unwrap_or(if tiny { tiny_size } else { full })
+        };
+        let p2 = p2.then(|| restart::Size {
+            rounds: size("rounds", 20, 1),
+            matching: if tiny { 2 } else { 5 },
+        });
+        let p4 = p4.then(|| hello::Size {
+            count: size("count", 1000, 20),
+            rounds: size("rounds", 3, 1),
+            shipped_rounds: size("shipped", 1, 1),
+        });
+        let mut python = p2.is_some() && !has("no-python");
         if python && tiny && python::interpreter().is_err() {
             eprintln!(
                 "P2: the Python controller is left out (no venv; `make bench-cluster` makes it)"
             );
             python = false;
         }
-        Ok(Plan {
-            tiny,
-            p2,
-            p4,
-            python,
-        })
+        Ok(Plan { p2, p4, python })
     }
 }
 
@@ -135,34 +156,10 @@ fn main() -> Result<()> {
 
 async fn run(cp: &ControlPlane, plan: &Plan) -> Result<()> {
     print_machine(cp);
-    if plan.p2 {
-        let size = if plan.tiny {
-            restart::Size {
-                rounds: 1,
-                matching: 2,
-            }
-        } else {
-            restart::Size {
-                rounds: 10,
-                matching: 5,
-            }
-        };
+    if let Some(size) = plan.p2 {
         restart::bench(cp, size, plan.python).await?;
     }
-    if plan.p4 {
-        let size = if plan.tiny {
-            hello::Size {
-                count: 20,
-                rounds: 1,
-                shipped_rounds: 1,
-            }
-        } else {
-            hello::Size {
-                count: 1000,
-                rounds: 3,
-                shipped_rounds: 1,
-            }
-        };
+    if let Some(size) = plan.p4 {
         hello::bench(cp, size).await?;
     }
     print_load("load at the end");
