@@ -186,9 +186,14 @@ fn print_machine(cp: &ControlPlane) {
         .cloned()
         .unwrap_or_else(|| "an existing cluster".into());
     println!(
-        "machine: {cpus} CPUs ({model}), {memory}; kube-apiserver {version} on loopback, no node; {} build",
+        "machine: {cpus} CPUs ({model}), {memory}; kube-apiserver {version} on loopback, no node"
+    );
+    println!(
+        "kubewasm run: {} (`{}` names another); this bench, the native floor and the raw client: {} build",
+        runtime::kubewasm_bin().display(),
+        runtime::BIN_ENV,
         if cfg!(debug_assertions) {
-            "debug"
+            "debug (dependencies at opt-level 2)"
         } else {
             "release"
         }

@@ -18,6 +18,20 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(15);
 /// Lines of the log shown when a test fails.
 const TAIL_LINES: usize = 80;
 
+/// Names another `kubewasm` binary to run than the one cargo built with the tests (e.g. a
+/// release build under a bench whose own code need not be optimised).
+pub const BIN_ENV: &str = "KUBEWASM_RUN_BIN";
+
+/// The `kubewasm` binary under test: [`BIN_ENV`] if set, else cargo's.
+pub fn kubewasm_bin() -> PathBuf {
+    std::env::var_os(BIN_ENV)
+        .filter(|p| !p.is_empty())
+        .map_or_else(
+            || PathBuf::from(env!("CARGO_BIN_EXE_kubewasm")),
+            PathBuf::from,
+        )
+}
+
 /// `RUST_LOG` of the runtime under test: debug lines of kubewasm, which some tests read.
 pub const TEST_LOG_FILTER: &str = "info,kubewasm=debug";
 
@@ -92,7 +106,7 @@ impl RuntimeProcess {
             .open(&self.log)
             .expect("opening the runtime log");
         let err = log.try_clone().expect("cloning the log file handle");
-        let child = Command::new(env!("CARGO_BIN_EXE_kubewasm"))
+        let child = Command::new(kubewasm_bin())
             .arg("run")
             .args(match self.namespace.as_str() {
                 "" => vec![],
