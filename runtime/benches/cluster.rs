@@ -46,6 +46,9 @@ use support::ControlPlane;
 /// `RUST_LOG` of `kubewasm run` in the bench: `info`, as deployed.
 pub const BENCH_LOG_FILTER: &str = "info";
 
+/// `--max-writes-per-second` and `--write-burst` no round comes near: the operator's caps lifted.
+pub const UNCAPPED: &str = "1000000";
+
 /// The Python of the tutorial's controller.
 mod python {
     use super::*;

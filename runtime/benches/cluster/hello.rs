@@ -20,7 +20,6 @@ use kube::{Api, Client, ResourceExt as _};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::BENCH_LOG_FILTER;
 use crate::cluster::{
     apply, apply_all, ensure_condition, example, guest, hello_worlds, module_config_map, take,
     wait_status,
@@ -28,6 +27,7 @@ use crate::cluster::{
 use crate::runtime::RuntimeProcess;
 use crate::stats::{Samples, ms};
 use crate::support::ControlPlane;
+use crate::{BENCH_LOG_FILTER, UNCAPPED};
 
 /// HelloWorld creates in flight at once (the admin client, the same for every writer).
 const CREATE_CONCURRENCY: usize = 16;
@@ -35,9 +35,6 @@ const CREATE_CONCURRENCY: usize = 16;
 /// The most reconciles of one controller at once that `kubewasm run` allows by default
 /// (`--max-concurrency`), used by the lifted runtime and as the raw client's writes in flight.
 const CONCURRENCY: usize = 8;
-
-/// A write budget no round comes near: the operator's caps lifted.
-const UNCAPPED: &str = "1000000";
 
 /// Field manager of the raw client's writes.
 const RAW_MANAGER: &str = "raw-kube-rs";

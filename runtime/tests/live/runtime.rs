@@ -275,15 +275,21 @@ impl RuntimeProcess {
         Ok((status, body))
     }
 
+    /// Keeps the log file on disk after the process is gone; returns its path.
+    pub fn keep_log(&mut self) -> PathBuf {
+        if let Some(dir) = self.dir.take() {
+            let kept = dir.keep();
+            self.log = kept.join("kubewasm-run.log");
+        }
+        self.log.clone()
+    }
+
     /// Prints the end of the log and keeps the log file on disk.
     pub fn report_failure(&mut self) {
         let log = self.log();
         let lines: Vec<&str> = log.lines().collect();
         let tail = lines[lines.len().saturating_sub(TAIL_LINES)..].join("\n");
-        if let Some(dir) = self.dir.take() {
-            let kept = dir.keep();
-            self.log = kept.join("kubewasm-run.log");
-        }
+        self.keep_log();
         eprintln!(
             "---- last {TAIL_LINES} lines of `kubewasm run --namespace {}` (full log: {}) ----\n{tail}\n---- end of runtime log ----",
             self.namespace,
