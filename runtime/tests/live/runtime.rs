@@ -18,6 +18,23 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(15);
 /// Lines of the log shown when a test fails.
 const TAIL_LINES: usize = 80;
 
+/// Names another `kubewasm` binary to run than the one cargo built with the tests (e.g. a
+/// release build under a bench whose own code need not be optimised).
+pub const BIN_ENV: &str = "KUBEWASM_RUN_BIN";
+
+/// The `kubewasm` binary under test: [`BIN_ENV`] if set, else cargo's.
+pub fn kubewasm_bin() -> PathBuf {
+    std::env::var_os(BIN_ENV)
+        .filter(|p| !p.is_empty())
+        .map_or_else(
+            || PathBuf::from(env!("CARGO_BIN_EXE_kubewasm")),
+            PathBuf::from,
+        )
+}
+
+/// `RUST_LOG` of the runtime under test: debug lines of kubewasm, which some tests read.
+pub const TEST_LOG_FILTER: &str = "info,kubewasm=debug";
+
 /// A running `kubewasm run --namespace <ns>`; killed when dropped.
 pub struct RuntimeProcess {
     namespace: String,
@@ -28,6 +45,8 @@ pub struct RuntimeProcess {
     child: Option<Child>,
     /// More arguments of `kubewasm run`.
     args: Vec<String>,
+    /// Its `RUST_LOG`.
+    log_filter: String,
 }
 
 impl RuntimeProcess {
@@ -40,6 +59,17 @@ impl RuntimeProcess {
 
     /// Starts `kubewasm run [--namespace <namespace>] <args>` (`""`: every namespace).
     pub fn start_with_args(kubeconfig: &Path, namespace: &str, args: &[&str]) -> RuntimeProcess {
+        Self::start_with_log_filter(kubeconfig, namespace, args, TEST_LOG_FILTER)
+    }
+
+    /// Like [`Self::start_with_args`], with `RUST_LOG=<log_filter>` (a benchmark runs it at
+    /// `info`, as deployed, instead of [`TEST_LOG_FILTER`]).
+    pub fn start_with_log_filter(
+        kubeconfig: &Path,
+        namespace: &str,
+        args: &[&str],
+        log_filter: &str,
+    ) -> RuntimeProcess {
         let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("live-runtime-logs");
         std::fs::create_dir_all(&root).expect("creating the directory for runtime logs");
         let dir = tempfile::Builder::new()
@@ -61,6 +91,7 @@ impl RuntimeProcess {
             log,
             child: None,
             args: args.iter().map(|a| a.to_string()).collect(),
+            log_filter: log_filter.to_owned(),
         };
         runtime.start_again();
         runtime
@@ -75,7 +106,7 @@ impl RuntimeProcess {
             .open(&self.log)
             .expect("opening the runtime log");
         let err = log.try_clone().expect("cloning the log file handle");
-        let child = Command::new(env!("CARGO_BIN_EXE_kubewasm"))
+        let child = Command::new(kubewasm_bin())
             .arg("run")
             .args(match self.namespace.as_str() {
                 "" => vec![],
@@ -84,7 +115,7 @@ impl RuntimeProcess {
             .args(["--metrics-addr", "127.0.0.1:0"])
             .args(&self.args)
             .env("KUBECONFIG", &self.kubeconfig)
-            .env("RUST_LOG", "info,kubewasm=debug")
+            .env("RUST_LOG", &self.log_filter)
             .env("NO_COLOR", "1")
             .env_remove("KUBEWASM_LOG_FORMAT")
             .stdin(Stdio::null())
@@ -244,15 +275,21 @@ impl RuntimeProcess {
         Ok((status, body))
     }
 
+    /// Keeps the log file on disk after the process is gone; returns its path.
+    pub fn keep_log(&mut self) -> PathBuf {
+        if let Some(dir) = self.dir.take() {
+            let kept = dir.keep();
+            self.log = kept.join("kubewasm-run.log");
+        }
+        self.log.clone()
+    }
+
     /// Prints the end of the log and keeps the log file on disk.
     pub fn report_failure(&mut self) {
         let log = self.log();
         let lines: Vec<&str> = log.lines().collect();
         let tail = lines[lines.len().saturating_sub(TAIL_LINES)..].join("\n");
-        if let Some(dir) = self.dir.take() {
-            let kept = dir.keep();
-            self.log = kept.join("kubewasm-run.log");
-        }
+        self.keep_log();
         eprintln!(
             "---- last {TAIL_LINES} lines of `kubewasm run --namespace {}` (full log: {}) ----\n{tail}\n---- end of runtime log ----",
             self.namespace,

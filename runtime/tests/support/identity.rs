@@ -102,8 +102,33 @@ impl ControlPlane {
         )
         .await?;
 
+        let path = match &self.state_dir {
+            Some(dir) => dir.join("runtime.kubeconfig"),
+            None => Path::new(env!("CARGO_TARGET_TMPDIR"))
+                .join(format!("runtime.{}.kubeconfig", std::process::id())),
+        };
+        self.write_service_account_kubeconfig(
+            RUNTIME_NAMESPACE,
+            RUNTIME_ACCOUNT,
+            TOKEN_LIFETIME,
+            &path,
+        )
+        .await?;
+        Ok(path)
+    }
+
+    /// Writes to `path` (mode 0600) a kubeconfig that authenticates as ServiceAccount
+    /// `namespace/name` with a TokenRequest token of `lifetime`, with the admin's server and
+    /// CA: what a program run "as" that account (`kubewasm run`, another controller) uses.
+    pub async fn write_service_account_kubeconfig(
+        &self,
+        namespace: &str,
+        name: &str,
+        lifetime: Duration,
+        path: &Path,
+    ) -> Result<()> {
         let token = self
-            .service_account_token(RUNTIME_NAMESPACE, RUNTIME_ACCOUNT, TOKEN_LIFETIME)
+            .service_account_token(namespace, name, lifetime)
             .await?;
         let admin = Kubeconfig::read_from(&self.kubeconfig)
             .with_context(|| format!("reading {}", self.kubeconfig.display()))?;
@@ -123,24 +148,19 @@ impl ControlPlane {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "cluster", "cluster": cluster}],
-            "users": [{"name": RUNTIME_ACCOUNT, "user": {"token": token}}],
-            "contexts": [{"name": RUNTIME_ACCOUNT,
-                "context": {"cluster": "cluster", "user": RUNTIME_ACCOUNT}}],
-            "current-context": RUNTIME_ACCOUNT,
+            "users": [{"name": name, "user": {"token": token}}],
+            "contexts": [{"name": name,
+                "context": {"cluster": "cluster", "user": name}}],
+            "current-context": name,
         });
-        let path = match &self.state_dir {
-            Some(dir) => dir.join("runtime.kubeconfig"),
-            None => Path::new(env!("CARGO_TARGET_TMPDIR"))
-                .join(format!("runtime.{}.kubeconfig", std::process::id())),
-        };
         let mut out = std::fs::OpenOptions::new()
             .create(true)
             .write(true)
             .truncate(true)
             .mode(0o600)
-            .open(&path)
+            .open(path)
             .with_context(|| format!("creating {}", path.display()))?;
         out.write_all(serde_yaml::to_string(&kubeconfig)?.as_bytes())?;
-        Ok(path)
+        Ok(())
     }
 }
