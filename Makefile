@@ -13,7 +13,7 @@ export KUBEWASM_GUEST_DIR := $(CURDIR)/$(GUEST_DIR)
 include deploy/local/cluster.mk
 include deploy/install.mk
 
-.PHONY: all test demo demo-offline up down toolchain guests build lint fmt unit-test integration-test bench bench-storm crds guest-sizes
+.PHONY: all test demo demo-offline up down toolchain guests build lint fmt unit-test integration-test bench bench-storm bench-cluster bench-cluster-venv crds guest-sizes
 
 all: build guests
 
@@ -45,6 +45,7 @@ test: lint guests k8s-binaries image install-files
 	$(CARGO) test --workspace
 	@# The bench still runs (tiny size, debug build); its numbers come from `make bench` only.
 	$(CARGO) test -p kubewasm --bench reconcile -- 20 >/dev/null
+	$(CARGO) test -p kubewasm --bench cluster -- tiny >/dev/null
 	@echo "make test: all tests passed"
 
 bench: guests
@@ -54,6 +55,19 @@ bench: guests
 bench-storm: guests k8s-binaries
 	KUBEWASM_STORM_BASELINE=1 $(CARGO) test -p kubewasm --test live storm -- --nocapture 2>&1 \
 		| grep -E '^(team-b reconcile latency|runtime peak RSS|test result)'
+
+## P2 (ConfigMap change → Pods deleted: kubewasm, a native kube-rs floor, the tutorial's Python) and
+## P4 (1,000 HelloWorlds at once: kubewasm vs a raw kube-rs client) on a local control plane, no node.
+## The bench itself runs in the dev profile (the bench profile would rebuild every dependency
+## once more); what it measures is the release `kubewasm run`.
+bench-cluster: guests k8s-binaries bench-cluster-venv
+	$(CARGO) build --release -p kubewasm --bin kubewasm
+	KUBEWASM_RUN_BIN=$(CURDIR)/target/release/kubewasm $(CARGO) test -p kubewasm --bench cluster
+
+## The tutorial's Python controller needs the official `kubernetes` client: a venv in the cache.
+bench-cluster-venv:
+	@$(KUBEWASM_CACHE)/py/bin/python -c 'import kubernetes' 2>/dev/null || \
+		{ python3 -m venv $(KUBEWASM_CACHE)/py && $(KUBEWASM_CACHE)/py/bin/pip install -q 'kubernetes==37.0.2'; }
 
 crds:
 	$(CARGO) run -q --bin kubewasm -- crds > deploy/crds/kubewasm.dev.yaml

@@ -380,14 +380,10 @@ async fn round(
 
     let config_maps: Api<ConfigMap> = Api::namespaced(admin.clone(), ns);
     let change = json!({"data": {"round": r.to_string()}});
-    // A field manager per round: kube-apiserver 1.20 keeps the `time` of a manager's
-    // managedFields entry when the same manager changes a value again, and the kubewasm
-    // restarter takes the latest such time for the moment of the change (it would then spare
-    // the Pods made since the previous round). See the report of this bench.
-    let params = PatchParams {
-        field_manager: Some(format!("cluster-bench-round-{r}")),
-        ..PatchParams::default()
-    };
+    // One field manager for every round, as a user's repeated `kubectl patch` (kube-apiserver
+    // 1.20 then keeps the manager's managedFields `time` at the first change; the restarter
+    // bounds a restart by the Pods' own creation times, so it must still restart every round).
+    let params = PatchParams::default();
     config_maps
         .patch(CONFIG_MAP, &params, &Patch::Merge(&change))
         .await?;
