@@ -142,6 +142,28 @@ struct Managed {
     retry: Retry,
 }
 
+/// Keys of ConfigMaps that changed since the manager last took them.
+#[derive(Default)]
+struct ChangedConfigMaps {
+    keys: std::sync::Mutex<HashSet<ObjectKey>>,
+    /// Holds a wake-up for the manager when it is not waiting.
+    notify: tokio::sync::Notify,
+}
+
+impl ChangedConfigMaps {
+    fn add(&self, key: ObjectKey) {
+        self.keys
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key);
+        self.notify.notify_one();
+    }
+
+    fn take(&self) -> HashSet<ObjectKey> {
+        std::mem::take(&mut *self.keys.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
 /// Backoff of a controller that cannot start.
 #[derive(Debug, Default, Clone, Copy)]
 struct Retry {
@@ -224,7 +246,7 @@ impl Manager {
         self.resolver.resolve("v1", "ConfigMap").await.with_context(|| {
             format!("cannot reach the Kubernetes API server at {server}; check KUBECONFIG and that the cluster is up")
         })?;
-        let (module_config_maps, mut cm_changes) = self.watch_config_map_metadata();
+        let (module_config_maps, cm_changes) = self.watch_config_map_metadata();
         module_config_maps
             .wait_until_ready()
             .await
@@ -300,14 +322,8 @@ impl Manager {
                         status_soon.as_mut().reset(tokio::time::Instant::now() + STATUS_SOON);
                     }
                 }
-                Some(key) = cm_changes.recv() => {
-                    let mut keys = HashSet::from([key]);
-                    while keys.len() < MAX_DECLARED_BATCH {
-                        match cm_changes.try_recv() {
-                            Ok(key) => keys.insert(key),
-                            Err(_) => break,
-                        };
-                    }
+                _ = cm_changes.notify.notified() => {
+                    let keys = cm_changes.take();
                     self.on_config_maps(&keys).await;
                 }
                 _ = status_tick.tick() => {
@@ -337,13 +353,15 @@ impl Manager {
         Ok(())
     }
 
-    /// Watches the metadata of ConfigMaps (of `--namespace`, or all), sending the key of
-    /// each one that changed, was deleted or was listed again.
+    /// Watches the metadata of ConfigMaps (of `--namespace`, or all) and collects the keys
+    /// of those that changed, were deleted or were listed again, until the manager takes them.
+    /// Collected, not queued: a queue that fills would stop the watch before its first list
+    /// is done, which the manager waits for (thousands of namespaces, each with ConfigMaps).
     fn watch_config_map_metadata(
         &self,
     ) -> (
         reflector::Store<PartialObjectMeta<ConfigMap>>,
-        tokio::sync::mpsc::Receiver<ObjectKey>,
+        Arc<ChangedConfigMaps>,
     ) {
         // `PartialObjectMeta`: the API server sends metadata only.
         let api: Api<PartialObjectMeta<ConfigMap>> = match &self.config.namespace {
@@ -351,7 +369,8 @@ impl Manager {
             None => Api::all(self.client.clone()),
         };
         let (store, writer) = reflector::store();
-        let (tx, rx) = tokio::sync::mpsc::channel(MAX_DECLARED_BATCH);
+        let changed = Arc::new(ChangedConfigMaps::default());
+        let collected = changed.clone();
         tokio::spawn(async move {
             let events = watcher(api, watcher::Config::default())
                 .default_backoff()
@@ -360,15 +379,10 @@ impl Manager {
             let mut events = std::pin::pin!(events);
             while let Some(event) = events.next().await {
                 match event {
-                    Ok(meta) => {
-                        let key = ObjectKey {
-                            namespace: meta.namespace(),
-                            name: meta.name_any(),
-                        };
-                        if tx.send(key).await.is_err() {
-                            return;
-                        }
-                    }
+                    Ok(meta) => collected.add(ObjectKey {
+                        namespace: meta.namespace(),
+                        name: meta.name_any(),
+                    }),
                     Err(err) => tracing::warn!(
                         kind = "ConfigMap",
                         "watch failed, retrying with backoff: {err}"
@@ -376,7 +390,7 @@ impl Manager {
                 }
             }
         });
-        (store, rx)
+        (store, changed)
     }
 
     /// Applies what the watches saw, in order; the controllers to (re)start are started
