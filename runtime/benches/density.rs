@@ -439,11 +439,21 @@ fn print_tables(rows: &[Row]) {
             mib(r.cold.rss_kib),
             mib(r.cold.hwm_kib),
             ready[0],
-            ready[ready.len() / 2],
+            median(&ready),
             ready[ready.len() - 1],
-            mib(rss[rss.len() / 2]),
+            mib(median(&rss.iter().map(|&k| k as f64).collect::<Vec<_>>()) as u64),
             mib(hwm),
         );
+    }
+}
+
+/// The median of sorted values (the mean of the middle two for an even count).
+fn median(sorted: &[f64]) -> f64 {
+    let n = sorted.len();
+    if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
     }
 }
 
