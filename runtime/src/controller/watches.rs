@@ -77,6 +77,8 @@ pub struct Watch {
     changes: broadcast::Sender<Arc<Change>>,
     owned: Arc<Mutex<OwnerIndex>>,
     task: tokio::task::AbortHandle,
+    /// Set once the first list filled the cache (see [`Watch::ready`]).
+    listed: tokio::sync::OnceCell<()>,
 }
 
 impl Drop for Watch {
@@ -173,9 +175,18 @@ impl Watch {
     }
 
     /// Waits until the first list has filled the cache.
+    ///
+    /// One waiter at a time polls the store: kube-runtime's `Store::wait_until_ready` wakes
+    /// only the waiter that polled it last, so controllers started together on a new watch
+    /// would otherwise wait for ever. The others wait on the `OnceCell`, which wakes them all
+    /// (and hands the polling to another waiter if the one polling is dropped).
     pub async fn ready(&self) {
-        // The writer lives as long as the watch task, which lives as long as the process.
-        let _ = self.store.wait_until_ready().await;
+        self.listed
+            .get_or_init(|| async {
+                // The writer lives as long as the watch task, which lives as long as the process.
+                let _ = self.store.wait_until_ready().await;
+            })
+            .await;
     }
 }
 
@@ -323,6 +334,7 @@ fn start(client: Client, kind: Kind, namespace: Option<&str>) -> Arc<Watch> {
         changes,
         owned,
         task: task.abort_handle(),
+        listed: tokio::sync::OnceCell::new(),
     })
 }
 

@@ -131,7 +131,15 @@ struct Question {
 pub struct AccessReviews {
     client: Client,
     ttl: Duration,
-    answers: Mutex<HashMap<Question, (bool, Instant)>>,
+    answers: Mutex<Answers>,
+}
+
+/// Answers and when they were given. Expired ones are dropped at most once per TTL, not at
+/// every answer: a thousand controllers starting ask thousands of questions, and scanning
+/// every answer at each one made starting them quadratic.
+struct Answers {
+    given: HashMap<Question, (bool, Instant)>,
+    pruned: Instant,
 }
 
 /// `plural.group` as `kubectl create role --resource` takes it.
@@ -150,7 +158,10 @@ impl AccessReviews {
         AccessReviews {
             client,
             ttl,
-            answers: Mutex::default(),
+            answers: Mutex::new(Answers {
+                given: HashMap::new(),
+                pruned: Instant::now(),
+            }),
         }
     }
 
@@ -203,7 +214,7 @@ impl AccessReviews {
     ) -> Result<bool, ReviewFailed> {
         {
             let answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some((allowed, at)) = answers.get(question)
+            if let Some((allowed, at)) = answers.given.get(question)
                 && at.elapsed() < self.ttl
             {
                 return Ok(*allowed);
@@ -234,8 +245,15 @@ impl AccessReviews {
             })?;
         let allowed = answer.status.is_some_and(|s| s.allowed);
         let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
-        answers.retain(|_, (_, at)| at.elapsed() < self.ttl);
-        answers.insert(question.clone(), (allowed, Instant::now()));
+        let now = Instant::now();
+        if now.duration_since(answers.pruned) >= self.ttl {
+            let ttl = self.ttl;
+            answers
+                .given
+                .retain(|_, (_, at)| now.duration_since(*at) < ttl);
+            answers.pruned = now;
+        }
+        answers.given.insert(question.clone(), (allowed, now));
         Ok(allowed)
     }
 }

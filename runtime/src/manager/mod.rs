@@ -26,12 +26,14 @@ use std::time::Duration;
 
 use anyhow::Context;
 use futures::StreamExt;
-use kube::runtime::{WatchStreamExt, watcher};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::core::PartialObjectMeta;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::task::JoinHandle;
 
 use crate::api::{ClusterWasmController, Reason, WasmController, WasmControllerSpec};
-use crate::controller::{Fence, Resolver, SharedWatches, Watch};
+use crate::controller::{Fence, ObjectKey, Resolver, SharedWatches};
 use crate::host::{AccessReviews, GuestState, Runner, StateOwner};
 use crate::metrics::Metrics;
 use crate::sandbox::{GuestPre, Sandbox, SandboxConfig};
@@ -91,6 +93,15 @@ impl Default for ManagerConfig {
     }
 }
 
+/// Most declared controllers taken from the watches at once (and so started side by side).
+const MAX_DECLARED_BATCH: usize = 1024;
+
+/// Controllers whose setup (discovery, access reviews) runs at once.
+const PARALLEL_STARTS: usize = 32;
+
+/// How soon after controllers were started their statuses are written.
+const STATUS_SOON: Duration = Duration::from_millis(200);
+
 /// How long a stopping controller's running reconciles may take to finish.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -120,6 +131,8 @@ struct Managed {
     generation: Option<i64>,
     runner: Option<(Arc<Runner>, JoinHandle<()>)>,
     guest: Option<Arc<GuestPre>>,
+    /// The ConfigMap version `guest` was read from.
+    module_version: Option<modules::ModuleVersion>,
     module_problem: Option<Problem>,
     setup_problem: Option<Problem>,
     /// What its ServiceAccount was found allowed to read when it started.
@@ -127,6 +140,28 @@ struct Managed {
     written: Option<crate::api::WasmControllerStatus>,
     /// Failed starts in a row, and when to try again.
     retry: Retry,
+}
+
+/// Keys of ConfigMaps that changed since the manager last took them.
+#[derive(Default)]
+struct ChangedConfigMaps {
+    keys: std::sync::Mutex<HashSet<ObjectKey>>,
+    /// Holds a wake-up for the manager when it is not waiting.
+    notify: tokio::sync::Notify,
+}
+
+impl ChangedConfigMaps {
+    fn add(&self, key: ObjectKey) {
+        self.keys
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key);
+        self.notify.notify_one();
+    }
+
+    fn take(&self) -> HashSet<ObjectKey> {
+        std::mem::take(&mut *self.keys.lock().unwrap_or_else(|e| e.into_inner()))
+    }
 }
 
 /// Backoff of a controller that cannot start.
@@ -148,7 +183,8 @@ pub struct Manager {
     access: AccessReviews,
     fence: Fence,
     controllers: HashMap<ControllerId, Managed>,
-    config_maps: Option<Arc<Watch>>,
+    /// Metadata of the ConfigMaps modules may come from (see [`modules`]).
+    module_config_maps: Option<reflector::Store<PartialObjectMeta<ConfigMap>>>,
 }
 
 /// A declared controller as its object says.
@@ -182,7 +218,7 @@ impl Manager {
             sandbox,
             metrics: Arc::default(),
             controllers: HashMap::new(),
-            config_maps: None,
+            module_config_maps: None,
         })
     }
 
@@ -206,13 +242,16 @@ impl Manager {
         shutdown: impl std::future::Future<Output = ()>,
     ) -> anyhow::Result<()> {
         let server = self.base_config.cluster_url.clone();
-        let cm_kind = self.resolver.resolve("v1", "ConfigMap").await.with_context(|| {
+        // Discovery first, for a clear error when the API server cannot be reached.
+        self.resolver.resolve("v1", "ConfigMap").await.with_context(|| {
             format!("cannot reach the Kubernetes API server at {server}; check KUBECONFIG and that the cluster is up")
         })?;
-        let cms = self.watches.watch(&cm_kind);
-        let mut cm_changes = cms.subscribe();
-        cms.ready().await;
-        self.config_maps = Some(cms);
+        let (module_config_maps, cm_changes) = self.watch_config_map_metadata();
+        module_config_maps
+            .wait_until_ready()
+            .await
+            .context("the ConfigMap watch ended before its first list")?;
+        self.module_config_maps = Some(module_config_maps);
         self.metrics.set_ready(true);
 
         let (tx, mut declared) = tokio::sync::mpsc::channel(256);
@@ -249,6 +288,10 @@ impl Manager {
         let mut poll_tick = tokio::time::interval(self.config.module_poll);
         let mut access_tick = tokio::time::interval(self.config.access_review_ttl);
         access_tick.tick().await;
+        // Statuses of controllers just started are written this soon, not at the next tick.
+        // `soon`: armed, with how many controllers waited for their caches at the last write.
+        let mut status_soon = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
+        let mut soon: Option<usize> = None;
         let mut shutdown = std::pin::pin!(shutdown);
         tracing::info!("kubewasm runtime started");
         let fence = self.fence.clone();
@@ -256,11 +299,33 @@ impl Manager {
             tokio::select! {
                 _ = &mut shutdown => break,
                 _ = fence.closed() => break,
-                Some(event) = declared.recv() => self.on_declared(event).await,
-                change = cm_changes.recv() => match change {
-                    Ok(change) => self.on_config_map(&change.key).await,
-                    Err(_) => self.reload_all(|_| true).await,
-                },
+                Some(event) = declared.recv() => {
+                    // Whatever else is waiting too: their controllers start side by side.
+                    let mut events = vec![event];
+                    while events.len() < MAX_DECLARED_BATCH {
+                        match declared.try_recv() {
+                            Ok(event) => events.push(event),
+                            Err(_) => break,
+                        }
+                    }
+                    if self.on_declared(events).await && soon.is_none() {
+                        status_soon.as_mut().reset(tokio::time::Instant::now() + STATUS_SOON);
+                        soon = Some(usize::MAX);
+                    }
+                }
+                _ = &mut status_soon, if soon.is_some() => {
+                    self.write_statuses().await;
+                    // Again soon while more of the started ones see their caches synced.
+                    let waiting = self.waiting_for_caches();
+                    soon = (waiting > 0 && Some(waiting) < soon).then_some(waiting);
+                    if soon.is_some() {
+                        status_soon.as_mut().reset(tokio::time::Instant::now() + STATUS_SOON);
+                    }
+                }
+                _ = cm_changes.notify.notified() => {
+                    let keys = cm_changes.take();
+                    self.on_config_maps(&keys).await;
+                }
                 _ = status_tick.tick() => {
                     let running = self.controllers.values().filter(|m| m.runner.is_some()).count();
                     self.metrics.set_controllers(running);
@@ -288,74 +353,150 @@ impl Manager {
         Ok(())
     }
 
-    async fn on_declared(&mut self, event: Declared) {
-        match event {
-            Declared::Upsert(seen) => {
-                let Seen {
-                    id,
-                    generation,
-                    spec,
-                    guest_state,
-                } = *seen;
-                let known = self.controllers.get(&id);
-                if known.is_some_and(|m| m.generation == generation && m.spec == spec) {
-                    return;
-                }
-                self.stop(&id).await;
-                let old = self.controllers.remove(&id);
-                let guest = old.as_ref().and_then(|m| m.guest.clone());
-                // The state in memory is at least as new as the status the watch brings (this
-                // process wrote it); the status is read only the first time.
-                let state = match old {
-                    Some(m) => m.state,
-                    None => Arc::new(GuestState::new(
-                        StateOwner::of(self.client.clone(), id.namespace.as_deref(), &id.name),
-                        guest_state,
-                    )),
-                };
-                let managed = Managed {
-                    spec,
-                    state,
-                    generation,
-                    runner: None,
-                    guest,
-                    module_problem: None,
-                    setup_problem: None,
-                    access: None,
-                    written: None,
-                    retry: Retry::default(),
-                };
-                self.controllers.insert(id.clone(), managed);
-                self.start(&id).await;
-            }
-            Declared::Delete(id) => {
-                let releasing = self.finalizing_runner(&id);
-                self.stop(&id).await;
-                if let Some(runner) = releasing {
-                    runner.release_finalizers().await;
-                }
-                self.controllers.remove(&id);
-                tracing::info!(controller = %id, "controller removed");
-            }
-            Declared::Relisted(seen, cluster) => {
-                let gone: Vec<ControllerId> = self
-                    .controllers
-                    .keys()
-                    .filter(|id| id.namespace.is_none() == cluster && !seen.contains(id))
-                    .cloned()
-                    .collect();
-                let releasing: Vec<_> = gone
-                    .iter()
-                    .filter_map(|id| self.finalizing_runner(id))
-                    .collect();
-                self.stop_all(&gone).await;
-                for runner in releasing {
-                    runner.release_finalizers().await;
-                }
-                for id in gone {
-                    self.controllers.remove(&id);
+    /// Watches the metadata of ConfigMaps (of `--namespace`, or all) and collects the keys
+    /// of those that changed, were deleted or were listed again, until the manager takes them.
+    /// Collected, not queued: a queue that fills would stop the watch before its first list
+    /// is done, which the manager waits for (thousands of namespaces, each with ConfigMaps).
+    fn watch_config_map_metadata(
+        &self,
+    ) -> (
+        reflector::Store<PartialObjectMeta<ConfigMap>>,
+        Arc<ChangedConfigMaps>,
+    ) {
+        // `PartialObjectMeta`: the API server sends metadata only.
+        let api: Api<PartialObjectMeta<ConfigMap>> = match &self.config.namespace {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        };
+        let (store, writer) = reflector::store();
+        let changed = Arc::new(ChangedConfigMaps::default());
+        let collected = changed.clone();
+        tokio::spawn(async move {
+            let events = watcher(api, watcher::Config::default())
+                .default_backoff()
+                .reflect(writer)
+                .touched_objects();
+            let mut events = std::pin::pin!(events);
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(meta) => collected.add(ObjectKey {
+                        namespace: meta.namespace(),
+                        name: meta.name_any(),
+                    }),
+                    Err(err) => tracing::warn!(
+                        kind = "ConfigMap",
+                        "watch failed, retrying with backoff: {err}"
+                    ),
                 }
             }
+        });
+        (store, changed)
+    }
+
+    /// Applies what the watches saw, in order; the controllers to (re)start are started
+    /// together, before any removal that follows them. Whether any was (re)started.
+    async fn on_declared(&mut self, events: Vec<Declared>) -> bool {
+        let mut any = false;
+        let mut starting = Vec::new();
+        for event in events {
+            match event {
+                Declared::Upsert(seen) => {
+                    if let Some(id) = self.upsert(*seen).await {
+                        starting.push(id);
+                        any = true;
+                    }
+                }
+                Declared::Delete(id) => {
+                    self.start_all(&std::mem::take(&mut starting)).await;
+                    self.remove(&id).await;
+                }
+                Declared::Relisted(seen, cluster) => {
+                    self.start_all(&std::mem::take(&mut starting)).await;
+                    self.relisted(&seen, cluster).await;
+                }
+            }
+        }
+        self.start_all(&starting).await;
+        any
+    }
+
+    /// Running controllers whose caches have not listed yet.
+    fn waiting_for_caches(&self) -> usize {
+        let waiting = |m: &&Managed| m.runner.as_ref().is_some_and(|(r, _)| !r.synced());
+        self.controllers.values().filter(waiting).count()
+    }
+
+    /// Takes a new or changed declaration; returns the controller to start, unless unchanged.
+    async fn upsert(&mut self, seen: Seen) -> Option<ControllerId> {
+        let Seen {
+            id,
+            generation,
+            spec,
+            guest_state,
+        } = seen;
+        let known = self.controllers.get(&id);
+        if known.is_some_and(|m| m.generation == generation && m.spec == spec) {
+            return None;
+        }
+        self.stop(&id).await;
+        let old = self.controllers.remove(&id);
+        let guest = old.as_ref().and_then(|m| m.guest.clone());
+        // The state in memory is at least as new as the status the watch brings (this
+        // process wrote it); the status is read only the first time.
+        let state = match old {
+            Some(m) => m.state,
+            None => Arc::new(GuestState::new(
+                StateOwner::of(self.client.clone(), id.namespace.as_deref(), &id.name),
+                guest_state,
+            )),
+        };
+        let managed = Managed {
+            spec,
+            state,
+            generation,
+            runner: None,
+            guest,
+            module_version: None,
+            module_problem: None,
+            setup_problem: None,
+            access: None,
+            written: None,
+            retry: Retry::default(),
+        };
+        self.controllers.insert(id.clone(), managed);
+        Some(id)
+    }
+
+    /// A controller's declaration was deleted.
+    async fn remove(&mut self, id: &ControllerId) {
+        let releasing = self.finalizing_runner(id);
+        self.stop(id).await;
+        if let Some(runner) = releasing {
+            runner.release_finalizers().await;
+        }
+        self.controllers.remove(id);
+        tracing::info!(controller = %id, "controller removed");
+    }
+
+    /// After a (re)list of one kind (`cluster`: ClusterWasmControllers): the controllers of
+    /// that kind it no longer has are removed.
+    async fn relisted(&mut self, seen: &HashSet<ControllerId>, cluster: bool) {
+        let gone: Vec<ControllerId> = self
+            .controllers
+            .keys()
+            .filter(|id| id.namespace.is_none() == cluster && !seen.contains(id))
+            .cloned()
+            .collect();
+        let releasing: Vec<_> = gone
+            .iter()
+            .filter_map(|id| self.finalizing_runner(id))
+            .collect();
+        self.stop_all(&gone).await;
+        for runner in releasing {
+            runner.release_finalizers().await;
+        }
+        for id in gone {
+            self.controllers.remove(&id);
         }
     }
 
@@ -392,32 +533,67 @@ impl Manager {
         self.watches.release_unused();
     }
 
-    /// Loads the module and starts the controller; problems end up in its status.
-    async fn start(&mut self, id: &ControllerId) {
-        self.load_module(id).await;
-        let Some(m) = self.controllers.get(id) else {
+    /// Loads the modules and starts these controllers; problems end up in their statuses.
+    /// Modules are read one after the other (each compiled once per digest); the setups,
+    /// which wait on the API server (discovery, access reviews), run [`PARALLEL_STARTS`] at once.
+    async fn start_all(&mut self, ids: &[ControllerId]) {
+        if ids.is_empty() {
+            return;
+        }
+        let mut unique = HashSet::new();
+        let ids: Vec<ControllerId> = ids
+            .iter()
+            .filter(|id| unique.insert(*id))
+            .cloned()
+            .collect();
+        self.load_modules(&ids).await;
+        self.retain_modules();
+        let loaded: Vec<_> = ids
+            .into_iter()
+            .filter_map(|id| {
+                let m = self.controllers.get(&id)?;
+                Some((id, m.spec.clone(), m.state.clone(), m.guest.clone()?))
+            })
+            .collect();
+        let this = &*self;
+        let set_up: Vec<_> = futures::stream::iter(loaded)
+            .map(|(id, spec, state, guest)| async move {
+                let result = this.setup(&id, &spec, state).await;
+                (id, guest, result)
+            })
+            .buffer_unordered(PARALLEL_STARTS)
+            .collect()
+            .await;
+        for (id, guest, result) in set_up {
+            self.started(&id, guest, result);
+        }
+    }
+
+    /// Runs a controller that was set up, or records why it could not be.
+    fn started(
+        &mut self,
+        id: &ControllerId,
+        guest: Arc<GuestPre>,
+        result: Result<(crate::host::ControllerSetup, ReadAccess), Problem>,
+    ) {
+        let Some(m) = self.controllers.get_mut(id) else {
             return;
         };
-        let Some(guest) = m.guest.clone() else { return };
-        match self.setup(id, &m.spec, m.state.clone()).await {
+        match result {
             Ok((setup, access)) => {
                 let runner = Runner::new(setup, guest);
                 let task = tokio::spawn(runner.clone().run());
-                if let Some(m) = self.controllers.get_mut(id) {
-                    m.setup_problem = None;
-                    m.access = Some(access);
-                    m.runner = Some((runner, task));
-                }
+                m.setup_problem = None;
+                m.access = Some(access);
+                m.runner = Some((runner, task));
                 tracing::info!(controller = %id, "controller started");
             }
             Err(problem) => {
-                if let Some(m) = self.controllers.get_mut(id) {
-                    // Said once per new problem: retries of the same one stay quiet.
-                    if m.setup_problem.as_ref() != Some(&problem) {
-                        tracing::warn!(controller = %id, reason = %problem.reason, "controller cannot start: {}", problem.message);
-                    }
-                    m.setup_problem = Some(problem);
+                // Said once per new problem: retries of the same one stay quiet.
+                if m.setup_problem.as_ref() != Some(&problem) {
+                    tracing::warn!(controller = %id, reason = %problem.reason, "controller cannot start: {}", problem.message);
                 }
+                m.setup_problem = Some(problem);
             }
         }
     }
@@ -441,24 +617,26 @@ impl Manager {
             .filter(|(_, m)| m.runner.is_none() && m.retry.at.is_none_or(|at| at <= now))
             .map(|(id, _)| id.clone())
             .collect();
-        for id in ids {
+        for id in &ids {
             if let Some(problem) = self
                 .controllers
-                .get(&id)
+                .get(id)
                 .and_then(|m| m.setup_problem.as_ref())
                 && problem.reason == Reason::KindNotFound
             {
-                let spec = &self.controllers[&id].spec;
+                let spec = &self.controllers[id].spec;
                 self.resolver
                     .forget(&spec.parent.api_version, &spec.parent.kind)
                     .await;
             }
-            self.start(&id).await;
-            let cap = self
-                .config
-                .retry_interval
-                .max(self.config.access_review_ttl);
-            if let Some(m) = self.controllers.get_mut(&id) {
+        }
+        self.start_all(&ids).await;
+        let cap = self
+            .config
+            .retry_interval
+            .max(self.config.access_review_ttl);
+        for id in &ids {
+            if let Some(m) = self.controllers.get_mut(id) {
                 m.retry = match m.runner {
                     Some(_) => Retry::default(),
                     None => {

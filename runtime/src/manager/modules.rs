@@ -1,25 +1,95 @@
 //! Module loading and hot reload: read a controller's module from its ConfigMap or file,
 //! validate it in the sandbox, and swap it in when its digest changes.
+//!
+//! Module ConfigMaps are watched by their metadata only: a copy of every ConfigMap's bytes
+//! in memory would be most of the runtime's memory (a thousand controllers, a thousand
+//! copies of the same module). A ConfigMap's bytes are read — listed by name, as the
+//! runtime may list ConfigMaps but not get them — when a controller starts and whenever the
+//! ConfigMap's uid or resourceVersion is not the one the controller's module came from, so a
+//! changed module is noticed as before, and an unchanged one costs nothing.
+
+use std::collections::HashSet;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
+use kube::api::{ListParams, ObjectMeta};
+use kube::runtime::reflector::ObjectRef;
 
 use crate::api::{Reason, WasmControllerSpec};
 use crate::controller::ObjectKey;
 use crate::host::module;
 
-use super::{ControllerId, Manager, Problem};
+use super::{ControllerId, Manager, PARALLEL_STARTS, Problem};
+
+/// The version of the ConfigMap a controller's module was read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct ModuleVersion {
+    uid: Option<String>,
+    resource_version: Option<String>,
+}
+
+impl ModuleVersion {
+    fn of(metadata: &ObjectMeta) -> ModuleVersion {
+        ModuleVersion {
+            uid: metadata.uid.clone(),
+            resource_version: metadata.resource_version.clone(),
+        }
+    }
+}
+
+/// What reading a controller's module found.
+enum Fetched {
+    /// Its ConfigMap is still the version its module came from.
+    Unchanged,
+    /// These bytes, from this ConfigMap version (`None`: from a file).
+    Bytes(Vec<u8>, Option<ModuleVersion>),
+}
 
 impl Manager {
-    /// Reads, validates and (when the digest changed) swaps the module. A module that fails
-    /// leaves the last good one running.
-    pub(super) async fn load_module(&mut self, id: &ControllerId) {
-        let Some(m) = self.controllers.get(id) else {
-            return;
+    /// Reads these controllers' modules ([`PARALLEL_STARTS`] at once: reading one waits on
+    /// the API server), then validates each and (when the digest changed) swaps it in. A
+    /// module that fails leaves the last good one running. Callers drop unused modules after
+    /// ([`Manager::retain_modules`]).
+    pub(super) async fn load_modules(&mut self, ids: &[ControllerId]) {
+        let wanted: Vec<_> = ids
+            .iter()
+            .filter_map(|id| {
+                let m = self.controllers.get(id)?;
+                Some((id.clone(), m.spec.clone(), m.module_version.clone()))
+            })
+            .collect();
+        let this = &*self;
+        let fetched: Vec<_> = futures::stream::iter(wanted)
+            .map(|(id, spec, version)| async move {
+                let fetched = this.read_module(&id, &spec, version.as_ref()).await;
+                (id, fetched)
+            })
+            .buffered(PARALLEL_STARTS)
+            .collect()
+            .await;
+        for (id, fetched) in fetched {
+            self.load_module(&id, fetched);
+        }
+    }
+
+    /// Validates (compiles once per digest) and swaps in what [`Manager::read_module`] found.
+    fn load_module(&mut self, id: &ControllerId, fetched: Result<Fetched, Problem>) {
+        let loaded = match fetched {
+            Ok(Fetched::Unchanged) => return,
+            Ok(Fetched::Bytes(bytes, version)) => {
+                let loaded = self
+                    .sandbox
+                    .load(&bytes)
+                    .map_err(|e| Problem::new(Reason::ModuleInvalid, e.to_string()));
+                // The same bytes would fail the same way: read again only once they change.
+                if let Some(m) = self.controllers.get_mut(id) {
+                    m.module_version = version;
+                }
+                loaded
+            }
+            Err(problem) => Err(problem),
         };
-        let spec = m.spec.clone();
-        let loaded = self.read_module(id, &spec).await.and_then(|bytes| {
-            self.sandbox
-                .load(&bytes)
-                .map_err(|e| Problem::new(Reason::ModuleInvalid, e.to_string()))
-        });
         let Some(m) = self.controllers.get_mut(id) else {
             return;
         };
@@ -47,20 +117,26 @@ impl Manager {
                 m.module_problem = Some(problem);
             }
         }
-        let keep: Vec<_> = self
+    }
+
+    /// Drops the compiled modules no controller runs any more (after loads and reloads).
+    pub(super) fn retain_modules(&self) {
+        let keep: HashSet<_> = self
             .controllers
             .values()
             .filter_map(|m| m.guest.as_ref().map(|g| g.digest()))
             .collect();
-        self.sandbox.retain(&keep);
+        self.sandbox.retain(&keep.into_iter().collect::<Vec<_>>());
     }
 
+    /// The module's bytes, or [`Fetched::Unchanged`] when its ConfigMap is still `loaded`.
     async fn read_module(
         &self,
         id: &ControllerId,
         spec: &WasmControllerSpec,
-    ) -> Result<Vec<u8>, Problem> {
-        let (raw, from_file) = match (&spec.module.config_map, &spec.module.path) {
+        loaded: Option<&ModuleVersion>,
+    ) -> Result<Fetched, Problem> {
+        let (raw, from_file, version) = match (&spec.module.config_map, &spec.module.path) {
             (Some(_), Some(_)) => {
                 return Err(Problem::new(
                     Reason::InvalidSpec,
@@ -78,29 +154,31 @@ impl Manager {
                             "a ClusterWasmController must give spec.module.configMap.namespace",
                         )
                     })?;
-                let key = ObjectKey {
-                    namespace: Some(namespace.clone()),
-                    name: cm.name.clone(),
-                };
-                let watch = self
-                    .config_maps
-                    .as_ref()
-                    .ok_or_else(|| Problem::new(Reason::ModuleNotFound, "no ConfigMap cache"))?;
-                let found = watch.get(&key).ok_or_else(|| {
-                    Problem::new(Reason::ModuleNotFound,
-                        format!("ConfigMap {namespace}/{} does not exist; create it with `kubectl -n {namespace} create configmap {} --from-file={}=<guest>.wasm`", cm.name, cm.name, cm.key),
+                let missing = || {
+                    Problem::new(
+                        Reason::ModuleNotFound,
+                        format!(
+                            "ConfigMap {namespace}/{} does not exist; create it with `kubectl -n {namespace} create configmap {} --from-file={}=<guest>.wasm`",
+                            cm.name, cm.name, cm.key
+                        ),
                     )
-                })?;
-                let config_map: k8s_openapi::api::core::v1::ConfigMap =
-                    (*found).clone().try_parse().map_err(|e| {
-                        Problem::new(
-                            Reason::ModuleNotFound,
-                            format!("ConfigMap {namespace}/{}: {e}", cm.name),
-                        )
-                    })?;
+                };
+                let known = self
+                    .module_config_maps
+                    .as_ref()
+                    .ok_or_else(|| Problem::new(Reason::ModuleNotFound, "no ConfigMap cache"))?
+                    .get(&ObjectRef::new(&cm.name).within(&namespace))
+                    .ok_or_else(missing)?;
+                if loaded == Some(&ModuleVersion::of(&known.metadata)) {
+                    return Ok(Fetched::Unchanged);
+                }
+                let config_map = self
+                    .list_config_map(&namespace, &cm.name)
+                    .await?
+                    .ok_or_else(missing)?;
                 let raw = module::bytes_from_configmap(&config_map, &cm.key)
                     .map_err(|e| Problem::new(Reason::ModuleNotFound, e.to_string()))?;
-                (raw, false)
+                (raw, false, Some(ModuleVersion::of(&config_map.metadata)))
             }
             (None, Some(_)) if id.namespace.is_some() => {
                 return Err(Problem::new(
@@ -122,7 +200,7 @@ impl Manager {
                         .await
                         .map_err(|e| Problem::new(Reason::ModuleNotFound, e.to_string()))?
                         .map_err(|e| Problem::new(Reason::ModuleNotFound, e.to_string()))?;
-                (raw, true)
+                (raw, true, None)
             }
             (None, None) => {
                 return Err(Problem::new(
@@ -133,43 +211,69 @@ impl Manager {
         };
         // Gunzip (bounded) off the manager loop too; a file's digest is never shown.
         let pin = spec.module.sha256.clone();
-        tokio::task::spawn_blocking(move || module::unpack(raw, pin.as_deref(), !from_file))
-            .await
-            .map_err(|e| Problem::new(Reason::ModuleInvalid, e.to_string()))?
-            .map_err(|e| {
-                let reason = if matches!(e, module::ModuleError::DigestMismatch { .. }) {
-                    Reason::DigestMismatch
-                } else {
-                    Reason::ModuleInvalid
-                };
-                Problem::new(reason, e.to_string())
-            })
+        let bytes =
+            tokio::task::spawn_blocking(move || module::unpack(raw, pin.as_deref(), !from_file))
+                .await
+                .map_err(|e| Problem::new(Reason::ModuleInvalid, e.to_string()))?
+                .map_err(|e| {
+                    let reason = if matches!(e, module::ModuleError::DigestMismatch { .. }) {
+                        Reason::DigestMismatch
+                    } else {
+                        Reason::ModuleInvalid
+                    };
+                    Problem::new(reason, e.to_string())
+                })?;
+        Ok(Fetched::Bytes(bytes, version))
     }
 
-    pub(super) async fn on_config_map(&mut self, key: &ObjectKey) {
+    /// ConfigMap `namespace/name`, listed by name (the runtime's identity may list
+    /// ConfigMaps, not get them).
+    async fn list_config_map(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<ConfigMap>, Problem> {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
+        let by_name = ListParams::default().fields(&format!("metadata.name={name}"));
+        let found = api.list(&by_name).await.map_err(|e| {
+            Problem::new(
+                Reason::ClientError,
+                format!("cannot read ConfigMap {namespace}/{name}: {e}"),
+            )
+        })?;
+        Ok(found.items.into_iter().next())
+    }
+
+    /// These module ConfigMaps changed (or were listed again): the controllers whose module
+    /// is in one of them load it again.
+    pub(super) async fn on_config_maps(&mut self, keys: &HashSet<ObjectKey>) {
         let ids: Vec<ControllerId> = self
             .controllers
             .iter()
             .filter(|(id, m)| {
                 m.spec.module.config_map.as_ref().is_some_and(|cm| {
-                    cm.name == key.name
-                        && id.namespace.as_ref().or(cm.namespace.as_ref()) == key.namespace.as_ref()
+                    let namespace = id.namespace.as_ref().or(cm.namespace.as_ref());
+                    keys.contains(&ObjectKey {
+                        namespace: namespace.cloned(),
+                        name: cm.name.clone(),
+                    })
                 })
             })
             .map(|(id, _)| id.clone())
             .collect();
-        for id in ids {
-            self.reload(&id).await;
-        }
+        self.reload(&ids).await;
     }
 
-    async fn reload(&mut self, id: &ControllerId) {
-        let running = self.controllers.get(id).is_some_and(|m| m.runner.is_some());
-        if running {
-            self.load_module(id).await;
-        } else {
-            self.start(id).await;
-        }
+    /// Loads the modules of running controllers again (swapped in when changed), and starts
+    /// the others.
+    async fn reload(&mut self, ids: &[ControllerId]) {
+        let (running, stopped): (Vec<ControllerId>, Vec<ControllerId>) = ids
+            .iter()
+            .cloned()
+            .partition(|id| self.controllers.get(id).is_some_and(|m| m.runner.is_some()));
+        self.load_modules(&running).await;
+        self.retain_modules();
+        self.start_all(&stopped).await;
     }
 
     pub(super) async fn reload_all(&mut self, which: impl Fn(&WasmControllerSpec) -> bool) {
@@ -179,8 +283,6 @@ impl Manager {
             .filter(|(_, m)| which(&m.spec))
             .map(|(id, _)| id.clone())
             .collect();
-        for id in ids {
-            self.reload(&id).await;
-        }
+        self.reload(&ids).await;
     }
 }

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use futures::StreamExt;
 use kubewasm_guest_sdk::selector::Selector;
 
 use crate::api::{Reason, Verb, WasmControllerSpec};
@@ -178,16 +179,24 @@ impl Manager {
             .filter(|(_, m)| m.runner.is_some())
             .filter_map(|(id, m)| Some((id.clone(), m.access.clone()?)))
             .collect();
-        for (id, access) in running {
-            if let Err(problem) = self.check_access(&id, &access).await {
-                tracing::warn!(controller = %id, reason = %problem.reason, "stopping the controller: {}", problem.message);
-                self.stop(&id).await;
-                if let Some(m) = self.controllers.get_mut(&id) {
-                    m.setup_problem = Some(problem);
-                }
-                self.watches.release_unused();
+        let this = &*self;
+        let lost: Vec<(ControllerId, Problem)> = futures::stream::iter(running)
+            .map(|(id, access)| async move {
+                let checked = this.check_access(&id, &access).await;
+                (id, checked)
+            })
+            .buffer_unordered(super::PARALLEL_STARTS)
+            .filter_map(|(id, checked)| async move { checked.err().map(|p| (id, p)) })
+            .collect()
+            .await;
+        for (id, problem) in lost {
+            tracing::warn!(controller = %id, reason = %problem.reason, "stopping the controller: {}", problem.message);
+            self.stop(&id).await;
+            if let Some(m) = self.controllers.get_mut(&id) {
+                m.setup_problem = Some(problem);
             }
         }
+        self.watches.release_unused();
     }
 }
 

@@ -2,9 +2,10 @@
 
 use std::sync::atomic::Ordering;
 
+use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::Api;
 use kube::api::{Patch, PatchParams};
+use kube::{Api, Client};
 use serde_json::json;
 
 use crate::api::{ClusterWasmController, Reason, WasmController, WasmControllerStatus};
@@ -175,33 +176,31 @@ fn keep_transition_times(new: &mut WasmControllerStatus, old: Option<&WasmContro
 }
 
 impl Manager {
-    /// Writes every controller's status that changed since it was last written.
+    /// Writes every controller's status that changed since it was last written,
+    /// [`PARALLEL_STATUS_WRITES`] at once.
     pub(super) async fn write_statuses(&mut self) {
         if !self.fence.is_open() {
             return; // the new leader writes them now
         }
-        let ids: Vec<ControllerId> = self.controllers.keys().cloned().collect();
-        for id in ids {
-            let Some(m) = self.controllers.get(&id) else {
-                continue;
-            };
-            let mut status = desired(m);
-            keep_transition_times(&mut status, m.written.as_ref());
-            if m.written.as_ref() == Some(&status) {
-                continue;
-            }
-            let patch = Patch::Merge(json!({ "status": status }));
-            let params = PatchParams::default();
-            let result = match &id.namespace {
-                Some(ns) => Api::<WasmController>::namespaced(self.client.clone(), ns)
-                    .patch_status(&id.name, &params, &patch)
-                    .await
-                    .map(drop),
-                None => Api::<ClusterWasmController>::all(self.client.clone())
-                    .patch_status(&id.name, &params, &patch)
-                    .await
-                    .map(drop),
-            };
+        let changed: Vec<(ControllerId, WasmControllerStatus)> = self
+            .controllers
+            .iter()
+            .filter_map(|(id, m)| {
+                let mut status = desired(m);
+                keep_transition_times(&mut status, m.written.as_ref());
+                (m.written.as_ref() != Some(&status)).then(|| (id.clone(), status))
+            })
+            .collect();
+        let client = &self.client;
+        let written: Vec<_> = futures::stream::iter(changed)
+            .map(|(id, status)| async move {
+                let result = write_status(client, &id, &status).await;
+                (id, status, result)
+            })
+            .buffer_unordered(PARALLEL_STATUS_WRITES)
+            .collect()
+            .await;
+        for (id, status, result) in written {
             match result {
                 Ok(()) => {
                     if let Some(m) = self.controllers.get_mut(&id) {
@@ -211,5 +210,27 @@ impl Manager {
                 Err(e) => tracing::warn!(controller = %id, "could not write status: {e}"),
             }
         }
+    }
+}
+
+/// Status writes in flight at once.
+const PARALLEL_STATUS_WRITES: usize = 32;
+
+async fn write_status(
+    client: &Client,
+    id: &ControllerId,
+    status: &WasmControllerStatus,
+) -> Result<(), kube::Error> {
+    let patch = Patch::Merge(json!({ "status": status }));
+    let params = PatchParams::default();
+    match &id.namespace {
+        Some(ns) => Api::<WasmController>::namespaced(client.clone(), ns)
+            .patch_status(&id.name, &params, &patch)
+            .await
+            .map(drop),
+        None => Api::<ClusterWasmController>::all(client.clone())
+            .patch_status(&id.name, &params, &patch)
+            .await
+            .map(drop),
     }
 }

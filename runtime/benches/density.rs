@@ -1,0 +1,462 @@
+//! Density: how long one `kubewasm run` takes until N WasmControllers are all `Ready`, and
+//! how much memory it holds then, on a local control plane this bench starts (no node).
+//!
+//! For each N (ascending; default 10, 100, 500, 1000) the bench first creates what is missing
+//! of N namespaces `density-NNNN`, each with the hello-world example's ServiceAccount, Role
+//! and RoleBinding, its own module ConfigMap (the same `hello_world.wasm` bytes) and its
+//! WasmController, and prints how long that took. Only then is the runtime started, so the
+//! times below measure the runtime alone: from spawning the release binary to the moment the
+//! bench's watch sees condition `Ready=True` on all N, with VmRSS and VmHWM
+//! (`/proc/PID/status`) read at that moment.
+//!
+//! Cold and warm: the runtime's only compilation cache is in its process (one compiled
+//! component per module digest, `sandbox::Sandbox::load`); there is no on-disk cache, so
+//! every start compiles `hello_world.wasm` once. *cold* is the first start after the N
+//! objects were created (nothing has listed them for a runtime yet); *warm* is every later
+//! start of a fresh process on the same objects (the API server, etcd and the page cache
+//! have served them before). Cold and warm runs alternate (cold, warm, warm, ...); between
+//! runs the runtime is stopped (SIGTERM) and every status is cleared.
+//!
+//! `cargo bench -p kubewasm --bench density [-- N...]`; `KUBEWASM_DENSITY_ROUNDS` sets the
+//! warm rounds per N (default 3), `KUBEWASM_DENSITY_BINARY` another `kubewasm` binary to
+//! measure (e.g. a copy of an older build; default: the one cargo built). Tiny mode for `make test`: `cargo test -p kubewasm --bench
+//! density -- 3` (a debug build: its numbers mean nothing). With `KUBEWASM_DENSITY_PERF`
+//! set, each run is profiled (`perf record -g -p`, start to all Ready). The runtime's log of each run is
+//! kept in the control plane's state directory (`RUST_LOG` is passed on, default
+//! `kubewasm=info`).
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+#[allow(dead_code, unused_imports)] // the bench uses a few of the live tests' helpers
+#[path = "../tests/live/cluster.rs"]
+mod cluster;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use kubewasm::api::WasmController;
+use serde_json::{Value, json};
+
+use support::{ControlPlane, FIELD_MANAGER};
+
+/// Sizes measured when none are given.
+const SIZES: [usize; 4] = [10, 100, 500, 1000];
+
+/// Label on every namespace the bench creates.
+const DENSITY_LABEL: &str = "kubewasm.dev/density";
+
+/// Objects created (or statuses cleared) at once.
+const PARALLEL_WRITES: usize = 16;
+
+/// The longest a runtime may take until all are Ready before the run counts as failed.
+const READY_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// How long a stopping runtime may take before it is killed.
+const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn main() -> Result<()> {
+    let sizes = sizes();
+    let rounds: usize = std::env::var("KUBEWASM_DENSITY_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3)
+        .max(1);
+    let wasm = cluster::guest("hello_world");
+    let state_dir = ControlPlane::state_dir_of_this_process();
+    let control_plane = ControlPlane::start(&state_dir, Some(std::process::id()))?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    let result = runtime.block_on(measure(&control_plane, &state_dir, &wasm, &sizes, rounds));
+    control_plane.stop()?;
+    let rows = result?;
+    print_tables(&rows);
+    Ok(())
+}
+
+/// Sizes from the command line (numbers; cargo's own `--bench` is skipped), else [`SIZES`].
+fn sizes() -> Vec<usize> {
+    let mut sizes: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .filter(|&n| n > 0)
+        .collect();
+    if sizes.is_empty() {
+        sizes = SIZES.to_vec();
+    }
+    sizes.sort_unstable();
+    sizes.dedup();
+    sizes
+}
+
+/// What one N measured.
+struct Row {
+    n: usize,
+    /// Objects created to reach N (namespaces of the sizes before it already existed).
+    created: usize,
+    create: Duration,
+    cold: Run,
+    warm: Vec<Run>,
+}
+
+/// One start of the runtime until all are Ready.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    ready: Duration,
+    rss_kib: u64,
+    hwm_kib: u64,
+}
+
+async fn measure(
+    control_plane: &ControlPlane,
+    state_dir: &Path,
+    wasm: &[u8],
+    sizes: &[usize],
+    rounds: usize,
+) -> Result<Vec<Row>> {
+    let client = control_plane.client().await?;
+    cluster::ensure_crds(control_plane, &client).await?;
+    let fixture = Fixture::new(&client, wasm).await?;
+    let binary = std::env::var_os("KUBEWASM_DENSITY_BINARY").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_kubewasm")),
+        PathBuf::from,
+    );
+    eprintln!("runtime: {}", binary.display());
+    let mut rows = Vec::new();
+    let mut existing = 0;
+    for &n in sizes {
+        let started = Instant::now();
+        futures::stream::iter(existing..n)
+            .map(|i| fixture.create(i))
+            .buffer_unordered(PARALLEL_WRITES)
+            .try_collect::<Vec<()>>()
+            .await?;
+        let create = started.elapsed();
+        let created = n - existing;
+        existing = n;
+        eprintln!("N={n}: created {created} namespaces with their objects in {create:.1?}");
+        let mut cold = None;
+        let mut warm = Vec::new();
+        for round in 0..=rounds {
+            clear_statuses(&client).await?;
+            let log = state_dir.join(format!("kubewasm-density-{n}-{round}.log"));
+            let run = run_once(&binary, control_plane.kubeconfig(), &client, n, &log).await?;
+            eprintln!(
+                "N={n} {}: Ready in {:.2?}, VmRSS {} KiB, VmHWM {} KiB",
+                if round == 0 { "cold" } else { "warm" },
+                run.ready,
+                run.rss_kib,
+                run.hwm_kib
+            );
+            if round == 0 {
+                cold = Some(run);
+            } else {
+                warm.push(run);
+            }
+        }
+        rows.push(Row {
+            n,
+            created,
+            create,
+            cold: cold.context("no cold run")?,
+            warm,
+        });
+    }
+    Ok(rows)
+}
+
+/// Creates the objects of one namespace, with each kind resolved once.
+struct Fixture {
+    client: Client,
+    /// The hello-world example's RBAC, WasmController and the module ConfigMap, in namespace
+    /// `NAMESPACE` (replaced per namespace).
+    objects: Vec<(ApiResource, Value)>,
+}
+
+const NAMESPACE: &str = "density-placeholder";
+
+impl Fixture {
+    async fn new(client: &Client, wasm: &[u8]) -> Result<Fixture> {
+        let mut docs = cluster::example("hello-world/rbac.yaml", NAMESPACE)?;
+        docs.push(cluster::module_config_map(
+            NAMESPACE,
+            "hello-controller",
+            "hello_world.wasm",
+            wasm,
+        ));
+        docs.extend(cluster::example("hello-world/controller.yaml", NAMESPACE)?);
+        let mut objects = Vec::new();
+        for doc in docs {
+            let api_version = doc["apiVersion"].as_str().context("no apiVersion")?;
+            let kind = doc["kind"].as_str().context("no kind")?;
+            let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+            let gvk = GroupVersionKind::gvk(group, version, kind);
+            let (resource, caps) = kube::discovery::pinned_kind(client, &gvk)
+                .await
+                .with_context(|| format!("discovering {kind} ({api_version})"))?;
+            if caps.scope == kube::discovery::Scope::Cluster {
+                // Once for all namespaces (the runtime's aggregated watch role).
+                support::apply(client, &doc).await?;
+            } else {
+                objects.push((resource, doc));
+            }
+        }
+        Ok(Fixture {
+            client: client.clone(),
+            objects,
+        })
+    }
+
+    /// Namespace `density-NNNN` (`index`) and its objects, server-side applied.
+    async fn create(&self, index: usize) -> Result<()> {
+        let ns = format!("density-{index:04}");
+        let namespace: Namespace = serde_json::from_value(json!({
+            "metadata": {"name": ns, "labels": {DENSITY_LABEL: "true"}}
+        }))?;
+        match Api::<Namespace>::all(self.client.clone())
+            .create(&PostParams::default(), &namespace)
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(e) => return Err(e).context(format!("creating namespace {ns}")),
+        }
+        for (resource, doc) in &self.objects {
+            let object = cluster::in_namespace(doc.clone(), &ns);
+            let name = object["metadata"]["name"].as_str().unwrap_or_default();
+            Api::<DynamicObject>::namespaced_with(self.client.clone(), &ns, resource)
+                .patch(
+                    name,
+                    &PatchParams::apply(FIELD_MANAGER).force(),
+                    &Patch::Apply(&object),
+                )
+                .await
+                .with_context(|| format!("applying {} {ns}/{name}", resource.kind))?;
+        }
+        Ok(())
+    }
+}
+
+/// Clears the status of every WasmController, so that the next runtime starts from nothing
+/// and the bench sees its own `Ready`.
+async fn clear_statuses(client: &Client) -> Result<()> {
+    let api: Api<WasmController> = Api::all(client.clone());
+    let all = api.list(&Default::default()).await?;
+    futures::stream::iter(all.items.into_iter().filter(|wc| wc.status.is_some()))
+        .map(|wc| {
+            let ns = wc.namespace().unwrap_or_default();
+            let api: Api<WasmController> = Api::namespaced(client.clone(), &ns);
+            async move {
+                api.patch_status(
+                    &wc.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": null})),
+                )
+                .await
+                .with_context(|| format!("clearing the status of {ns}/{}", wc.name_any()))
+            }
+        })
+        .buffer_unordered(PARALLEL_WRITES)
+        .try_collect::<Vec<_>>()
+        .await?;
+    Ok(())
+}
+
+/// Starts the runtime, waits until all `n` WasmControllers are Ready, reads its memory, and
+/// stops it.
+async fn run_once(
+    binary: &Path,
+    kubeconfig: &Path,
+    client: &Client,
+    n: usize,
+    log: &Path,
+) -> Result<Run> {
+    // Watching before the runtime starts: no Ready can be missed.
+    let api: Api<WasmController> = Api::all(client.clone());
+    let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
+    let mut ready = HashSet::new();
+    let mut listed = false;
+    while !listed {
+        match events.next().await.context("the watch ended")?? {
+            watcher::Event::InitDone => listed = true,
+            _ => continue,
+        }
+    }
+    let log_file = std::fs::File::create(log)?;
+    let started = Instant::now();
+    let mut child = Command::new(binary)
+        .arg("run")
+        .env("KUBECONFIG", kubeconfig)
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "kubewasm=info".into()),
+        )
+        .stdin(Stdio::null())
+        .stdout(log_file.try_clone()?)
+        .stderr(log_file)
+        .spawn()
+        .with_context(|| format!("starting {}", binary.display()))?;
+    let mut profiler = profile(child.id(), log)?;
+    let waited = tokio::time::timeout(READY_TIMEOUT, async {
+        while ready.len() < n {
+            match events.next().await.context("the watch ended")?? {
+                watcher::Event::Apply(wc) | watcher::Event::InitApply(wc) => {
+                    let key = format!("{}/{}", wc.namespace().unwrap_or_default(), wc.name_any());
+                    if is_ready(&wc) {
+                        ready.insert(key);
+                    } else {
+                        ready.remove(&key);
+                    }
+                }
+                _ => {}
+            }
+        }
+        anyhow::Ok(())
+    })
+    .await;
+    let elapsed = started.elapsed();
+    let memory = memory_kib(child.id());
+    if let Some(perf) = &mut profiler {
+        Command::new("kill")
+            .arg("-INT")
+            .arg(perf.id().to_string())
+            .status()?;
+        perf.wait()?;
+    }
+    stop(&mut child).await?;
+    match waited {
+        Ok(result) => result?,
+        Err(_) => bail!(
+            "{} of {n} WasmControllers Ready after {READY_TIMEOUT:?}; the runtime's log: {}",
+            ready.len(),
+            log.display()
+        ),
+    }
+    let (rss_kib, hwm_kib) = memory?;
+    Ok(Run {
+        ready: elapsed,
+        rss_kib,
+        hwm_kib,
+    })
+}
+
+/// With `KUBEWASM_DENSITY_PERF` set: `perf record -g` of the runtime until all are Ready,
+/// written next to its log (`.perf.data`).
+fn profile(pid: u32, log: &Path) -> Result<Option<Child>> {
+    if std::env::var_os("KUBEWASM_DENSITY_PERF").is_none() {
+        return Ok(None);
+    }
+    let perf = Command::new("perf")
+        .args(["record", "-g", "-q", "-o"])
+        .arg(log.with_extension("perf.data"))
+        .arg("-p")
+        .arg(pid.to_string())
+        .stdin(Stdio::null())
+        .spawn()
+        .context("starting perf")?;
+    Ok(Some(perf))
+}
+
+fn is_ready(wc: &WasmController) -> bool {
+    wc.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+    })
+}
+
+/// VmRSS and VmHWM of a process, in KiB.
+fn memory_kib(pid: u32) -> Result<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| -> Result<u64> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .with_context(|| format!("no {name} in /proc/{pid}/status"))
+    };
+    Ok((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+/// SIGTERM, then SIGKILL after [`STOP_TIMEOUT`].
+async fn stop(child: &mut Child) -> Result<()> {
+    Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status()?;
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    while Instant::now() < deadline {
+        if child.try_wait()?.is_some() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("the runtime did not stop within {STOP_TIMEOUT:?}: killing it");
+    child.kill()?;
+    child.wait()?;
+    Ok(())
+}
+
+fn print_tables(rows: &[Row]) {
+    println!(
+        "\nCreating the objects (namespace, ServiceAccount, Role, RoleBinding, module ConfigMap, WasmController; {PARALLEL_WRITES} namespaces at once):"
+    );
+    println!("| N | namespaces created | time | per namespace |");
+    println!("|---:|---:|---:|---:|");
+    for r in rows {
+        println!(
+            "| {} | {} | {:.1} s | {:.1} ms |",
+            r.n,
+            r.created,
+            r.create.as_secs_f64(),
+            r.create.as_secs_f64() * 1e3 / r.created.max(1) as f64
+        );
+    }
+    println!(
+        "\n`kubewasm run` from start until all N are Ready (objects created beforehand); memory when they are:"
+    );
+    println!(
+        "| N | cold: Ready | cold: VmRSS / VmHWM | warm: Ready min / median / max | warm: VmRSS median | warm: VmHWM max |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|");
+    for r in rows {
+        let mut ready: Vec<f64> = r.warm.iter().map(|w| w.ready.as_secs_f64()).collect();
+        ready.sort_by(f64::total_cmp);
+        let mut rss: Vec<u64> = r.warm.iter().map(|w| w.rss_kib).collect();
+        rss.sort_unstable();
+        let hwm = r.warm.iter().map(|w| w.hwm_kib).max().unwrap_or(0);
+        println!(
+            "| {} | {:.2} s | {} / {} | {:.2} / {:.2} / {:.2} s | {} | {} |",
+            r.n,
+            r.cold.ready.as_secs_f64(),
+            mib(r.cold.rss_kib),
+            mib(r.cold.hwm_kib),
+            ready[0],
+            median(&ready),
+            ready[ready.len() - 1],
+            mib(median(&rss.iter().map(|&k| k as f64).collect::<Vec<_>>()) as u64),
+            mib(hwm),
+        );
+    }
+}
+
+/// The median of sorted values (the mean of the middle two for an even count).
+fn median(sorted: &[f64]) -> f64 {
+    let n = sorted.len();
+    if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+    }
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.0} MiB", kib as f64 / 1024.0)
+}
