@@ -13,7 +13,7 @@ export KUBEWASM_GUEST_DIR := $(CURDIR)/$(GUEST_DIR)
 include deploy/local/cluster.mk
 include deploy/install.mk
 
-.PHONY: all test demo demo-offline up down toolchain guests build lint fmt unit-test integration-test bench bench-storm bench-cluster bench-cluster-venv crds guest-sizes
+.PHONY: all test demo demo-offline up down toolchain guests build lint fmt unit-test integration-test bench bench-reconcile bench-storm bench-cluster bench-cluster-venv bench-density crds guest-sizes
 
 all: build guests
 
@@ -45,10 +45,16 @@ test: lint guests k8s-binaries image install-files
 	$(CARGO) test --workspace
 	@# The bench still runs (tiny size, debug build); its numbers come from `make bench` only.
 	$(CARGO) test -p kubewasm --bench reconcile -- 20 >/dev/null
+	KUBEWASM_DENSITY_ROUNDS=1 $(CARGO) test -p kubewasm --bench density -- 3 >/dev/null
 	$(CARGO) test -p kubewasm --bench cluster -- tiny >/dev/null
 	@echo "make test: all tests passed"
 
-bench: guests
+## Every benchmark, P1–P5 (BENCHMARKS.md): one reconcile four ways and epoch on/off, density,
+## then the cluster comparisons.
+bench: bench-reconcile bench-density bench-cluster
+
+## P1 (one reconcile: sandbox, native floor, axum webhook, Python webhook) and P5 (epochs on/off).
+bench-reconcile: guests
 	$(CARGO) bench -p kubewasm --bench reconcile
 
 ## team-b's reconcile latency (p50/p99) without and during team-a's storm, on a local control plane.
@@ -63,6 +69,13 @@ bench-storm: guests k8s-binaries
 bench-cluster: guests k8s-binaries bench-cluster-venv
 	$(CARGO) build --release -p kubewasm --bin kubewasm
 	KUBEWASM_RUN_BIN=$(CURDIR)/target/release/kubewasm $(CARGO) test -p kubewasm --bench cluster
+
+## P3: how many WasmControllers one runtime holds: time until N are Ready and its memory
+## (local control plane, no node). Like bench-cluster, the bench runs in the dev profile and
+## measures the release `kubewasm`.
+bench-density: guests k8s-binaries
+	$(CARGO) build --release -p kubewasm --bin kubewasm
+	KUBEWASM_DENSITY_BINARY=$(CURDIR)/target/release/kubewasm $(CARGO) test -p kubewasm --bench density
 
 ## The tutorial's Python controller needs the official `kubernetes` client: a venv in the cache.
 bench-cluster-venv:
