@@ -20,7 +20,7 @@ pub use wit_bindgen;
 use bindings::kubewasm::controller::{host, types as wit};
 use serde_json::Value;
 
-use crate::{Cluster, Error, LogLevel, ObjectRef, Reads, Request, Response};
+use crate::{Cluster, Error, LogLevel, ObjectRef, Reads, Request, Response, WireRequest};
 
 /// The request type of the WIT export.
 pub type WitRequest = wit::Request;
@@ -100,7 +100,7 @@ impl Cluster for HostCluster {
 
 fn from_wit_request(request: WitRequest) -> Result<Request, Error> {
     let target = request.target;
-    Ok(Request {
+    WireRequest {
         controller: request.controller,
         target: ObjectRef {
             api_version: target.api_version,
@@ -108,22 +108,13 @@ fn from_wit_request(request: WitRequest) -> Result<Request, Error> {
             namespace: target.namespace,
             name: target.name,
         },
-        parent: request
-            .parent
-            .map(|json| serde_json::from_str(&json))
-            .transpose()?,
-        children: request
-            .children
-            .iter()
-            .map(|json| serde_json::from_str(json))
-            .collect::<Result<_, _>>()?,
-        previous: request
-            .previous
-            .map(|json| serde_json::from_str(&json))
-            .transpose()?,
+        parent: request.parent,
+        children: request.children,
+        previous: request.previous,
         state: request.state,
         finalizing: request.finalizing,
-    })
+    }
+    .parse()
 }
 
 fn from_wit_error(error: wit::Error) -> Error {

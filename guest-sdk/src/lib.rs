@@ -39,6 +39,7 @@ mod response;
 pub mod selector;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod testing;
+mod wire;
 
 #[cfg(target_arch = "wasm32")]
 #[doc(hidden)]
@@ -49,6 +50,8 @@ pub use cluster::{Cluster, LogLevel, Reads};
 pub use error::Error;
 pub use request::{ObjectRef, Request};
 pub use response::{Action, EventType, MAX_STATE_BYTES, MAX_STATE_OBJECTS, Response};
+#[doc(hidden)]
+pub use wire::WireRequest;
 
 /// Export `reconcile` (a `fn(&Request, &dyn Cluster) -> Result<Response, Error>`) as the
 /// guest's WIT `reconcile`. Use it once per guest crate, at the top level.

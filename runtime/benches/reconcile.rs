@@ -1,26 +1,49 @@
 //! Cost of one reconcile of the HelloWorld seed request: `GuestPre::call` on one thread (a
 //! fresh Store and instance per call, driven by a current-thread runtime), and
 //! `Sandbox::reconcile` (the async path: instance slot, the call on the calling task, epoch
-//! yields), plus module compile times and guest sizes; then `GuestPre::call` with the same
-//! HelloWorld grown to 1 KiB, 64 KiB and 1 MiB of JSON (an annotation of padding).
+//! yields), plus module compile times and guest sizes. Then:
+//!
+//! - **P1**, the sandbox against the alternatives: HelloWorld grown to 1 KiB, 64 KiB and 1 MiB
+//!   of JSON (an annotation of padding), reconciled four ways — `GuestPre::call`, the same Rust
+//!   function natively with the same JSON work (the floor), a Rust webhook and Metacontroller's
+//!   Python webhook over loopback HTTP/1.1 (see `webhook/`) — interleaved in rounds, so that
+//!   noise on the machine hits every way alike.
+//! - **P5**, what epoch interruption costs a guest that computes: the hostile guest's
+//!   `compute` mode on an Engine with it and on one without, interleaved.
 //!
 //! `make bench`, or `cargo bench -p kubewasm --bench reconcile [-- ITERATIONS]`;
-//! `KUBEWASM_BENCH_ITERS` also sets the iterations (default 20000).
+//! `KUBEWASM_BENCH_ITERS` also sets the iterations (default 20000). `make test` runs it with
+//! 20 iterations, a debug build, to keep it working: those numbers mean nothing.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+mod webhook;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kubewasm::sandbox::{GuestPre, Limits, NoReads, Request, Sandbox, SandboxConfig, SharedReads};
-use serde_json::json;
+use kubewasm::sandbox::{
+    Action, GuestPre, Limits, NoReads, Request, Response, Sandbox, SandboxConfig, SharedReads,
+};
+use serde_json::{Value, json};
+
+use webhook::{Answer, Hook};
 
 const GUESTS: [&str; 3] = ["hello_world", "configmap_restarter", "hostile"];
+
+/// Rounds of P1 (at most): each times a batch of every way in turn.
+const P1_ROUNDS: usize = 25;
+
+/// Rounds of P5 (at most): short ones, so that the two ways see the same moments.
+const P5_ROUNDS: usize = 50;
+
+/// `spec.rounds` of the hostile guest's `compute` mode in P5: a few milliseconds per call.
+const P5_COMPUTE_ROUNDS: u64 = 2_000_000;
 
 fn main() {
     let iters = iterations();
     let async_iters = (iters / 10).max(100);
+    print_machine(iters);
 
     println!("guest sizes:");
     let mut modules = Vec::new();
@@ -66,25 +89,46 @@ fn main() {
         times
     });
     report("Sandbox::reconcile, awaited one by one", &mut times);
+    drop(runtime);
 
     for (label, bytes, divisor) in [
         ("1 KiB", 1 << 10, 1),
         ("64 KiB", 64 << 10, 20),
         ("1 MiB", 1 << 20, 200),
     ] {
-        let request = sized_request(bytes);
         let calls = (iters / divisor).max(20);
-        let mut times = time_calls(
-            &guest,
-            &request,
-            &reads,
-            &limits,
-            (calls / 10).max(5),
-            calls,
-        );
-        report(&format!("GuestPre::call, {label} object"), &mut times);
-        breakdown(&guest, &request, &reads, &limits, calls);
+        println!("GuestPre::call, {label} object: where the time goes, median of {calls} calls:");
+        breakdown(&guest, &sized_request(bytes), &reads, &limits, calls);
     }
+    p1(guest, iters);
+    p5(&sandbox, &modules[2].1, iters);
+}
+
+/// The machine the numbers come from.
+fn print_machine(iters: usize) {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
+                .map(|(_, model)| model.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|k| k.trim().to_owned())
+        .unwrap_or_else(|_| "unknown".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into());
+    let build = if cfg!(debug_assertions) {
+        "debug build: the numbers mean nothing"
+    } else {
+        "release build"
+    };
+    println!(
+        "machine: {cores} cores (nproc), {cpu}, Linux {kernel}, load average {load}; {build}, {iters} iterations"
+    );
 }
 
 /// Where one call's time goes: the median of each phase the sandbox measures
@@ -125,7 +169,6 @@ fn breakdown(
         "teardown",
         "total",
     ];
-    println!("  where the time goes, median of {calls} calls:");
     for (name, v) in names.iter().zip(parts.iter_mut()) {
         println!("    {name:<30} {:>7.1} µs", median(v));
     }
@@ -154,6 +197,355 @@ fn time_calls(
             elapsed
         })
         .collect()
+}
+
+/// The ways P1 reconciles, in the order of its table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Way {
+    Sandbox,
+    Native,
+    RustHook,
+    PythonHook,
+}
+
+impl Way {
+    fn label(self) -> &'static str {
+        match self {
+            Way::Sandbox => "sandbox (GuestPre::call)",
+            Way::Native => "native floor",
+            Way::RustHook => "Rust webhook (axum, HTTP)",
+            Way::PythonHook => "Python webhook (http.server)",
+        }
+    }
+}
+
+/// Everything P1 needs to reconcile each way.
+struct Ways {
+    guest: Arc<GuestPre>,
+    reads: SharedReads,
+    limits: Limits,
+    /// The current-thread runtime the HTTP client runs on (this thread).
+    client: tokio::runtime::Runtime,
+    rust: Hook,
+    python: Option<Hook>,
+}
+
+impl Ways {
+    fn start(guest: Arc<GuestPre>) -> Ways {
+        let client = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("the client's runtime");
+        let rust = Hook::rust(&client);
+        let python = Hook::python(&client);
+        if python.is_none() {
+            println!("python3 not found: the Python webhook column is skipped");
+        }
+        Ways {
+            guest,
+            reads: Arc::new(NoReads),
+            limits: Limits::default(),
+            client,
+            rust,
+            python,
+        }
+    }
+
+    fn all(&self) -> Vec<Way> {
+        let mut ways = vec![Way::Sandbox, Way::Native, Way::RustHook];
+        if self.python.is_some() {
+            ways.push(Way::PythonHook);
+        }
+        ways
+    }
+
+    /// The hook of `way`, and the runtime its client runs on.
+    fn hook(&mut self, way: Way) -> (&mut Hook, &tokio::runtime::Runtime) {
+        let hook = match way {
+            Way::RustHook => &mut self.rust,
+            Way::PythonHook => self.python.as_mut().expect("the Python hook runs"),
+            Way::Sandbox | Way::Native => unreachable!("{way:?} is no hook"),
+        };
+        (hook, &self.client)
+    }
+
+    fn answer(&mut self, way: Way, request: &Request) -> Answer {
+        match way {
+            Way::Sandbox => Answer::Response(
+                self.guest
+                    .call(request, self.reads.clone(), &self.limits)
+                    .expect("the sandbox reconciles")
+                    .response,
+            ),
+            Way::Native => Answer::Response(webhook::native(request, &self.limits)),
+            Way::RustHook | Way::PythonHook => {
+                let limits = self.limits;
+                let (hook, client) = self.hook(way);
+                hook.answer(client, request, &limits)
+            }
+        }
+    }
+
+    fn time(&mut self, way: Way, request: &Request, calls: usize) -> Vec<Duration> {
+        match way {
+            Way::Sandbox => time_calls(&self.guest, request, &self.reads, &self.limits, 0, calls),
+            Way::Native => (0..calls)
+                .map(|_| {
+                    let started = Instant::now();
+                    let response = webhook::native(request, &self.limits);
+                    let elapsed = started.elapsed();
+                    std::hint::black_box(response);
+                    elapsed
+                })
+                .collect(),
+            Way::RustHook | Way::PythonHook => {
+                let limits = self.limits;
+                let (hook, client) = self.hook(way);
+                hook.time(client, request, &limits, calls)
+            }
+        }
+    }
+}
+
+/// The part of an answer every way must agree on: the Pod named after the parent, its
+/// greeting, and the status.
+#[derive(Debug, PartialEq)]
+struct Greeting {
+    pod: Value,
+    command: Value,
+    status: Value,
+}
+
+impl Greeting {
+    fn of(answer: &Answer) -> Greeting {
+        match answer {
+            Answer::Response(response) => {
+                let pod = response.actions.iter().find_map(|a| match a {
+                    Action::Apply(o) if o["kind"] == "Pod" => Some(o),
+                    _ => None,
+                });
+                let status = response.actions.iter().find_map(|a| match a {
+                    Action::SetStatus(s) => Some(s.clone()),
+                    _ => None,
+                });
+                let pod = pod.unwrap_or_else(|| panic!("no Pod applied: {response:?}"));
+                Greeting {
+                    pod: pod["metadata"]["name"].clone(),
+                    command: pod["spec"]["containers"][0]["command"].clone(),
+                    status: status.unwrap_or_else(|| panic!("no status set: {response:?}")),
+                }
+            }
+            Answer::Metacontroller(desired) => {
+                let pod = &desired["children"][0];
+                Greeting {
+                    pod: pod["metadata"]["name"].clone(),
+                    command: pod["spec"]["containers"][0]["command"].clone(),
+                    status: desired["status"].clone(),
+                }
+            }
+        }
+    }
+}
+
+/// Before timing: every way gives the same answer to `request` (the same response exactly
+/// where the response is kubewasm's).
+fn check_same_answer(ways: &mut Ways, request: &Request) {
+    let expected = Greeting {
+        pod: json!("your-name"),
+        command: json!(["echo", "Hello, Your Name!"]),
+        status: json!({"pods": 0}),
+    };
+    let mut responses: Vec<(Way, Response)> = Vec::new();
+    for way in ways.all() {
+        let answer = ways.answer(way, request);
+        assert_eq!(Greeting::of(&answer), expected, "{}", way.label());
+        if let Answer::Response(response) = answer {
+            responses.push((way, response));
+        }
+    }
+    for (way, response) in &responses[1..] {
+        assert_eq!(
+            response,
+            &responses[0].1,
+            "{} answers unlike {}",
+            way.label(),
+            responses[0].0.label()
+        );
+    }
+}
+
+/// P1: the sandbox against the native floor and two webhooks, interleaved.
+fn p1(guest: Arc<GuestPre>, iters: usize) {
+    let mut ways = Ways::start(guest);
+    let all = ways.all();
+    println!(
+        "P1: one HelloWorld reconcile, {} ways interleaved (rounds: a batch of each way in turn, the first way rotating)",
+        all.len()
+    );
+    for (label, bytes, divisor) in [
+        ("1 KiB", 1 << 10, 1),
+        ("64 KiB", 64 << 10, 20),
+        ("1 MiB", 1 << 20, 100),
+    ] {
+        let request = sized_request(bytes);
+        check_same_answer(&mut ways, &request);
+        let calls = (iters / divisor).max(20);
+        let rounds = P1_ROUNDS.min(calls);
+        let batch = calls / rounds;
+        for &way in &all {
+            ways.time(way, &request, (calls / 10).clamp(2, 200));
+        }
+        let mut series: Vec<Series> = all.iter().map(|_| Series::default()).collect();
+        for round in 0..rounds {
+            for k in 0..all.len() {
+                let i = (round + k) % all.len();
+                series[i].add(ways.time(all[i], &request, batch));
+            }
+        }
+        println!(
+            "  {label} object ({rounds} rounds × {batch} calls per way; same answer from every way checked first):"
+        );
+        println!(
+            "    {:<30} {:>11} {:>11}   {:<33} {:>10}",
+            "way", "median", "p99", "round medians min / median / max", "÷ sandbox"
+        );
+        let sandbox = series[0].median();
+        for (way, series) in all.iter().zip(&mut series) {
+            let (min, mid, max) = series.round_medians();
+            println!(
+                "    {:<30} {:>11} {:>11}   {:<33} {:>9.2}×",
+                way.label(),
+                time(series.median()),
+                time(series.quantile(0.99)),
+                format!("{} / {} / {}", time(min), time(mid), time(max)),
+                series.median().as_secs_f64() / sandbox.as_secs_f64()
+            );
+        }
+    }
+}
+
+/// P5: the hostile guest's `compute` mode with epoch interruption and without, interleaved.
+fn p5(sandbox: &Sandbox, hostile: &[u8], iters: usize) {
+    let off = Sandbox::new(SandboxConfig {
+        epoch_interruption: false,
+        ..SandboxConfig::default()
+    })
+    .expect("a sandbox without epoch interruption");
+    let guests = [
+        ("on", sandbox.load(hostile).expect("hostile loads")),
+        ("off", off.load(hostile).expect("hostile loads")),
+    ];
+    let request = Request::for_object(json!({
+        "apiVersion": "example.com/v1",
+        "kind": "Hostile",
+        "metadata": {"name": "compute", "namespace": "default"},
+        "spec": {"mode": "compute", "rounds": P5_COMPUTE_ROUNDS},
+    }))
+    .expect("a valid request")
+    .with_controller("default/hostile");
+    let reads: SharedReads = Arc::new(NoReads);
+    let limits = Limits::default();
+    let answers: Vec<Response> = guests
+        .iter()
+        .map(|(_, guest)| {
+            guest
+                .call(&request, reads.clone(), &limits)
+                .expect("compute returns")
+                .response
+        })
+        .collect();
+    assert_eq!(answers[0], answers[1], "the same work both ways");
+
+    let calls = (iters / 50).max(10);
+    let rounds = P5_ROUNDS.min(calls);
+    let batch = calls / rounds;
+    let mut series = [Series::default(), Series::default()];
+    for (_, guest) in &guests {
+        time_calls(guest, &request, &reads, &limits, 2, 0);
+    }
+    let mut ratios = Vec::with_capacity(rounds);
+    for round in 0..rounds {
+        for k in 0..2 {
+            let i = (round + k) % 2;
+            let (_, guest) = &guests[i];
+            series[i].add(time_calls(guest, &request, &reads, &limits, 0, batch));
+        }
+        let [on, off] = &series;
+        ratios.push(on.last_round().as_secs_f64() / off.last_round().as_secs_f64());
+    }
+    ratios.sort_unstable_by(f64::total_cmp);
+    println!(
+        "P5: hostile `compute` ({P5_COMPUTE_ROUNDS} rounds of splitmix64, no host calls), epoch interruption on vs off, {rounds} rounds × {batch} calls each, interleaved:"
+    );
+    for ((label, _), series) in guests.iter().zip(&mut series) {
+        let (min, mid, max) = series.round_medians();
+        println!(
+            "    epoch interruption {label:<3}  median {}, p99 {}, round medians {} / {} / {}",
+            time(series.median()),
+            time(series.quantile(0.99)),
+            time(min),
+            time(mid),
+            time(max)
+        );
+    }
+    let overhead =
+        (series[0].median().as_secs_f64() / series[1].median().as_secs_f64() - 1.0) * 1e2;
+    let round_overhead = |r: f64| format!("{:+.1}%", (r - 1.0) * 1e2);
+    println!(
+        "    overhead of epoch interruption: {overhead:+.1}% (medians); per round {} / {} / {} (min / median / max)",
+        round_overhead(ratios[0]),
+        round_overhead(ratios[ratios.len() / 2]),
+        round_overhead(ratios[ratios.len() - 1])
+    );
+}
+
+/// The timings of one way: every call, and the median of each round.
+#[derive(Default)]
+struct Series {
+    calls: Vec<Duration>,
+    round_medians: Vec<Duration>,
+}
+
+impl Series {
+    fn add(&mut self, mut batch: Vec<Duration>) {
+        batch.sort_unstable();
+        self.round_medians.push(batch[batch.len() / 2]);
+        self.calls.extend(batch);
+    }
+
+    fn last_round(&self) -> Duration {
+        *self.round_medians.last().expect("a round")
+    }
+
+    fn quantile(&mut self, q: f64) -> Duration {
+        self.calls.sort_unstable();
+        self.calls[((self.calls.len() - 1) as f64 * q).round() as usize]
+    }
+
+    fn median(&mut self) -> Duration {
+        self.quantile(0.5)
+    }
+
+    /// Min, median and max of the rounds' medians.
+    fn round_medians(&self) -> (Duration, Duration, Duration) {
+        let mut medians = self.round_medians.clone();
+        medians.sort_unstable();
+        (
+            medians[0],
+            medians[medians.len() / 2],
+            medians[medians.len() - 1],
+        )
+    }
+}
+
+/// A time in µs, or in ms from 10 ms up.
+fn time(d: Duration) -> String {
+    let us = d.as_secs_f64() * 1e6;
+    if us >= 10_000.0 {
+        format!("{:.2} ms", us / 1e3)
+    } else {
+        format!("{us:.1} µs")
+    }
 }
 
 /// The seed HelloWorld with an annotation that makes its JSON `bytes` long.

@@ -571,6 +571,40 @@ fn oversized_module_is_refused() {
     );
 }
 
+/// The bench's measuring knob: an Engine without epoch interruption runs the same guest to
+/// the same answer (the `compute` mode the bench times both ways).
+#[test]
+fn without_epoch_interruption_a_guest_computes_the_same() {
+    let off = Sandbox::new(SandboxConfig {
+        max_instances: 2,
+        epoch_interruption: false,
+        ..SandboxConfig::default()
+    })
+    .unwrap();
+    let bytes = std::fs::read(common::guest("hostile")).unwrap();
+    let request = Request::for_object(json!({
+        "apiVersion": "example.com/v1",
+        "kind": "Hostile",
+        "metadata": {"name": "h-compute", "namespace": "test"},
+        "spec": {"mode": "compute", "rounds": 1000},
+    }))
+    .unwrap();
+    let status = |guest: &GuestPre| match guest
+        .call(&request, Arc::new(NoReads), &Limits::default())
+        .expect("compute returns")
+        .response
+        .actions
+        .as_slice()
+    {
+        [Action::SetStatus(status)] => status.clone(),
+        other => panic!("expected one setStatus, got {other:?}"),
+    };
+    let with_epochs = status(&SANDBOX.load(&bytes).unwrap());
+    let computed = with_epochs["computed"].as_str().expect("a string");
+    assert!(computed.parse::<u64>().is_ok(), "{with_epochs}");
+    assert_eq!(status(&off.load(&bytes).unwrap()), with_epochs);
+}
+
 #[test]
 fn same_bytes_load_once() {
     let bytes = std::fs::read(common::guest("hello_world")).unwrap();

@@ -20,6 +20,7 @@
 //! | `many-actions` | returns [`MANY_ACTIONS`] `requeue-after` actions |
 //! | `compose` | applies a child Pod named after the target from `spec.pod` (`labels` and `spec`), and records the Event `Composed` every time |
 //! | `requeue-zero` | sets status `{"requeued": true}` and asks to be reconciled again at once, every time |
+//! | `compute` | computes [`compute`] for `spec.rounds` rounds (default [`COMPUTE_ROUNDS`]), no host calls, and sets status `{"computed": <result>}` |
 //!
 //! Modes that step around the SDK and call the host imports directly (wasm only), as a
 //! guest written against the bare WIT contract could:
@@ -58,6 +59,9 @@ pub const MANY_ACTIONS: usize = 200_000;
 
 /// How long the raw attacks' strings are (60 MiB).
 pub const ATTACK_BYTES: usize = 60 << 20;
+
+/// Rounds `compute` runs when the parent does not say (`spec.rounds`).
+pub const COMPUTE_ROUNDS: u64 = 1_000_000;
 
 /// Do whatever `spec.mode` asks for.
 pub fn reconcile(req: &Request, cluster: &dyn Cluster) -> Result<Response, Error> {
@@ -109,6 +113,15 @@ pub fn reconcile(req: &Request, cluster: &dyn Cluster) -> Result<Response, Error
         "requeue-zero" => Ok(Response::new()
             .set_status(json!({ "requeued": true }))
             .requeue_after(std::time::Duration::ZERO)),
+        "compute" => {
+            let rounds = req
+                .parent
+                .as_ref()
+                .and_then(|parent| parent.pointer("/spec/rounds")?.as_u64())
+                .unwrap_or(COMPUTE_ROUNDS);
+            // A string: JSON numbers past 2^53 do not survive every reader.
+            Ok(Response::new().set_status(json!({ "computed": compute(rounds).to_string() })))
+        }
         other => Err(Error::permanent(format!("unknown hostile mode {other:?}"))),
     }
 }
@@ -153,6 +166,18 @@ fn spin() -> ! {
     loop {
         counter = black_box(counter.wrapping_add(1));
     }
+}
+
+/// A fixed amount of work: the sum of splitmix64's output for `0..rounds`. The rounds do not
+/// depend on each other, so the loop runs at the core's arithmetic throughput and a check at
+/// each loop back-edge (epoch interruption) shows as much as it ever can.
+pub fn compute(rounds: u64) -> u64 {
+    (0..rounds).fold(0u64, |sum, i| {
+        let mut z = i.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        sum.wrapping_add(z ^ (z >> 31))
+    })
 }
 
 fn hoard() -> ! {

@@ -205,6 +205,11 @@ enum Declared {
 impl Manager {
     /// A manager acting with `base_config`'s identity for watches and statuses.
     pub fn new(base_config: kube::Config, config: ManagerConfig) -> anyhow::Result<Manager> {
+        // Without it nothing stops a guest that computes: a knob for the bench, never for hosting.
+        anyhow::ensure!(
+            config.sandbox.epoch_interruption,
+            "the runtime needs epoch interruption (SandboxConfig::epoch_interruption)"
+        );
         let client = Client::try_from(base_config.clone())?;
         let sandbox = Sandbox::new(config.sandbox.clone())?;
         Ok(Manager {

@@ -27,6 +27,11 @@ pub struct SandboxConfig {
     pub max_module_bytes: usize,
     /// How often the epoch advances; deadlines are counted in these ticks.
     pub epoch_tick: Duration,
+    /// Epoch interruption: compiled-in deadline checks, the ticker thread, a yield every tick.
+    /// A measuring knob, on by default and always on in the runtime: `false` exists only so the
+    /// reconcile bench can measure what it costs, because without it nothing stops a guest that
+    /// computes forever (no deadline, no yield, so no timeout either).
+    pub epoch_interruption: bool,
 }
 
 impl Default for SandboxConfig {
@@ -36,6 +41,7 @@ impl Default for SandboxConfig {
             max_memory_bytes: 512 << 20,
             max_module_bytes: 16 << 20,
             epoch_tick: Duration::from_millis(10),
+            epoch_interruption: true,
         }
     }
 }
@@ -159,11 +165,18 @@ impl std::fmt::Debug for Sandbox {
 
 impl Sandbox {
     /// Builds the Engine (epoch interruption, pooling allocator) and starts its epoch ticker.
+    /// Without [`SandboxConfig::epoch_interruption`] there is no ticker.
     pub fn new(config: SandboxConfig) -> Result<Sandbox, LoadError> {
         let engine = Engine::new(&engine_config(&config)).map_err(LoadError::Engine)?;
         let mut linker = Linker::new(&engine);
         call::add_to_linker(&mut linker).map_err(LoadError::Engine)?;
-        start_epoch_ticker(&engine, config.epoch_tick);
+        if config.epoch_interruption {
+            start_epoch_ticker(&engine, config.epoch_tick);
+        } else {
+            tracing::warn!(
+                "epoch interruption is off: guests that compute are never stopped (a setting for measuring only)"
+            );
+        }
         Ok(Sandbox {
             inner: Arc::new(Inner {
                 engine,
@@ -274,7 +287,7 @@ fn engine_config(config: &SandboxConfig) -> Config {
         .pagemap_scan(Enabled::Auto);
     let mut cfg = Config::new();
     cfg.wasm_component_model(true)
-        .epoch_interruption(true)
+        .epoch_interruption(config.epoch_interruption)
         .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     cfg
 }

@@ -22,5 +22,5 @@ pub use text::{
 };
 pub use types::{
     Action, Error, EventType, NoReads, ObjectRef, Reads, Request, Response, SharedReads,
-    decode_response, parse_time, requeue_delay,
+    WireRequest, decode_response, parse_time, request_to_wire, requeue_delay,
 };

@@ -10,7 +10,9 @@ use std::fmt;
 use std::time::Duration;
 
 use kubewasm_guest_sdk::selector::Selector;
-pub use kubewasm_guest_sdk::{Action, Error, EventType, ObjectRef, Reads, Request, Response};
+pub use kubewasm_guest_sdk::{
+    Action, Error, EventType, ObjectRef, Reads, Request, Response, WireRequest,
+};
 use serde::de::{DeserializeSeed, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
@@ -18,22 +20,38 @@ use super::bindings::wit;
 use super::limits::{Limits, MAX_GUEST_STATE_BYTES};
 use super::text::{MAX_EVENT_REASON_BYTES, MAX_GUEST_MESSAGE_BYTES, bounded, prefix};
 
-/// The request as the WIT export takes it: JSON documents as strings.
-pub(crate) fn request_to_wit(request: &Request) -> wit::Request {
-    let target = request.target.clone();
-    wit::Request {
+/// The request as the guest receives it: each JSON document serialized once, as text. What
+/// the WIT export is called with, and what the reconcile bench's native and webhook columns
+/// hand to the SDK's parsing.
+pub fn request_to_wire(request: &Request) -> WireRequest {
+    WireRequest {
         controller: request.controller.clone(),
+        target: request.target.clone(),
+        parent: request.parent.as_ref().map(Value::to_string),
+        children: request.children.iter().map(Value::to_string).collect(),
+        previous: request.previous.as_ref().map(Value::to_string),
+        state: request.state.clone(),
+        finalizing: request.finalizing,
+    }
+}
+
+/// The request as the WIT export takes it.
+pub(crate) fn request_to_wit(request: &Request) -> wit::Request {
+    let wire = request_to_wire(request);
+    let target = wire.target;
+    wit::Request {
+        controller: wire.controller,
         target: wit::ObjectRef {
             api_version: target.api_version,
             kind: target.kind,
             namespace: target.namespace,
             name: target.name,
         },
-        parent: request.parent.as_ref().map(Value::to_string),
-        children: request.children.iter().map(Value::to_string).collect(),
-        previous: request.previous.as_ref().map(Value::to_string),
-        state: request.state.clone(),
-        finalizing: request.finalizing,
+        parent: wire.parent,
+        children: wire.children,
+        previous: wire.previous,
+        state: wire.state,
+        finalizing: wire.finalizing,
     }
 }
 
