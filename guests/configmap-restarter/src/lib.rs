@@ -14,7 +14,9 @@
 //! - another digest: list the matching Pods (the runtime's cache) and take the *bound* — the
 //!   newest `creationTimestamp` among them, or the time the data changed if that is later —
 //!   save `pending:<new digest>@<bound>`, delete the matching Pods created no later than the
-//!   bound's second, save the new digest, emit `PodsRestarted`;
+//!   bound's second, save the new digest, emit `PodsRestarted` (with nothing to bound it by,
+//!   a Pod without a creation time, it saves `pending:<new digest>` and deletes every
+//!   matching Pod, as the tutorial does);
 //! - `pending:<this digest>@<bound>`: an attempt for this data did not finish (a runtime
 //!   killed between the deletions and saving the digest, or a delete that failed): delete the
 //!   matching Pods created no later than the saved bound's second again — the replacements,
@@ -92,8 +94,12 @@ pub fn reconcile(req: &Request, cluster: &dyn Cluster) -> Result<Response, Error
             response.delete_all_created_before("v1", "Pod", namespace, &selector, &before),
             format!(", created before {before}"),
         ),
-        // No matching Pod when the restart began: nothing to delete.
-        None => (response, String::from(" (there were none)")),
+        // Nothing to bound it by (a Pod without a creation time, or no Pod and no time of the
+        // change): every matching Pod, as the tutorial does.
+        None => (
+            response.delete_all_of("v1", "Pod", namespace, &selector),
+            String::new(),
+        ),
     };
     let message = format!(
         "ConfigMap data changed: deleted the Pods in namespace {} matching {selector:?}{since}",
@@ -105,7 +111,7 @@ pub fn reconcile(req: &Request, cluster: &dyn Cluster) -> Result<Response, Error
 }
 
 /// The state saved while a restart for `digest` is under way: `pending:<digest>@<bound>`, or
-/// `pending:<digest>` when there was no Pod to restart.
+/// `pending:<digest>` when it is not bounded (every matching Pod goes).
 pub fn pending_state(digest: &str, bound: Option<&str>) -> String {
     match bound {
         Some(bound) => format!("{PENDING}{digest}@{bound}"),
@@ -113,8 +119,8 @@ pub fn pending_state(digest: &str, bound: Option<&str>) -> String {
     }
 }
 
-/// The bound of an unfinished restart for `digest` saved as `saved` (`Some(None)`: it had no
-/// Pod to restart); `None` when `saved` is not one for this digest.
+/// The bound of an unfinished restart for `digest` saved as `saved` (`Some(None)`: not
+/// bounded); `None` when `saved` is not one for this digest.
 pub fn pending_bound<'a>(saved: &'a str, digest: &str) -> Option<Option<&'a str>> {
     let rest = saved.strip_prefix(PENDING)?.strip_prefix(digest)?;
     match rest {
@@ -123,19 +129,20 @@ pub fn pending_bound<'a>(saved: &'a str, digest: &str) -> Option<Option<&'a str>
     }
 }
 
-/// The newest `creationTimestamp` of `pods`, or `changed_at` when that is later; `None` when
-/// there is neither.
+/// The newest `creationTimestamp` of `pods`, or `changed_at` when that is later. `None` (not
+/// bounded) when a Pod has no usable creation time, or when there is no Pod and no
+/// `changed_at`.
 pub fn restart_bound(pods: &[Value], changed_at: Option<&str>) -> Option<String> {
-    pods.iter()
-        .filter_map(|p| {
-            p.pointer("/metadata/creationTimestamp")
-                .and_then(Value::as_str)
-        })
-        .chain(changed_at)
-        .filter(|t| next_second(t).is_some())
+    let mut newest: Option<&str> = changed_at.filter(|t| next_second(t).is_some());
+    for pod in pods {
+        let created = pod
+            .pointer("/metadata/creationTimestamp")
+            .and_then(Value::as_str)
+            .filter(|t| next_second(t).is_some())?;
         // RFC 3339 in UTC with a fixed format (`2026-11-23T12:00:00Z`): text order is time order.
-        .max()
-        .map(str::to_owned)
+        newest = newest.max(Some(created));
+    }
+    newest.map(str::to_owned)
 }
 
 /// The prefix of the state saved while a restart is under way: `pending:<digest>@<bound>`.

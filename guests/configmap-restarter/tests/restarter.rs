@@ -221,16 +221,21 @@ fn without_managed_fields_the_newest_pod_bounds_the_restart() {
         response.actions[1],
         delete_created_before("2026-11-23T12:00:04Z")
     );
-    // And with no matching Pod at all, nothing to delete: the digest is saved.
+    // With no Pod and no time of the change, or a Pod without a creation time: not bounded.
     let green = data_digest(&config_map);
-    let response = run_in(&FakeCluster::new(), &config_map, Some(BLUE_DIGEST));
-    assert_eq!(
-        response.actions[..2],
-        [
-            Action::SetState(Some(pending_state(&green, None))),
-            Action::SetState(Some(green)),
-        ]
-    );
+    let mut undated = FakeCluster::new();
+    undated.insert(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "frontend-1", "namespace": "demo", "labels": {"app": "frontend"}}}));
+    for cluster in [FakeCluster::new(), undated] {
+        let response = run_in(&cluster, &config_map, Some(BLUE_DIGEST));
+        assert_eq!(
+            response.actions[..2],
+            [
+                Action::SetState(Some(pending_state(&green, None))),
+                Action::delete_all_of("v1", "Pod", Some("demo"), "app=frontend"),
+            ]
+        );
+    }
 }
 
 #[test]
