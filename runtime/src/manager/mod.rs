@@ -331,11 +331,7 @@ impl Manager {
                     let keys = cm_changes.take();
                     self.on_config_maps(&keys).await;
                 }
-                _ = status_tick.tick() => {
-                    let running = self.controllers.values().filter(|m| m.runner.is_some()).count();
-                    self.metrics.set_controllers(running);
-                    self.write_statuses().await
-                }
+                _ = status_tick.tick() => self.write_statuses().await,
                 _ = retry_tick.tick() => self.retry_failed().await,
                 _ = access_tick.tick() => self.recheck_access().await,
                 _ = poll_tick.tick() => self.reload_all(|spec| spec.module.path.is_some()).await,

@@ -179,6 +179,13 @@ impl Manager {
     /// Writes every controller's status that changed since it was last written,
     /// [`PARALLEL_STATUS_WRITES`] at once.
     pub(super) async fn write_statuses(&mut self) {
+        // The gauge goes with the statuses: whoever sees a controller Ready sees it counted.
+        let running = self
+            .controllers
+            .values()
+            .filter(|m| m.runner.is_some())
+            .count();
+        self.metrics.set_controllers(running);
         if !self.fence.is_open() {
             return; // the new leader writes them now
         }
