@@ -23,41 +23,18 @@ use http_body_util::{BodyExt as _, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use kubewasm::sandbox::{
-    Error, Limits, ObjectRef, Reads, Request, Response, WireRequest, decode_response,
-    request_to_wire,
+    Error, Limits, ObjectRef, Request, Response, WireRequest, decode_response, request_to_wire,
 };
-use kubewasm_guest_sdk::{Cluster, LogLevel};
+use kubewasm_guest_sdk::testing::FakeCluster;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-
-/// A cluster that holds nothing and logs nowhere: HelloWorld reads nothing.
-struct NoCluster;
-
-impl Reads for NoCluster {
-    fn get(&self, _: &str, _: &str, _: Option<&str>, _: &str) -> Result<Option<Value>, Error> {
-        Ok(None)
-    }
-
-    fn list(
-        &self,
-        _: &str,
-        _: &str,
-        _: Option<&str>,
-        _: Option<&str>,
-    ) -> Result<Vec<Value>, Error> {
-        Ok(Vec::new())
-    }
-}
-
-impl Cluster for NoCluster {
-    fn log(&self, _: LogLevel, _: &str) {}
-}
 
 /// What the guest does between receiving the request and answering: the SDK's parsing,
 /// `hello_world::reconcile`, the response as the JSON document the guest hands to `respond`.
 pub fn guest_work(wire: WireRequest) -> Result<String, Error> {
     let request = wire.parse()?;
-    let response = hello_world::reconcile(&request, &NoCluster)?;
+    // The SDK's empty cluster: HelloWorld reads nothing and logs nothing.
+    let response = hello_world::reconcile(&request, &FakeCluster::new())?;
     serde_json::to_string(&response).map_err(Error::from)
 }
 
