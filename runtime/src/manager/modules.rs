@@ -241,7 +241,11 @@ impl Manager {
                 format!("cannot read ConfigMap {namespace}/{name}: {e}"),
             )
         })?;
-        Ok(found.items.into_iter().next())
+        // Only the object of that name, whatever the field selector made of the spec's name.
+        Ok(found
+            .items
+            .into_iter()
+            .find(|c| c.metadata.name.as_deref() == Some(name)))
     }
 
     /// These module ConfigMaps changed (or were listed again): the controllers whose module
