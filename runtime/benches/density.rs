@@ -37,7 +37,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
@@ -104,6 +104,8 @@ struct Row {
     create: Duration,
     cold: Run,
     warm: Vec<Run>,
+    /// [`floor_once`] after each warm run: the API calls alone.
+    floor: Vec<Duration>,
 }
 
 /// One start of the runtime until all are Ready.
@@ -144,6 +146,7 @@ async fn measure(
         eprintln!("N={n}: created {created} namespaces with their objects in {create:.1?}");
         let mut cold = None;
         let mut warm = Vec::new();
+        let mut floor = Vec::new();
         for round in 0..=rounds {
             clear_statuses(&client).await?;
             let log = state_dir.join(format!("kubewasm-density-{n}-{round}.log"));
@@ -159,6 +162,10 @@ async fn measure(
                 cold = Some(run);
             } else {
                 warm.push(run);
+                clear_statuses(&client).await?;
+                let took = floor_once(&client, n).await?;
+                eprintln!("N={n} floor: the same API calls by a raw client in {took:.2?}");
+                floor.push(took);
             }
         }
         rows.push(Row {
@@ -167,6 +174,7 @@ async fn measure(
             create,
             cold: cold.context("no cold run")?,
             warm,
+            floor,
         });
     }
     Ok(rows)
@@ -347,6 +355,84 @@ async fn run_once(
     })
 }
 
+/// The API server's part of making `n` controllers Ready, with nothing of kubewasm: a raw
+/// kube-rs client makes the calls a starting runtime cannot do without — list the
+/// WasmControllers and the ConfigMaps' metadata, read each module ConfigMap by name (as the
+/// runtime does, from the watch cache), write each status with `Ready=True` — as many in
+/// flight as the runtime ([`RUNTIME_IN_FLIGHT`]). No access review, no compile, no watch of
+/// the parent kind: a floor, not a runtime.
+async fn floor_once(client: &Client, n: usize) -> Result<Duration> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{ListParams, VersionMatch};
+    use kube::core::PartialObjectMeta;
+
+    let started = Instant::now();
+    let from_cache = ListParams::default().match_any();
+    let controllers = Api::<WasmController>::all(client.clone())
+        .list(&from_cache)
+        .await?;
+    let metadata = Api::<PartialObjectMeta<ConfigMap>>::all(client.clone())
+        .list_metadata(&from_cache)
+        .await?;
+    let versions: std::collections::HashMap<(String, String), String> = metadata
+        .items
+        .into_iter()
+        .filter_map(|m| Some(((m.namespace()?, m.name_any()), m.metadata.resource_version?)))
+        .collect();
+    let done = futures::stream::iter(controllers.items)
+        .map(|wc| {
+            let ns = wc.namespace().unwrap_or_default();
+            let cm = wc.spec.module.config_map.clone();
+            let version = cm
+                .as_ref()
+                .and_then(|c| versions.get(&(ns.clone(), c.name.clone())).cloned());
+            async move {
+                let cm = cm.context("a WasmController without a module ConfigMap")?;
+                let mut by_name = ListParams::default().fields(&format!("metadata.name={}", cm.name));
+                if let Some(v) = &version {
+                    by_name = by_name.at(v).matching(VersionMatch::NotOlderThan);
+                }
+                let found = Api::<ConfigMap>::namespaced(client.clone(), &ns)
+                    .list(&by_name)
+                    .await?;
+                let bytes = found
+                    .items
+                    .first()
+                    .and_then(|c| c.binary_data.as_ref()?.get(&cm.key))
+                    .map_or(0, |b| b.0.len());
+                ensure!(bytes > 0, "no module in ConfigMap {ns}/{}", cm.name);
+                let now = k8s_openapi::jiff::Timestamp::now().to_string();
+                let condition = |type_: &str, status: &str, reason: &str, message: String| {
+                    json!({"type": type_, "status": status, "reason": reason, "message": message,
+                        "observedGeneration": wc.metadata.generation, "lastTransitionTime": now})
+                };
+                let status = json!({"status": {
+                    "conditions": [
+                        condition("ModuleReady", "True", "ModuleLoaded", format!("module of {bytes} bytes is loaded")),
+                        condition("Ready", "True", "Running", "reconciling HelloWorld objects".into()),
+                        condition("Degraded", "False", "ReconcilesSucceeding", "the last reconciles succeeded".into()),
+                    ],
+                    "observedGeneration": wc.metadata.generation,
+                    "reconciles": 0,
+                    "failures": 0,
+                }});
+                Api::<WasmController>::namespaced(client.clone(), &ns)
+                    .patch_status(&wc.name_any(), &PatchParams::default(), &Patch::Merge(&status))
+                    .await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(RUNTIME_IN_FLIGHT)
+        .try_collect::<Vec<()>>()
+        .await?;
+    ensure!(done.len() == n, "{} WasmControllers, want {n}", done.len());
+    Ok(started.elapsed())
+}
+
+/// Requests the runtime has in flight when it starts controllers (`PARALLEL_STARTS` and
+/// `PARALLEL_STATUS_WRITES` in `runtime/src/manager`).
+const RUNTIME_IN_FLIGHT: usize = 32;
+
 /// With `KUBEWASM_DENSITY_PERF` set: `perf record -g` of the runtime until all are Ready,
 /// written next to its log (`.perf.data`).
 fn profile(pid: u32, log: &Path) -> Result<Option<Child>> {
@@ -423,17 +509,19 @@ fn print_tables(rows: &[Row]) {
         "\n`kubewasm run` from start until all N are Ready (objects created beforehand); memory when they are:"
     );
     println!(
-        "| N | cold: Ready | cold: VmRSS / VmHWM | warm: Ready min / median / max | warm: VmRSS median | warm: VmHWM max |"
+        "| N | cold: Ready | cold: VmRSS / VmHWM | warm: Ready min / median / max | warm: VmRSS median | warm: VmHWM max | floor: the API calls alone, min / median / max |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows {
         let mut ready: Vec<f64> = r.warm.iter().map(|w| w.ready.as_secs_f64()).collect();
         ready.sort_by(f64::total_cmp);
         let mut rss: Vec<u64> = r.warm.iter().map(|w| w.rss_kib).collect();
         rss.sort_unstable();
         let hwm = r.warm.iter().map(|w| w.hwm_kib).max().unwrap_or(0);
+        let mut floor: Vec<f64> = r.floor.iter().map(Duration::as_secs_f64).collect();
+        floor.sort_by(f64::total_cmp);
         println!(
-            "| {} | {:.2} s | {} / {} | {:.2} / {:.2} / {:.2} s | {} | {} |",
+            "| {} | {:.2} s | {} / {} | {:.2} / {:.2} / {:.2} s | {} | {} | {:.2} / {:.2} / {:.2} s |",
             r.n,
             r.cold.ready.as_secs_f64(),
             mib(r.cold.rss_kib),
@@ -443,6 +531,9 @@ fn print_tables(rows: &[Row]) {
             ready[ready.len() - 1],
             mib(median(&rss.iter().map(|&k| k as f64).collect::<Vec<_>>()) as u64),
             mib(hwm),
+            floor[0],
+            median(&floor),
+            floor[floor.len() - 1],
         );
     }
 }

@@ -12,7 +12,10 @@
 //!   `compute` mode on an Engine with it and on one without, interleaved.
 //!
 //! `make bench`, or `cargo bench -p kubewasm --bench reconcile [-- ITERATIONS]`;
-//! `KUBEWASM_BENCH_ITERS` also sets the iterations (default 20000). `make test` runs it with
+//! `KUBEWASM_BENCH_ITERS` also sets the iterations (default 20000). To measure one change to
+//! a guest or the SDK at a time, `KUBEWASM_BENCH_CANDIDATE=path/to/hello_world.wasm` adds
+//! that build as a fifth way of P1, interleaved with the others (this machine is too noisy to
+//! compare separate runs). `make test` runs it with
 //! 20 iterations, a debug build, to keep it working: those numbers mean nothing.
 
 #[path = "../tests/common/mod.rs"]
@@ -100,7 +103,7 @@ fn main() {
         println!("GuestPre::call, {label} object: where the time goes, median of {calls} calls:");
         breakdown(&guest, &sized_request(bytes), &reads, &limits, calls);
     }
-    p1(guest, iters);
+    p1(&sandbox, guest, iters);
     p5(&sandbox, &modules[2].1, iters);
 }
 
@@ -203,6 +206,8 @@ fn time_calls(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Way {
     Sandbox,
+    /// Another build of `hello_world.wasm` (`KUBEWASM_BENCH_CANDIDATE`).
+    Candidate,
     Native,
     RustHook,
     PythonHook,
@@ -212,6 +217,7 @@ impl Way {
     fn label(self) -> &'static str {
         match self {
             Way::Sandbox => "sandbox (GuestPre::call)",
+            Way::Candidate => "sandbox, candidate build",
             Way::Native => "native floor",
             Way::RustHook => "Rust webhook (axum, HTTP)",
             Way::PythonHook => "Python webhook (http.server)",
@@ -222,6 +228,7 @@ impl Way {
 /// Everything P1 needs to reconcile each way.
 struct Ways {
     guest: Arc<GuestPre>,
+    candidate: Option<Arc<GuestPre>>,
     reads: SharedReads,
     limits: Limits,
     /// The current-thread runtime the HTTP client runs on (this thread).
@@ -231,7 +238,7 @@ struct Ways {
 }
 
 impl Ways {
-    fn start(guest: Arc<GuestPre>) -> Ways {
+    fn start(guest: Arc<GuestPre>, candidate: Option<Arc<GuestPre>>) -> Ways {
         let client = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -243,6 +250,7 @@ impl Ways {
         }
         Ways {
             guest,
+            candidate,
             reads: Arc::new(NoReads),
             limits: Limits::default(),
             client,
@@ -252,7 +260,11 @@ impl Ways {
     }
 
     fn all(&self) -> Vec<Way> {
-        let mut ways = vec![Way::Sandbox, Way::Native, Way::RustHook];
+        let mut ways = vec![Way::Sandbox];
+        if self.candidate.is_some() {
+            ways.push(Way::Candidate);
+        }
+        ways.extend([Way::Native, Way::RustHook]);
         if self.python.is_some() {
             ways.push(Way::PythonHook);
         }
@@ -264,15 +276,23 @@ impl Ways {
         let hook = match way {
             Way::RustHook => &mut self.rust,
             Way::PythonHook => self.python.as_mut().expect("the Python hook runs"),
-            Way::Sandbox | Way::Native => unreachable!("{way:?} is no hook"),
+            Way::Sandbox | Way::Candidate | Way::Native => unreachable!("{way:?} is no hook"),
         };
         (hook, &self.client)
     }
 
+    /// The guest `way` calls (the shipped build or the candidate).
+    fn guest(&self, way: Way) -> &GuestPre {
+        match way {
+            Way::Candidate => self.candidate.as_deref().expect("a candidate was given"),
+            _ => &self.guest,
+        }
+    }
+
     fn answer(&mut self, way: Way, request: &Request) -> Answer {
         match way {
-            Way::Sandbox => Answer::Response(
-                self.guest
+            Way::Sandbox | Way::Candidate => Answer::Response(
+                self.guest(way)
                     .call(request, self.reads.clone(), &self.limits)
                     .expect("the sandbox reconciles")
                     .response,
@@ -288,7 +308,14 @@ impl Ways {
 
     fn time(&mut self, way: Way, request: &Request, calls: usize) -> Vec<Duration> {
         match way {
-            Way::Sandbox => time_calls(&self.guest, request, &self.reads, &self.limits, 0, calls),
+            Way::Sandbox | Way::Candidate => time_calls(
+                self.guest(way),
+                request,
+                &self.reads,
+                &self.limits,
+                0,
+                calls,
+            ),
             Way::Native => (0..calls)
                 .map(|_| {
                     let started = Instant::now();
@@ -375,8 +402,18 @@ fn check_same_answer(ways: &mut Ways, request: &Request) {
 }
 
 /// P1: the sandbox against the native floor and two webhooks, interleaved.
-fn p1(guest: Arc<GuestPre>, iters: usize) {
-    let mut ways = Ways::start(guest);
+fn p1(sandbox: &Sandbox, guest: Arc<GuestPre>, iters: usize) {
+    let candidate = std::env::var_os("KUBEWASM_BENCH_CANDIDATE").map(|path| {
+        let bytes = std::fs::read(&path)
+            .unwrap_or_else(|e| panic!("reading KUBEWASM_BENCH_CANDIDATE {path:?}: {e}"));
+        println!(
+            "candidate: {} ({} bytes)",
+            std::path::Path::new(&path).display(),
+            bytes.len()
+        );
+        sandbox.load(&bytes).expect("the candidate loads")
+    });
+    let mut ways = Ways::start(guest, candidate);
     let all = ways.all();
     println!(
         "P1: one HelloWorld reconcile, {} ways interleaved (rounds: a batch of each way in turn, the first way rotating)",

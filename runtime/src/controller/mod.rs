@@ -13,4 +13,4 @@ pub use discovery::{Kind, Resolver};
 pub use leader::{Fence, LeaderElector};
 pub use queue::{Backoff, WorkQueue};
 pub use watchable::{DEFAULT_WATCHABLE_KINDS, InvalidRule, WatchableKinds};
-pub use watches::{Change, ObjectKey, SharedWatches, Watch};
+pub use watches::{Change, ObjectKey, SharedWatches, Watch, watch_config};

@@ -267,10 +267,7 @@ fn start(client: Client, kind: Kind, namespace: Option<&str>) -> Arc<Watch> {
     let task = tokio::spawn(async move {
         let (store, changes) = (task_store, task_changes);
         tracing::info!(kind = what.as_str(), "starting shared watch");
-        let stream = reflector::reflector(
-            writer,
-            watcher(api, watcher::Config::default()).default_backoff(),
-        );
+        let stream = reflector::reflector(writer, watcher(api, watch_config()).default_backoff());
         let mut stream = std::pin::pin!(stream);
         let mut before_relist: HashSet<ObjectKey> = HashSet::new();
         while let Some(event) = stream.next().await {
@@ -336,6 +333,15 @@ fn start(client: Client, kind: Kind, namespace: Option<&str>) -> Arc<Watch> {
         task: task.abort_handle(),
         listed: tokio::sync::OnceCell::new(),
     })
+}
+
+/// How every watch of the runtime lists: from the API server's watch cache
+/// (`resourceVersion=0`, what client-go's informers do), not as a paginated consistent read
+/// of etcd. A runtime starting next to a thousand controllers lists thousands of objects at
+/// once; the cache answers them without etcd. The list may be a moment behind etcd; the watch
+/// that follows brings every change after it, as for any informer.
+pub fn watch_config() -> watcher::Config {
+    watcher::Config::default().any_semantic()
 }
 
 #[cfg(test)]

@@ -8,13 +8,23 @@
 //! controller missing any of them does not run, and its status names the missing rules and
 //! the `kubectl` commands that add them. Answers are cached for a TTL, so reconciles cost no
 //! API call and a refused controller is asked about again at most once per TTL.
+//!
+//! In a namespace, the runtime first asks for the ServiceAccount's rules there, once
+//! (a SelfSubjectRulesReview made as the ServiceAccount, by impersonation) instead of one
+//! SubjectAccessReview per kind and verb: a thousand controllers starting asked six thousand
+//! reviews. The rules only ever *allow*, and only when the API server says they are complete:
+//! an authorizer that cannot list its rules (a webhook, the only kind that can deny) makes
+//! them incomplete, and then every question goes to a SubjectAccessReview as before. So does
+//! every question the rules do not allow: a refusal always comes from a SubjectAccessReview,
+//! and its message is the same as before.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    ResourceAttributes, ResourceRule, SelfSubjectRulesReview, SelfSubjectRulesReviewSpec,
+    SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use kube::api::PostParams;
 use kube::{Api, Client};
@@ -139,7 +149,43 @@ pub struct AccessReviews {
 /// every answer at each one made starting them quadratic.
 struct Answers {
     given: HashMap<Question, (bool, Instant)>,
+    /// (user, namespace) -> the rules there, `None` when they could not be had complete.
+    rules: HashMap<(String, String), (Option<Arc<Vec<ResourceRule>>>, Instant)>,
     pruned: Instant,
+}
+
+impl Answers {
+    fn prune(&mut self, ttl: Duration) {
+        let now = Instant::now();
+        if now.duration_since(self.pruned) >= ttl {
+            self.given
+                .retain(|_, (_, at)| now.duration_since(*at) < ttl);
+            self.rules
+                .retain(|_, (_, at)| now.duration_since(*at) < ttl);
+            self.pruned = now;
+        }
+    }
+}
+
+/// Whether one of `rules` (as RBAC and a SelfSubjectRulesReview state them) allows `verb` on
+/// every object of `resource` in `group` — a rule that names objects (`resourceNames`) does
+/// not.
+pub(crate) fn rules_allow(rules: &[ResourceRule], verb: &str, group: &str, resource: &str) -> bool {
+    let has = |list: &Option<Vec<String>>, wanted: &str| {
+        list.as_deref()
+            .unwrap_or_default()
+            .iter()
+            .any(|item| item == "*" || item == wanted)
+    };
+    rules.iter().any(|rule| {
+        rule.resource_names
+            .as_deref()
+            .unwrap_or_default()
+            .is_empty()
+            && rule.verbs.iter().any(|v| v == "*" || v == verb)
+            && has(&rule.api_groups, group)
+            && has(&rule.resources, resource)
+    })
 }
 
 /// `plural.group` as `kubectl create role --resource` takes it.
@@ -160,6 +206,7 @@ impl AccessReviews {
             ttl,
             answers: Mutex::new(Answers {
                 given: HashMap::new(),
+                rules: HashMap::new(),
                 pruned: Instant::now(),
             }),
         }
@@ -174,9 +221,21 @@ impl AccessReviews {
         namespace: Option<&str>,
         kinds: &[&Kind],
     ) -> Result<Result<(), MissingReads>, ReviewFailed> {
+        let rules = match namespace {
+            Some(ns) => self.rules(account, ns).await,
+            None => None,
+        };
         let mut missing: BTreeMap<String, Vec<&'static str>> = BTreeMap::new();
         for kind in kinds {
             for verb in READ_VERBS {
+                let group = &kind.resource.group;
+                if kind.namespaced
+                    && rules
+                        .as_deref()
+                        .is_some_and(|r| rules_allow(r, verb, group, &kind.resource.plural))
+                {
+                    continue;
+                }
                 let question = Question {
                     user: account.user(),
                     verb,
@@ -245,22 +304,116 @@ impl AccessReviews {
             })?;
         let allowed = answer.status.is_some_and(|s| s.allowed);
         let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
-        if now.duration_since(answers.pruned) >= self.ttl {
-            let ttl = self.ttl;
-            answers
-                .given
-                .retain(|_, (_, at)| now.duration_since(*at) < ttl);
-            answers.pruned = now;
-        }
-        answers.given.insert(question.clone(), (allowed, now));
+        answers.prune(self.ttl);
+        answers
+            .given
+            .insert(question.clone(), (allowed, Instant::now()));
         Ok(allowed)
+    }
+
+    /// `account`'s rules in `namespace` when the API server can state them completely
+    /// (cached for the TTL); `None` otherwise — then every question is a
+    /// SubjectAccessReview. Never an error: a failed rules review only costs the fast path.
+    async fn rules(
+        &self,
+        account: &ServiceAccount,
+        namespace: &str,
+    ) -> Option<Arc<Vec<ResourceRule>>> {
+        let key = (account.user(), namespace.to_owned());
+        {
+            let answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((rules, at)) = answers.rules.get(&key)
+                && at.elapsed() < self.ttl
+            {
+                return rules.clone();
+            }
+        }
+        let rules = match self.ask_rules(&key.0, namespace).await {
+            Ok(review) => match review.status {
+                Some(status) if !status.incomplete => Some(Arc::new(status.resource_rules)),
+                Some(status) => {
+                    tracing::debug!(
+                        user = key.0,
+                        namespace,
+                        "the API server's rules are incomplete ({}): asking SubjectAccessReviews",
+                        status.evaluation_error.unwrap_or_default()
+                    );
+                    None
+                }
+                None => None,
+            },
+            Err(e) => {
+                tracing::debug!(
+                    user = key.0,
+                    namespace,
+                    "no SelfSubjectRulesReview ({e}): asking SubjectAccessReviews"
+                );
+                None
+            }
+        };
+        let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+        answers.prune(self.ttl);
+        answers.rules.insert(key, (rules.clone(), Instant::now()));
+        rules
+    }
+
+    /// A SelfSubjectRulesReview made as `user` (the runtime may impersonate ServiceAccounts:
+    /// it writes as them), on the runtime's own connection.
+    async fn ask_rules(
+        &self,
+        user: &str,
+        namespace: &str,
+    ) -> Result<SelfSubjectRulesReview, kube::Error> {
+        let review = SelfSubjectRulesReview {
+            spec: SelfSubjectRulesReviewSpec {
+                namespace: Some(namespace.to_owned()),
+            },
+            ..SelfSubjectRulesReview::default()
+        };
+        let body = serde_json::to_vec(&review).map_err(kube::Error::SerdeError)?;
+        let request = http::Request::post("/apis/authorization.k8s.io/v1/selfsubjectrulesreviews")
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header("Impersonate-User", user)
+            .body(body)
+            .map_err(kube::Error::HttpError)?;
+        self.client.request(request).await
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn rule(verbs: &[&str], groups: &[&str], resources: &[&str], names: &[&str]) -> ResourceRule {
+        let list = |items: &[&str]| Some(items.iter().map(|s| s.to_string()).collect());
+        ResourceRule {
+            verbs: verbs.iter().map(|s| s.to_string()).collect(),
+            api_groups: list(groups),
+            resources: list(resources),
+            resource_names: if names.is_empty() { None } else { list(names) },
+        }
+    }
+
+    #[test]
+    fn rules_allow_as_rbac_does() {
+        let rules = [
+            rule(&["get", "list", "watch"], &[""], &["configmaps"], &[]),
+            rule(&["*"], &["example.com"], &["helloworlds"], &[]),
+            rule(&["get"], &["*"], &["*"], &["one-secret"]),
+            rule(&["list"], &["apps"], &["*"], &[]),
+        ];
+        assert!(rules_allow(&rules, "watch", "", "configmaps"));
+        assert!(!rules_allow(&rules, "delete", "", "configmaps"));
+        // The group must match: configmaps are in the core group only.
+        assert!(!rules_allow(&rules, "get", "example.com", "configmaps"));
+        assert!(rules_allow(&rules, "watch", "example.com", "helloworlds"));
+        assert!(!rules_allow(&rules, "watch", "example.com", "guitars"));
+        // A rule naming objects allows no read of every object.
+        assert!(!rules_allow(&rules, "get", "", "secrets"));
+        assert!(rules_allow(&rules, "list", "apps", "deployments"));
+        assert!(!rules_allow(&rules, "watch", "apps", "deployments"));
+        assert!(!rules_allow(&[], "get", "", "pods"));
+    }
 
     #[test]
     fn missing_reads_say_what_and_how_to_grant_it() {

@@ -373,7 +373,7 @@ impl Manager {
         let changed = Arc::new(ChangedConfigMaps::default());
         let collected = changed.clone();
         tokio::spawn(async move {
-            let events = watcher(api, watcher::Config::default())
+            let events = watcher(api, crate::controller::watch_config())
                 .default_backoff()
                 .reflect(writer)
                 .touched_objects();
@@ -673,7 +673,8 @@ where
     F: Fn(K) -> Seen,
 {
     let cluster = K::kind(&()) == "ClusterWasmController";
-    let mut stream = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
+    let mut stream =
+        std::pin::pin!(watcher(api, crate::controller::watch_config()).default_backoff());
     let mut seen = HashSet::new();
     while let Some(event) = stream.next().await {
         let msg = match event {

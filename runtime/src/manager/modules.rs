@@ -13,7 +13,7 @@ use std::collections::HashSet;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
-use kube::api::{ListParams, ObjectMeta};
+use kube::api::{ListParams, ObjectMeta, VersionMatch};
 use kube::runtime::reflector::ObjectRef;
 
 use crate::api::{Reason, WasmControllerSpec};
@@ -173,7 +173,11 @@ impl Manager {
                     return Ok(Fetched::Unchanged);
                 }
                 let config_map = self
-                    .list_config_map(&namespace, &cm.name)
+                    .list_config_map(
+                        &namespace,
+                        &cm.name,
+                        known.metadata.resource_version.as_deref(),
+                    )
                     .await?
                     .ok_or_else(missing)?;
                 let raw = module::bytes_from_configmap(&config_map, &cm.key)
@@ -227,14 +231,21 @@ impl Manager {
     }
 
     /// ConfigMap `namespace/name`, listed by name (the runtime's identity may list
-    /// ConfigMaps, not get them).
+    /// ConfigMaps, not get them). With `seen` (the resourceVersion the metadata watch saw),
+    /// any version at least as new will do, which the API server answers from its watch
+    /// cache instead of reading etcd: a thousand controllers starting read a thousand
+    /// modules at once.
     async fn list_config_map(
         &self,
         namespace: &str,
         name: &str,
+        seen: Option<&str>,
     ) -> Result<Option<ConfigMap>, Problem> {
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
-        let by_name = ListParams::default().fields(&format!("metadata.name={name}"));
+        let mut by_name = ListParams::default().fields(&format!("metadata.name={name}"));
+        if let Some(version) = seen {
+            by_name = by_name.at(version).matching(VersionMatch::NotOlderThan);
+        }
         let found = api.list(&by_name).await.map_err(|e| {
             Problem::new(
                 Reason::ClientError,

@@ -12,7 +12,7 @@ use super::error::{CallError, HostCallLimitHit};
 use super::limits::{Limits, MemoryLimiter};
 use super::output::{BoundedOutput, Captured, LogBudget};
 use super::text::{MAX_GUEST_LOG_LINE_BYTES, MAX_GUEST_MESSAGE_BYTES, bounded};
-use super::types::{Request, Response, SharedReads, decode_response, request_to_wit};
+use super::types::{ObjectRef, Request, Response, SharedReads, decode_response, request_to_wit};
 
 /// What a successful call produced, besides the response.
 #[derive(Debug)]
@@ -67,7 +67,8 @@ pub(crate) struct CallState {
     limits: Limits,
     logs: LogBudget,
     controller: String,
-    object: String,
+    /// The call's object, formatted for log lines only when the guest logs.
+    target: ObjectRef,
     answer: Option<Answer>,
 }
 
@@ -141,7 +142,8 @@ fn log(
         let message = message.to_str(&store)?;
         if let Some(line) = logs.admit(&message) {
             let state = store.data();
-            let (controller, object) = (state.controller.as_str(), state.object.as_str());
+            let (controller, object) = (state.controller.as_str(), state.target.to_string());
+            let object = object.as_str();
             match level {
                 wit::LogLevel::Trace => tracing::trace!(controller, object, "{line}"),
                 wit::LogLevel::Debug => tracing::debug!(controller, object, "{line}"),
@@ -299,7 +301,7 @@ pub(crate) async fn run(
         limits: *limits,
         logs: LogBudget::new(limits.log_bytes),
         controller: request.controller.clone(),
-        object: request.target.to_string(),
+        target: request.target.clone(),
         answer: None,
     };
     let mut store = Store::new(engine, state);
@@ -431,6 +433,9 @@ fn panic_message(stderr: &str) -> Option<String> {
 }
 
 fn log_output(request: &Request, stream: &str, captured: &Captured) {
+    if captured.kept.is_empty() && captured.dropped == 0 {
+        return;
+    }
     let controller = request.controller.as_str();
     let object = request.target.to_string();
     let text = captured.text();
