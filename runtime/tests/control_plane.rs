@@ -239,6 +239,125 @@ async fn a_service_account_may_list_pods_only_once_rbac_allows_it() -> Result<()
     control_plane.delete_namespace(&namespace).await
 }
 
+/// The runtime's access check answers from a ServiceAccount's rules (one SelfSubjectRulesReview
+/// made as it) only where RBAC allows; everything else goes to SubjectAccessReviews, so a
+/// rule that names objects, a verb not granted and a revoked binding are all refused as
+/// before, with the runtime's own identity (deploy/runtime/rbac.yaml).
+#[tokio::test]
+async fn access_reviews_allow_from_rules_only_what_rbac_allows() -> Result<()> {
+    use kubewasm::controller::Resolver;
+    use kubewasm::host::{AccessReviews, Asked, ServiceAccount as Account};
+
+    let control_plane = ControlPlane::shared();
+    let admin = control_plane.client().await?;
+    let namespace = control_plane.namespace("rules").await?;
+    let account: ServiceAccount =
+        serde_json::from_value(serde_json::json!({ "metadata": { "name": "prober" } }))?;
+    Api::<ServiceAccount>::namespaced(admin.clone(), &namespace)
+        .create(&PostParams::default(), &account)
+        .await?;
+    let role: Role = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "prober" },
+        "rules": [
+            { "apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"] },
+            { "apiGroups": [""], "resources": ["secrets"], "verbs": ["*"], "resourceNames": ["one"] },
+            { "apiGroups": [""], "resources": ["pods"], "verbs": ["list"] },
+        ],
+    }))?;
+    let binding: RoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "prober" },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "prober" },
+        "subjects": [{ "kind": "ServiceAccount", "name": "prober", "namespace": namespace }],
+    }))?;
+    Api::<Role>::namespaced(admin.clone(), &namespace)
+        .create(&PostParams::default(), &role)
+        .await?;
+    Api::<RoleBinding>::namespaced(admin.clone(), &namespace)
+        .create(&PostParams::default(), &binding)
+        .await?;
+
+    let runtime = control_plane.runtime_client().await?;
+    let resolver = Resolver::new(runtime.clone());
+    let (config_maps, secrets, pods) = (
+        resolver.resolve("v1", "ConfigMap").await?,
+        resolver.resolve("v1", "Secret").await?,
+        resolver.resolve("v1", "Pod").await?,
+    );
+    let prober = Account {
+        namespace: namespace.clone(),
+        name: "prober".into(),
+    };
+    let ttl = Duration::from_millis(500);
+    // RBAC reaches the API server's authorizer through an informer: wait for the binding.
+    eventually("prober's Role in force", WAIT, || async {
+        let reviews = AccessReviews::new(runtime.clone(), ttl);
+        let checked = reviews
+            .check_reads("probe", &prober, Some(&namespace), &[&config_maps])
+            .await?;
+        Ok(checked.is_ok().then_some(()))
+    })
+    .await?;
+
+    let reviews = AccessReviews::new(runtime.clone(), ttl);
+    let checked = reviews
+        .check_reads("probe", &prober, Some(&namespace), &[&config_maps])
+        .await?;
+    ensure!(checked.is_ok(), "ConfigMaps refused: {checked:?}");
+    ensure!(
+        reviews.asked()
+            == Asked {
+                rules: 1,
+                access: 0
+            },
+        "allowed by its rules with one review: {:?}",
+        reviews.asked()
+    );
+
+    // A rule that names one Secret grants no read of every Secret; `list` alone is not
+    // `get` and `watch`. The refusals name exactly what is missing.
+    let missing = reviews
+        .check_reads("probe", &prober, Some(&namespace), &[&secrets, &pods])
+        .await?
+        .err()
+        .context("Secrets and Pods were allowed")?;
+    let want = std::collections::BTreeMap::from([
+        ("pods".to_owned(), vec!["get", "watch"]),
+        ("secrets".to_owned(), vec!["get", "list", "watch"]),
+    ]);
+    ensure!(
+        missing.missing() == &want,
+        "missing {:?}, want {want:?}",
+        missing.missing()
+    );
+    ensure!(
+        reviews.asked()
+            == Asked {
+                rules: 1,
+                access: 5
+            },
+        "the five refusals each asked of a SubjectAccessReview: {:?}",
+        reviews.asked()
+    );
+
+    // Revoked: once the TTL is over, the rules no longer allow, and the review refuses.
+    Api::<RoleBinding>::namespaced(admin, &namespace)
+        .delete("prober", &DeleteParams::default())
+        .await?;
+    eventually(
+        "ConfigMaps refused once the binding is gone",
+        WAIT,
+        || async {
+            tokio::time::sleep(ttl).await;
+            let checked = reviews
+                .check_reads("probe", &prober, Some(&namespace), &[&config_maps])
+                .await?;
+            Ok(checked.is_err().then_some(()))
+        },
+    )
+    .await?;
+    control_plane.delete_namespace(&namespace).await
+}
+
 fn expect_forbidden<T: std::fmt::Debug>(result: kube::Result<T>, what: &str) -> Result<()> {
     match result {
         Err(kube::Error::Api(status)) if status.code == 403 => Ok(()),

@@ -142,6 +142,16 @@ pub struct AccessReviews {
     client: Client,
     ttl: Duration,
     answers: Mutex<Answers>,
+    asked: Mutex<Asked>,
+}
+
+/// How many reviews were sent to the API server so far, of each kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Asked {
+    /// SelfSubjectRulesReviews (one per ServiceAccount and namespace per TTL).
+    pub rules: u64,
+    /// SubjectAccessReviews (one per question the rules did not allow).
+    pub access: u64,
 }
 
 /// Answers and when they were given. Expired ones are dropped at most once per TTL, not at
@@ -209,7 +219,17 @@ impl AccessReviews {
                 rules: HashMap::new(),
                 pruned: Instant::now(),
             }),
+            asked: Mutex::default(),
         }
+    }
+
+    /// The reviews sent so far.
+    pub fn asked(&self) -> Asked {
+        *self.asked.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn count(&self, add: impl FnOnce(&mut Asked)) {
+        add(&mut self.asked.lock().unwrap_or_else(|e| e.into_inner()));
     }
 
     /// Checks that `account` may get, list and watch every kind in `kinds` in `namespace`
@@ -295,6 +315,7 @@ impl AccessReviews {
             ..SubjectAccessReview::default()
         };
         let api: Api<SubjectAccessReview> = Api::all(self.client.clone());
+        self.count(|a| a.access += 1);
         let answer = api
             .create(&PostParams::default(), &review)
             .await
@@ -371,6 +392,7 @@ impl AccessReviews {
             ..SelfSubjectRulesReview::default()
         };
         let body = serde_json::to_vec(&review).map_err(kube::Error::SerdeError)?;
+        self.count(|a| a.rules += 1);
         let request = http::Request::post("/apis/authorization.k8s.io/v1/selfsubjectrulesreviews")
             .header(http::header::CONTENT_TYPE, "application/json")
             .header("Impersonate-User", user)

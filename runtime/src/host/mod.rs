@@ -12,7 +12,7 @@ mod reads;
 mod runner;
 mod state;
 
-pub use access::{AccessReviews, MissingReads, READ_VERBS, ReviewFailed, ServiceAccount};
+pub use access::{AccessReviews, Asked, MissingReads, READ_VERBS, ReviewFailed, ServiceAccount};
 pub use actions::{ActionError, ChildKind, Executor};
 pub use cache::{CacheSource, to_json};
 pub use finalizer::Finalizer;
