@@ -247,10 +247,13 @@ impl Manager {
         shutdown: impl std::future::Future<Output = ()>,
     ) -> anyhow::Result<()> {
         let server = self.base_config.cluster_url.clone();
+        let connecting = std::time::Instant::now();
+        tracing::info!(%server, "connecting to the API server");
         // Discovery first, for a clear error when the API server cannot be reached.
         self.resolver.resolve("v1", "ConfigMap").await.with_context(|| {
             format!("cannot reach the Kubernetes API server at {server}; check KUBECONFIG and that the cluster is up")
         })?;
+        let discovered = connecting.elapsed();
         let (module_config_maps, cm_changes) = self.watch_config_map_metadata();
         module_config_maps
             .wait_until_ready()
@@ -298,7 +301,14 @@ impl Manager {
         let mut status_soon = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
         let mut soon: Option<usize> = None;
         let mut shutdown = std::pin::pin!(shutdown);
-        tracing::info!("kubewasm runtime started");
+        tracing::info!(
+            module_config_maps = self
+                .module_config_maps
+                .as_ref()
+                .map_or(0, |s| s.state().len()),
+            "kubewasm runtime started in {:.2?} (discovery {discovered:.2?}, then the ConfigMaps' metadata listed)",
+            connecting.elapsed()
+        );
         let fence = self.fence.clone();
         loop {
             tokio::select! {

@@ -199,6 +199,7 @@ impl Manager {
             })
             .collect();
         let client = &self.client;
+        let (count, writing) = (changed.len(), std::time::Instant::now());
         let written: Vec<_> = futures::stream::iter(changed)
             .map(|(id, status)| async move {
                 let result = write_status(client, &id, &status).await;
@@ -207,6 +208,9 @@ impl Manager {
             .buffer_unordered(PARALLEL_STATUS_WRITES)
             .collect()
             .await;
+        if count > 0 {
+            tracing::debug!(count, "statuses written in {:.2?}", writing.elapsed());
+        }
         for (id, status, result) in written {
             match result {
                 Ok(()) => {
