@@ -160,7 +160,7 @@ pub struct Asked {
 struct Answers {
     given: HashMap<Question, (bool, Instant)>,
     /// (user, namespace) -> the rules there, `None` when they could not be had complete.
-    rules: HashMap<(String, String), (Option<Arc<Vec<ResourceRule>>>, Instant)>,
+    rules: HashMap<(String, String), (Option<Rules>, Instant)>,
     pruned: Instant,
 }
 
@@ -176,6 +176,9 @@ impl Answers {
         }
     }
 }
+
+/// A ServiceAccount's rules in one namespace, as a SelfSubjectRulesReview states them.
+type Rules = Arc<Vec<ResourceRule>>;
 
 /// Whether one of `rules` (as RBAC and a SelfSubjectRulesReview state them) allows `verb` on
 /// every object of `resource` in `group` — a rule that names objects (`resourceNames`) does
@@ -339,7 +342,7 @@ impl AccessReviews {
         &self,
         account: &ServiceAccount,
         namespace: &str,
-    ) -> Option<Arc<Vec<ResourceRule>>> {
+    ) -> Option<Rules> {
         let key = (account.user(), namespace.to_owned());
         {
             let answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
