@@ -338,11 +338,7 @@ impl AccessReviews {
     /// `account`'s rules in `namespace` when the API server can state them completely
     /// (cached for the TTL); `None` otherwise — then every question is a
     /// SubjectAccessReview. Never an error: a failed rules review only costs the fast path.
-    async fn rules(
-        &self,
-        account: &ServiceAccount,
-        namespace: &str,
-    ) -> Option<Rules> {
+    async fn rules(&self, account: &ServiceAccount, namespace: &str) -> Option<Rules> {
         let key = (account.user(), namespace.to_owned());
         {
             let answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
