@@ -96,6 +96,10 @@ impl Default for ManagerConfig {
 /// Most declared controllers taken from the watches at once (and so started side by side).
 const MAX_DECLARED_BATCH: usize = 1024;
 
+/// Controllers started together before their statuses are written (see
+/// [`Manager::start_all`]).
+const START_CHUNK: usize = 4 * PARALLEL_STARTS;
+
 /// Controllers whose setup (discovery, access reviews) runs at once.
 const PARALLEL_STARTS: usize = 32;
 
@@ -545,8 +549,12 @@ impl Manager {
     }
 
     /// Loads the modules and starts these controllers; problems end up in their statuses.
-    /// Modules are read one after the other (each compiled once per digest); the setups,
-    /// which wait on the API server (discovery, access reviews), run [`PARALLEL_STARTS`] at once.
+    /// Modules are read [`PARALLEL_STARTS`] at once and compiled once per digest; the setups,
+    /// which wait on the API server (discovery, access reviews), run [`PARALLEL_STARTS`] at
+    /// once. Many controllers are started in chunks of [`START_CHUNK`], and the settled
+    /// statuses of one chunk are written while the next chunk's modules are read: both wait
+    /// on the API server, and a thousand controllers starting would otherwise show no status
+    /// until the last one started.
     async fn start_all(&mut self, ids: &[ControllerId]) {
         if ids.is_empty() {
             return;
@@ -557,13 +565,42 @@ impl Manager {
             .filter(|id| unique.insert(*id))
             .cloned()
             .collect();
-        self.load_modules(&ids).await;
-        self.retain_modules();
+        let mut writing = None;
+        for chunk in ids.chunks(START_CHUNK) {
+            let fetched = match writing.take() {
+                Some(writes) => {
+                    let (written, fetched) =
+                        futures::future::join(writes, self.read_modules(chunk)).await;
+                    self.record_written(written);
+                    fetched
+                }
+                None => self.read_modules(chunk).await,
+            };
+            self.load_fetched(fetched);
+            self.retain_modules();
+            self.set_up_all(chunk).await;
+            if ids.len() > START_CHUNK {
+                writing = Some(self.status_writes(status::settled));
+            }
+        }
+        if let Some(writes) = writing {
+            let written = writes.await;
+            self.record_written(written);
+        }
+    }
+
+    /// Sets up and runs these controllers (their modules loaded), [`PARALLEL_STARTS`] at once.
+    async fn set_up_all(&mut self, ids: &[ControllerId]) {
         let loaded: Vec<_> = ids
-            .into_iter()
+            .iter()
             .filter_map(|id| {
-                let m = self.controllers.get(&id)?;
-                Some((id, m.spec.clone(), m.state.clone(), m.guest.clone()?))
+                let m = self.controllers.get(id)?;
+                Some((
+                    id.clone(),
+                    m.spec.clone(),
+                    m.state.clone(),
+                    m.guest.clone()?,
+                ))
             })
             .collect();
         let this = &*self;

@@ -38,6 +38,9 @@ impl ModuleVersion {
     }
 }
 
+/// What reading one controller's module found ([`Manager::read_modules`]).
+pub(super) struct ModuleRead(ControllerId, Result<Fetched, Problem>);
+
 /// What reading a controller's module found.
 enum Fetched {
     /// Its ConfigMap is still the version its module came from.
@@ -52,6 +55,13 @@ impl Manager {
     /// module that fails leaves the last good one running. Callers drop unused modules after
     /// ([`Manager::retain_modules`]).
     pub(super) async fn load_modules(&mut self, ids: &[ControllerId]) {
+        let fetched = self.read_modules(ids).await;
+        self.load_fetched(fetched);
+    }
+
+    /// What [`Manager::read_module`] finds for each of these controllers, [`PARALLEL_STARTS`]
+    /// at once. Reads only: nothing changes until [`Manager::load_fetched`].
+    pub(super) async fn read_modules(&self, ids: &[ControllerId]) -> Vec<ModuleRead> {
         let wanted: Vec<_> = ids
             .iter()
             .filter_map(|id| {
@@ -59,16 +69,19 @@ impl Manager {
                 Some((id.clone(), m.spec.clone(), m.module_version.clone()))
             })
             .collect();
-        let this = &*self;
-        let fetched: Vec<_> = futures::stream::iter(wanted)
+        futures::stream::iter(wanted)
             .map(|(id, spec, version)| async move {
-                let fetched = this.read_module(&id, &spec, version.as_ref()).await;
-                (id, fetched)
+                let fetched = self.read_module(&id, &spec, version.as_ref()).await;
+                ModuleRead(id, fetched)
             })
             .buffered(PARALLEL_STARTS)
             .collect()
-            .await;
-        for (id, fetched) in fetched {
+            .await
+    }
+
+    /// Validates and swaps in what [`Manager::read_modules`] found.
+    pub(super) fn load_fetched(&mut self, fetched: Vec<ModuleRead>) {
+        for ModuleRead(id, fetched) in fetched {
             self.load_module(&id, fetched);
         }
     }

@@ -179,6 +179,19 @@ impl Manager {
     /// Writes every controller's status that changed since it was last written,
     /// [`PARALLEL_STATUS_WRITES`] at once.
     pub(super) async fn write_statuses(&mut self) {
+        let writes = self.status_writes(|_| true);
+        let written = writes.await;
+        self.record_written(written);
+    }
+
+    /// The writes of the statuses that changed since they were last written, among those
+    /// `which` takes, as a future that borrows nothing of the manager: it can run while the
+    /// manager reads the next modules ([`Manager::start_all`]). Hand what it returns to
+    /// [`Manager::record_written`].
+    pub(super) fn status_writes(
+        &self,
+        which: impl Fn(&WasmControllerStatus) -> bool,
+    ) -> impl std::future::Future<Output = Vec<StatusWritten>> + Send + 'static {
         // The gauge goes with the statuses: whoever sees a controller Ready sees it counted.
         let running = self
             .controllers
@@ -186,32 +199,43 @@ impl Manager {
             .filter(|m| m.runner.is_some())
             .count();
         self.metrics.set_controllers(running);
-        if !self.fence.is_open() {
-            return; // the new leader writes them now
+        let changed: Vec<(ControllerId, WasmControllerStatus)> = if self.fence.is_open() {
+            self.controllers
+                .iter()
+                .filter_map(|(id, m)| {
+                    let mut status = desired(m);
+                    keep_transition_times(&mut status, m.written.as_ref());
+                    (m.written.as_ref() != Some(&status) && which(&status))
+                        .then(|| (id.clone(), status))
+                })
+                .collect()
+        } else {
+            Vec::new() // the new leader writes them now
+        };
+        let client = self.client.clone();
+        async move {
+            let (count, writing) = (changed.len(), std::time::Instant::now());
+            let written: Vec<StatusWritten> = futures::stream::iter(changed)
+                .map(|(id, status)| {
+                    let client = &client;
+                    async move {
+                        let result = write_status(client, &id, &status).await;
+                        StatusWritten(id, status, result)
+                    }
+                })
+                .buffer_unordered(PARALLEL_STATUS_WRITES)
+                .collect()
+                .await;
+            if count > 0 {
+                tracing::debug!(count, "statuses written in {:.2?}", writing.elapsed());
+            }
+            written
         }
-        let changed: Vec<(ControllerId, WasmControllerStatus)> = self
-            .controllers
-            .iter()
-            .filter_map(|(id, m)| {
-                let mut status = desired(m);
-                keep_transition_times(&mut status, m.written.as_ref());
-                (m.written.as_ref() != Some(&status)).then(|| (id.clone(), status))
-            })
-            .collect();
-        let client = &self.client;
-        let (count, writing) = (changed.len(), std::time::Instant::now());
-        let written: Vec<_> = futures::stream::iter(changed)
-            .map(|(id, status)| async move {
-                let result = write_status(client, &id, &status).await;
-                (id, status, result)
-            })
-            .buffer_unordered(PARALLEL_STATUS_WRITES)
-            .collect()
-            .await;
-        if count > 0 {
-            tracing::debug!(count, "statuses written in {:.2?}", writing.elapsed());
-        }
-        for (id, status, result) in written {
+    }
+
+    /// Remembers what [`Manager::status_writes`] wrote, so that it is not written again.
+    pub(super) fn record_written(&mut self, written: Vec<StatusWritten>) {
+        for StatusWritten(id, status, result) in written {
             match result {
                 Ok(()) => {
                     if let Some(m) = self.controllers.get_mut(&id) {
@@ -222,6 +246,20 @@ impl Manager {
             }
         }
     }
+}
+
+/// One status write: the controller, the status, and whether the API server took it.
+pub(super) struct StatusWritten(ControllerId, WasmControllerStatus, Result<(), kube::Error>);
+
+/// Whether a status is settled: Ready, or why not — not a controller still starting or
+/// waiting for its first list, whose status changes again in a moment.
+pub(super) fn settled(status: &WasmControllerStatus) -> bool {
+    status.conditions.iter().any(|c| {
+        c.type_ == "Ready"
+            && (c.status == "True"
+                || (c.reason != Reason::WaitingForCaches.to_string()
+                    && c.reason != Reason::Starting.to_string()))
+    })
 }
 
 /// Status writes in flight at once.
