@@ -17,6 +17,11 @@
 //! have served them before). Cold and warm runs alternate (cold, warm, warm, ...); between
 //! runs the runtime is stopped (SIGTERM) and every status is cleared.
 //!
+//! After each warm run, the floor ([`floor_once`]): the API calls a runtime cannot do without
+//! (list the WasmControllers and the ConfigMaps' metadata, read each module ConfigMap, write
+//! each `Ready` status), made by a raw kube-rs client on the same API server, so that the
+//! runtime's time reads against what the API server on these cores can do.
+//!
 //! `cargo bench -p kubewasm --bench density [-- N...]`; `KUBEWASM_DENSITY_ROUNDS` sets the
 //! warm rounds per N (default 3), `KUBEWASM_DENSITY_BINARY` another `kubewasm` binary to
 //! measure (e.g. a copy of an older build; default: the one cargo built). Tiny mode for `make test`: `cargo test -p kubewasm --bench
