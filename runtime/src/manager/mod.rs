@@ -16,6 +16,7 @@
 //! access-review period so that a controller granted its RBAC later still starts within one period).
 
 mod caps;
+mod lifecycle;
 mod modules;
 mod setup;
 mod status;
@@ -32,7 +33,7 @@ use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::task::JoinHandle;
 
-use crate::api::{ClusterWasmController, Reason, WasmController, WasmControllerSpec};
+use crate::api::{ClusterWasmController, WasmController, WasmControllerSpec};
 use crate::controller::{Fence, ObjectKey, Resolver, SharedWatches};
 use crate::host::{AccessReviews, GuestState, Runner, StateOwner};
 use crate::metrics::Metrics;
@@ -96,18 +97,11 @@ impl Default for ManagerConfig {
 /// Most declared controllers taken from the watches at once (and so started side by side).
 const MAX_DECLARED_BATCH: usize = 1024;
 
-/// Controllers started together before their statuses are written (see
-/// [`Manager::start_all`]).
-const START_CHUNK: usize = 4 * PARALLEL_STARTS;
-
 /// Controllers whose setup (discovery, access reviews) runs at once.
 const PARALLEL_STARTS: usize = 32;
 
 /// How soon after controllers were started their statuses are written.
 const STATUS_SOON: Duration = Duration::from_millis(200);
-
-/// How long a stopping controller's running reconciles may take to finish.
-const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Names a WasmController (`namespace: Some`) or a ClusterWasmController (`None`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -143,7 +137,7 @@ struct Managed {
     access: Option<ReadAccess>,
     written: Option<crate::api::WasmControllerStatus>,
     /// Failed starts in a row, and when to try again.
-    retry: Retry,
+    retry: lifecycle::Retry,
 }
 
 /// Keys of ConfigMaps that changed since the manager last took them.
@@ -166,13 +160,6 @@ impl ChangedConfigMaps {
     fn take(&self) -> HashSet<ObjectKey> {
         std::mem::take(&mut *self.keys.lock().unwrap_or_else(|e| e.into_inner()))
     }
-}
-
-/// Backoff of a controller that cannot start.
-#[derive(Debug, Default, Clone, Copy)]
-struct Retry {
-    failures: u32,
-    at: Option<tokio::time::Instant>,
 }
 
 /// The live runtime.
@@ -476,7 +463,7 @@ impl Manager {
             setup_problem: None,
             access: None,
             written: None,
-            retry: Retry::default(),
+            retry: lifecycle::Retry::default(),
         };
         self.controllers.insert(id.clone(), managed);
         Some(id)
@@ -514,199 +501,6 @@ impl Manager {
             self.controllers.remove(&id);
         }
     }
-
-    /// The runner of a controller that puts its finalizer on parents, if it runs here: when
-    /// the controller goes away, its finalizers are removed once the runner has stopped (so
-    /// that no reconcile adds one back), and no parent waits for a controller that no longer
-    /// exists.
-    fn finalizing_runner(&self, id: &ControllerId) -> Option<Arc<Runner>> {
-        let m = self.controllers.get(id)?;
-        let (runner, _) = m.runner.as_ref()?;
-        (m.spec.finalize && self.fence.is_open()).then(|| runner.clone())
-    }
-
-    async fn stop(&mut self, id: &ControllerId) {
-        self.stop_all(std::slice::from_ref(id)).await;
-    }
-
-    /// Stops these controllers at once: each stops taking work, then all finish their
-    /// running reconciles side by side, within one [`STOP_TIMEOUT`]; then the watches no
-    /// controller needs any more are stopped.
-    async fn stop_all(&mut self, ids: &[ControllerId]) {
-        let stopping: Vec<_> = ids
-            .iter()
-            .filter_map(|id| self.controllers.get_mut(id).and_then(|m| m.runner.take()))
-            .collect();
-        if stopping.is_empty() {
-            return;
-        }
-        for (runner, _) in &stopping {
-            runner.stop();
-        }
-        let tasks = stopping.into_iter().map(|(_, task)| task);
-        let _ = tokio::time::timeout(STOP_TIMEOUT, futures::future::join_all(tasks)).await;
-        self.watches.release_unused();
-    }
-
-    /// Loads the modules and starts these controllers; problems end up in their statuses.
-    /// Modules are read [`PARALLEL_STARTS`] at once and compiled once per digest; the setups,
-    /// which wait on the API server (discovery, access reviews), run [`PARALLEL_STARTS`] at
-    /// once. Many controllers are started in chunks of [`START_CHUNK`], and the settled
-    /// statuses of one chunk are written while the next chunk's modules are read: both wait
-    /// on the API server, and a thousand controllers starting would otherwise show no status
-    /// until the last one started.
-    async fn start_all(&mut self, ids: &[ControllerId]) {
-        if ids.is_empty() {
-            return;
-        }
-        let mut unique = HashSet::new();
-        let ids: Vec<ControllerId> = ids
-            .iter()
-            .filter(|id| unique.insert(*id))
-            .cloned()
-            .collect();
-        let mut writing = None;
-        for chunk in ids.chunks(START_CHUNK) {
-            let fetched = match writing.take() {
-                Some(writes) => {
-                    let (written, fetched) =
-                        futures::future::join(writes, self.read_modules(chunk)).await;
-                    self.record_written(written);
-                    fetched
-                }
-                None => self.read_modules(chunk).await,
-            };
-            self.load_fetched(fetched);
-            self.retain_modules();
-            self.set_up_all(chunk).await;
-            if ids.len() > START_CHUNK {
-                writing = Some(self.status_writes(status::settled));
-            }
-        }
-        if let Some(writes) = writing {
-            let written = writes.await;
-            self.record_written(written);
-        }
-    }
-
-    /// Sets up and runs these controllers (their modules loaded), [`PARALLEL_STARTS`] at once.
-    async fn set_up_all(&mut self, ids: &[ControllerId]) {
-        let loaded: Vec<_> = ids
-            .iter()
-            .filter_map(|id| {
-                let m = self.controllers.get(id)?;
-                Some((
-                    id.clone(),
-                    m.spec.clone(),
-                    m.state.clone(),
-                    m.guest.clone()?,
-                ))
-            })
-            .collect();
-        let this = &*self;
-        let set_up: Vec<_> = futures::stream::iter(loaded)
-            .map(|(id, spec, state, guest)| async move {
-                let result = this.setup(&id, &spec, state).await;
-                (id, guest, result)
-            })
-            .buffer_unordered(PARALLEL_STARTS)
-            .collect()
-            .await;
-        for (id, guest, result) in set_up {
-            self.started(&id, guest, result);
-        }
-    }
-
-    /// Runs a controller that was set up, or records why it could not be.
-    fn started(
-        &mut self,
-        id: &ControllerId,
-        guest: Arc<GuestPre>,
-        result: Result<(crate::host::ControllerSetup, ReadAccess), Problem>,
-    ) {
-        let Some(m) = self.controllers.get_mut(id) else {
-            return;
-        };
-        match result {
-            Ok((setup, access)) => {
-                let runner = Runner::new(setup, guest);
-                let task = tokio::spawn(runner.clone().run());
-                m.setup_problem = None;
-                m.access = Some(access);
-                m.runner = Some((runner, task));
-                tracing::info!(controller = %id, "controller started");
-            }
-            Err(problem) => {
-                // Said once per new problem: retries of the same one stay quiet.
-                if m.setup_problem.as_ref() != Some(&problem) {
-                    tracing::warn!(controller = %id, reason = %problem.reason, "controller cannot start: {}", problem.message);
-                }
-                m.setup_problem = Some(problem);
-            }
-        }
-    }
-
-    /// A client that acts as the ServiceAccount (impersonation), so RBAC judges every write.
-    /// No groups are named: the API server gives an impersonated ServiceAccount its own, and
-    /// the runtime needs `impersonate` on `serviceaccounts` only, not on `groups`.
-    fn impersonating(&self, namespace: &str, name: &str) -> Result<Client, kube::Error> {
-        let mut config = self.base_config.clone();
-        config.auth_info.impersonate = Some(format!("system:serviceaccount:{namespace}:{name}"));
-        Client::try_from(config)
-    }
-
-    /// Tries again to start the controllers that could not start and whose backoff is over
-    /// (see [`retry_delay`]).
-    async fn retry_failed(&mut self) {
-        let now = tokio::time::Instant::now();
-        let ids: Vec<ControllerId> = self
-            .controllers
-            .iter()
-            .filter(|(_, m)| m.runner.is_none() && m.retry.at.is_none_or(|at| at <= now))
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in &ids {
-            if let Some(problem) = self
-                .controllers
-                .get(id)
-                .and_then(|m| m.setup_problem.as_ref())
-                && problem.reason == Reason::KindNotFound
-            {
-                let spec = &self.controllers[id].spec;
-                self.resolver
-                    .forget(&spec.parent.api_version, &spec.parent.kind)
-                    .await;
-            }
-        }
-        self.start_all(&ids).await;
-        let cap = self
-            .config
-            .retry_interval
-            .max(self.config.access_review_ttl);
-        for id in &ids {
-            if let Some(m) = self.controllers.get_mut(id) {
-                m.retry = match m.runner {
-                    Some(_) => Retry::default(),
-                    None => {
-                        let failures = m.retry.failures.saturating_add(1);
-                        let delay = retry_delay(failures, self.config.retry_interval, cap);
-                        Retry {
-                            failures,
-                            at: Some(tokio::time::Instant::now() + delay),
-                        }
-                    }
-                };
-            }
-        }
-    }
-}
-
-/// How long to wait after the `failures`-th failed start in a row: `interval` doubling per
-/// failure, at most `cap`.
-fn retry_delay(failures: u32, interval: Duration, cap: Duration) -> Duration {
-    interval
-        .saturating_mul(1 << failures.saturating_sub(1).min(16))
-        .min(cap)
 }
 
 async fn watch_declared<K, F>(api: Api<K>, tx: tokio::sync::mpsc::Sender<Declared>, split: F)
@@ -756,20 +550,5 @@ where
         if tx.send(msg).await.is_err() {
             return;
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_controller_that_cannot_start_is_retried_with_backoff_up_to_the_cap() {
-        let (interval, cap) = (Duration::from_secs(5), Duration::from_secs(30));
-        let delays: Vec<u64> = (1..=6)
-            .map(|n| retry_delay(n, interval, cap).as_secs())
-            .collect();
-        assert_eq!(delays, [5, 10, 20, 30, 30, 30]);
-        assert_eq!(retry_delay(u32::MAX, interval, cap), cap);
     }
 }

@@ -156,6 +156,15 @@ impl Manager {
         Ok((setup, access))
     }
 
+    /// A client that acts as the ServiceAccount (impersonation), so RBAC judges every write.
+    /// No groups are named: the API server gives an impersonated ServiceAccount its own, and
+    /// the runtime needs `impersonate` on `serviceaccounts` only, not on `groups`.
+    fn impersonating(&self, namespace: &str, name: &str) -> Result<kube::Client, kube::Error> {
+        let mut config = self.base_config.clone();
+        config.auth_info.impersonate = Some(format!("system:serviceaccount:{namespace}:{name}"));
+        kube::Client::try_from(config)
+    }
+
     /// Whether the controller's ServiceAccount may still read what it is handed.
     async fn check_access(&self, id: &ControllerId, access: &ReadAccess) -> Result<(), Problem> {
         let kinds: Vec<&Kind> = access.kinds.iter().collect();

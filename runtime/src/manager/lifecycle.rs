@@ -1,0 +1,231 @@
+//! Starting and stopping controllers: many at once in chunks (their modules read, their
+//! setups run and their statuses written side by side), stopped together within one
+//! timeout, retried with backoff when they cannot start.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+
+use crate::api::Reason;
+use crate::host::Runner;
+use crate::sandbox::GuestPre;
+
+use super::setup::ReadAccess;
+use super::{ControllerId, Manager, PARALLEL_STARTS, Problem, status};
+
+/// Controllers started together before their statuses are written (see
+/// [`Manager::start_all`]).
+const START_CHUNK: usize = 4 * PARALLEL_STARTS;
+
+/// How long a stopping controller's running reconciles may take to finish.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Backoff of a controller that cannot start.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Retry {
+    failures: u32,
+    pub(super) at: Option<tokio::time::Instant>,
+}
+
+impl Manager {
+    /// The runner of a controller that puts its finalizer on parents, if it runs here: when
+    /// the controller goes away, its finalizers are removed once the runner has stopped (so
+    /// that no reconcile adds one back), and no parent waits for a controller that no longer
+    /// exists.
+    pub(super) fn finalizing_runner(&self, id: &ControllerId) -> Option<Arc<Runner>> {
+        let m = self.controllers.get(id)?;
+        let (runner, _) = m.runner.as_ref()?;
+        (m.spec.finalize && self.fence.is_open()).then(|| runner.clone())
+    }
+
+    pub(super) async fn stop(&mut self, id: &ControllerId) {
+        self.stop_all(std::slice::from_ref(id)).await;
+    }
+
+    /// Stops these controllers at once: each stops taking work, then all finish their
+    /// running reconciles side by side, within one [`STOP_TIMEOUT`]; then the watches no
+    /// controller needs any more are stopped.
+    pub(super) async fn stop_all(&mut self, ids: &[ControllerId]) {
+        let stopping: Vec<_> = ids
+            .iter()
+            .filter_map(|id| self.controllers.get_mut(id).and_then(|m| m.runner.take()))
+            .collect();
+        if stopping.is_empty() {
+            return;
+        }
+        for (runner, _) in &stopping {
+            runner.stop();
+        }
+        let tasks = stopping.into_iter().map(|(_, task)| task);
+        let _ = tokio::time::timeout(STOP_TIMEOUT, futures::future::join_all(tasks)).await;
+        self.watches.release_unused();
+    }
+
+    /// Loads the modules and starts these controllers; problems end up in their statuses.
+    /// Modules are read [`PARALLEL_STARTS`] at once and compiled once per digest; the setups,
+    /// which wait on the API server (discovery, access reviews), run [`PARALLEL_STARTS`] at
+    /// once. Many controllers are started in chunks of [`START_CHUNK`], and the settled
+    /// statuses of one chunk are written while the next chunk's modules are read: both wait
+    /// on the API server, and a thousand controllers starting would otherwise show no status
+    /// until the last one started.
+    pub(super) async fn start_all(&mut self, ids: &[ControllerId]) {
+        if ids.is_empty() {
+            return;
+        }
+        let mut unique = HashSet::new();
+        let ids: Vec<ControllerId> = ids
+            .iter()
+            .filter(|id| unique.insert(*id))
+            .cloned()
+            .collect();
+        let mut writing = None;
+        for chunk in ids.chunks(START_CHUNK) {
+            let fetched = match writing.take() {
+                Some(writes) => {
+                    let (written, fetched) =
+                        futures::future::join(writes, self.read_modules(chunk)).await;
+                    self.record_written(written);
+                    fetched
+                }
+                None => self.read_modules(chunk).await,
+            };
+            self.load_fetched(fetched);
+            self.retain_modules();
+            self.set_up_all(chunk).await;
+            if ids.len() > START_CHUNK {
+                writing = Some(self.status_writes(status::settled));
+            }
+        }
+        if let Some(writes) = writing {
+            let written = writes.await;
+            self.record_written(written);
+        }
+    }
+
+    /// Sets up and runs these controllers (their modules loaded), [`PARALLEL_STARTS`] at once.
+    async fn set_up_all(&mut self, ids: &[ControllerId]) {
+        let loaded: Vec<_> = ids
+            .iter()
+            .filter_map(|id| {
+                let m = self.controllers.get(id)?;
+                Some((
+                    id.clone(),
+                    m.spec.clone(),
+                    m.state.clone(),
+                    m.guest.clone()?,
+                ))
+            })
+            .collect();
+        let this = &*self;
+        let set_up: Vec<_> = futures::stream::iter(loaded)
+            .map(|(id, spec, state, guest)| async move {
+                let result = this.setup(&id, &spec, state).await;
+                (id, guest, result)
+            })
+            .buffer_unordered(PARALLEL_STARTS)
+            .collect()
+            .await;
+        for (id, guest, result) in set_up {
+            self.started(&id, guest, result);
+        }
+    }
+
+    /// Runs a controller that was set up, or records why it could not be.
+    fn started(
+        &mut self,
+        id: &ControllerId,
+        guest: Arc<GuestPre>,
+        result: Result<(crate::host::ControllerSetup, ReadAccess), Problem>,
+    ) {
+        let Some(m) = self.controllers.get_mut(id) else {
+            return;
+        };
+        match result {
+            Ok((setup, access)) => {
+                let runner = Runner::new(setup, guest);
+                let task = tokio::spawn(runner.clone().run());
+                m.setup_problem = None;
+                m.access = Some(access);
+                m.runner = Some((runner, task));
+                tracing::info!(controller = %id, "controller started");
+            }
+            Err(problem) => {
+                // Said once per new problem: retries of the same one stay quiet.
+                if m.setup_problem.as_ref() != Some(&problem) {
+                    tracing::warn!(controller = %id, reason = %problem.reason, "controller cannot start: {}", problem.message);
+                }
+                m.setup_problem = Some(problem);
+            }
+        }
+    }
+
+    /// Tries again to start the controllers that could not start and whose backoff is over
+    /// (see [`retry_delay`]).
+    pub(super) async fn retry_failed(&mut self) {
+        let now = tokio::time::Instant::now();
+        let ids: Vec<ControllerId> = self
+            .controllers
+            .iter()
+            .filter(|(_, m)| m.runner.is_none() && m.retry.at.is_none_or(|at| at <= now))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &ids {
+            if let Some(problem) = self
+                .controllers
+                .get(id)
+                .and_then(|m| m.setup_problem.as_ref())
+                && problem.reason == Reason::KindNotFound
+            {
+                let spec = &self.controllers[id].spec;
+                self.resolver
+                    .forget(&spec.parent.api_version, &spec.parent.kind)
+                    .await;
+            }
+        }
+        self.start_all(&ids).await;
+        let cap = self
+            .config
+            .retry_interval
+            .max(self.config.access_review_ttl);
+        for id in &ids {
+            if let Some(m) = self.controllers.get_mut(id) {
+                m.retry = match m.runner {
+                    Some(_) => Retry::default(),
+                    None => {
+                        let failures = m.retry.failures.saturating_add(1);
+                        let delay = retry_delay(failures, self.config.retry_interval, cap);
+                        Retry {
+                            failures,
+                            at: Some(tokio::time::Instant::now() + delay),
+                        }
+                    }
+                };
+            }
+        }
+    }
+}
+
+/// How long to wait after the `failures`-th failed start in a row: `interval` doubling per
+/// failure, at most `cap`.
+fn retry_delay(failures: u32, interval: Duration, cap: Duration) -> Duration {
+    interval
+        .saturating_mul(1 << failures.saturating_sub(1).min(16))
+        .min(cap)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_controller_that_cannot_start_is_retried_with_backoff_up_to_the_cap() {
+        let (interval, cap) = (Duration::from_secs(5), Duration::from_secs(30));
+        let delays: Vec<u64> = (1..=6)
+            .map(|n| retry_delay(n, interval, cap).as_secs())
+            .collect();
+        assert_eq!(delays, [5, 10, 20, 30, 30, 30]);
+        assert_eq!(retry_delay(u32::MAX, interval, cap), cap);
+    }
+}
