@@ -159,6 +159,18 @@ async fn hello_world(
         .trim()
         .parse()?;
     ensure!(count > 0, "no successful reconciles counted in /metrics");
+    // At least the Pod applied and the status written (`pods: 1`), each with a token.
+    let series = format!(r#"kubewasm_api_requests_total{{controller="{ns}/hello-world"}} "#);
+    let requests: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .with_context(|| format!("no `{series}` in /metrics:\n{metrics}"))?
+        .trim()
+        .parse()?;
+    ensure!(
+        requests >= 2,
+        "{requests} API requests counted, want at least 2"
+    );
     ensure!(
         metrics.contains("kubewasm_controllers_running 1"),
         "controllers_running is not 1:\n{metrics}"

@@ -6,6 +6,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 
 /// Writes per second, and how many may go at once after a quiet spell.
@@ -14,6 +15,8 @@ pub struct TokenBucket {
     per_second: f64,
     burst: f64,
     state: Mutex<(f64, Instant)>,
+    /// Counts every token taken (the controller's API requests, exported as a metric).
+    taken: Counter,
 }
 
 impl TokenBucket {
@@ -24,7 +27,20 @@ impl TokenBucket {
             per_second: per_second.max(0.001),
             burst,
             state: Mutex::new((burst, Instant::now())),
+            taken: Counter::default(),
         }
+    }
+
+    /// The same bucket, counting every token taken on `taken` (e.g. a metric's series).
+    #[must_use]
+    pub fn counting(mut self, taken: Counter) -> Self {
+        self.taken = taken;
+        self
+    }
+
+    /// Tokens taken so far.
+    pub fn taken(&self) -> u64 {
+        self.taken.get()
     }
 
     /// Takes one token, waiting until there is one.
@@ -39,6 +55,7 @@ impl TokenBucket {
                 *at = now;
                 if *tokens >= 1.0 {
                     *tokens -= 1.0;
+                    self.taken.inc();
                     return;
                 }
                 Duration::from_secs_f64((1.0 - *tokens) / self.per_second)
@@ -67,6 +84,7 @@ mod tests {
         for _ in 0..10 {
             bucket.take().await;
         }
+        assert_eq!(bucket.taken(), 15, "every token taken is counted");
         let elapsed = started.elapsed().as_secs_f64();
         assert!(
             (0.99..1.01).contains(&elapsed),

@@ -143,7 +143,8 @@ impl Manager {
             concurrency,
             resync: spec.resync_period(),
             requeue_floor: self.config.requeue_floor,
-            budget: TokenBucket::new(self.config.writes_per_second, self.config.write_burst),
+            budget: TokenBucket::new(self.config.writes_per_second, self.config.write_burst)
+                .counting(self.metrics.api_requests(&id.to_string())),
             fence: self.fence.clone(),
             client,
             kinds,

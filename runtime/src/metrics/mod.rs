@@ -41,6 +41,7 @@ pub struct Metrics {
     reconciles: Family<OutcomeLabels, Counter>,
     duration: DurationFamily,
     module_loads: Family<OutcomeLabels, Counter>,
+    api_requests: Family<ControllerLabels, Counter>,
     in_flight: Gauge,
     controllers: Gauge,
     ready: AtomicBool,
@@ -78,6 +79,12 @@ impl Default for Metrics {
             "Module loads by controller and result",
             module_loads.clone(),
         );
+        let api_requests = Family::<ControllerLabels, Counter>::default();
+        registry.register(
+            "api_requests",
+            "API requests sent for a controller's actions (writes, and a delete-by-selector's list): each takes a token of its write budget",
+            api_requests.clone(),
+        );
         let in_flight = Gauge::default();
         registry.register(
             "reconciles_in_flight",
@@ -95,6 +102,7 @@ impl Default for Metrics {
             reconciles,
             duration,
             module_loads,
+            api_requests,
             in_flight,
             controllers,
             ready: AtomicBool::new(false),
@@ -130,6 +138,15 @@ impl Metrics {
             result: result.to_owned(),
         };
         self.module_loads.get_or_create(&labels).inc();
+    }
+
+    /// The counter of a controller's API requests, for its write budget to count on.
+    pub fn api_requests(&self, controller: &str) -> Counter {
+        self.api_requests
+            .get_or_create(&ControllerLabels {
+                controller: controller.to_owned(),
+            })
+            .clone()
     }
 
     /// Sets how many controllers run.
