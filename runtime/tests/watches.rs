@@ -1,6 +1,7 @@
 //! The shared watch cache against the local control plane: controllers started together on a
-//! new watch all see it ready, and a cache filled from the API server's watch cache
-//! (`resourceVersion=0`) still sees every change after its first list.
+//! new watch all see it ready, a cache filled from the API server's watch cache
+//! (`resourceVersion=0`) still sees every change after its first list, and each cached
+//! version is serialized for guests once.
 
 mod support;
 
@@ -76,5 +77,43 @@ async fn every_waiter_sees_a_new_watch_ready_and_later_changes_arrive() -> Resul
         .await
         .context("no change announced for four")??;
     ensure!(change.key == key("four"), "announced {:?}", change.key);
+
+    // Each version's text is made once; a new version gets a new one.
+    let made = std::sync::atomic::AtomicUsize::new(0);
+    let text_of = |object: &std::sync::Arc<kube::api::DynamicObject>| {
+        watch.text(object, || {
+            made.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            serde_json::to_string(object.as_ref()).expect("an object serializes")
+        })
+    };
+    let four = watch.get(&key("four")).context("four is cached")?;
+    let first = text_of(&four);
+    let again = text_of(&watch.get(&key("four")).context("four is cached")?);
+    ensure!(
+        first == again && made.load(std::sync::atomic::Ordering::SeqCst) == 1,
+        "four serialized twice"
+    );
+    ensure!(first.contains(r#""k":"four""#), "text of four: {first}");
+    config_maps
+        .patch(
+            "four",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"data": {"k": "changed"}})),
+        )
+        .await?;
+    eventually("the new version of four in the cache", WAIT, || async {
+        let now = watch.get(&key("four")).context("four is cached")?;
+        Ok((now.data["data"]["k"] == "changed").then_some(()))
+    })
+    .await?;
+    let changed = text_of(&watch.get(&key("four")).context("four is cached")?);
+    ensure!(
+        changed.contains(r#""k":"changed""#),
+        "the new version's text: {changed}"
+    );
+    ensure!(
+        made.load(std::sync::atomic::Ordering::SeqCst) == 2,
+        "not made again for the new version"
+    );
     control_plane.delete_namespace(&namespace).await
 }

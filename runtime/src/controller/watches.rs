@@ -79,6 +79,18 @@ pub struct Watch {
     task: tokio::task::AbortHandle,
     /// Set once the first list filled the cache (see [`Watch::ready`]).
     listed: tokio::sync::OnceCell<()>,
+    /// Each cached version's JSON text, made once (see [`Watch::text`]).
+    texts: Mutex<Texts>,
+}
+
+/// JSON texts by the address of the cached object they were made from; the weak reference
+/// tells whether that object (that version) still exists, so a new version or a reused
+/// address never gets an old text.
+#[derive(Default)]
+struct Texts {
+    by_object: HashMap<usize, (Weak<DynamicObject>, Arc<str>)>,
+    /// Size after the last sweep of texts whose object is gone.
+    swept: usize,
 }
 
 impl Drop for Watch {
@@ -167,6 +179,32 @@ impl Watch {
             r = r.within(ns);
         }
         self.store.get(&r)
+    }
+
+    /// The JSON text of one version of a cached object, made by `make` the first time it is
+    /// asked for and kept as long as that version is: a guest gets each object as text, and
+    /// an object is reconciled many more times than it changes (resyncs, its children, every
+    /// controller of the kind), so it is serialized once per version instead of once per
+    /// reconcile. Texts of versions that are gone are dropped whenever the map has doubled.
+    pub fn text(&self, object: &Arc<DynamicObject>, make: impl FnOnce() -> String) -> Arc<str> {
+        let address = Arc::as_ptr(object) as usize;
+        let mut texts = self.texts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((seen, text)) = texts.by_object.get(&address)
+            && seen.upgrade().is_some_and(|o| Arc::ptr_eq(&o, object))
+        {
+            return text.clone();
+        }
+        let text: Arc<str> = make().into();
+        texts
+            .by_object
+            .insert(address, (Arc::downgrade(object), text.clone()));
+        if texts.by_object.len() > 2 * texts.swept.max(64) {
+            texts
+                .by_object
+                .retain(|_, (seen, _)| seen.strong_count() > 0);
+            texts.swept = texts.by_object.len();
+        }
+        text
     }
 
     /// Changes from now on. A receiver that lags must treat everything as changed.
@@ -332,6 +370,7 @@ fn start(client: Client, kind: Kind, namespace: Option<&str>) -> Arc<Watch> {
         owned,
         task: task.abort_handle(),
         listed: tokio::sync::OnceCell::new(),
+        texts: Mutex::default(),
     })
 }
 

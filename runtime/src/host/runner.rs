@@ -17,7 +17,7 @@ use crate::api::Reason;
 use crate::controller::{Backoff, Change, Fence, ObjectKey, TokenBucket, Watch, WorkQueue};
 use crate::metrics::Metrics;
 use crate::sandbox::{
-    Action, EventType, GuestPre, Limits, MAX_GUEST_MESSAGE_BYTES, ObjectRef, Request, Sandbox,
+    Action, EventType, GuestPre, Limits, MAX_GUEST_MESSAGE_BYTES, ObjectRef, Sandbox, WireRequest,
     bounded, requeue_delay,
 };
 
@@ -352,10 +352,15 @@ impl Runner {
             },
             _ => false,
         };
-        let children = match &parent {
+        let (children, child_texts) = match &parent {
             Some(p) => self.children_of(p),
-            None => Vec::new(),
+            None => (Vec::new(), Vec::new()),
         };
+        // The guest gets each object as text, made once per version (`Watch::text`).
+        let parent_text = parent
+            .as_ref()
+            .zip(parent_json.as_ref())
+            .map(|(p, json)| parent_watch.text(p, || json.to_string()));
         let resource = &parent_watch.kind().resource;
         let target = ObjectRef {
             api_version: resource.api_version.clone(),
@@ -368,13 +373,14 @@ impl Runner {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(key)
-            .map(|p| to_json(parent_watch, p));
-        let request = Request {
+            .cloned()
+            .map(|p| parent_watch.text(&p, || to_json(parent_watch, &p).to_string()));
+        let request = WireRequest {
             controller: s.id.clone(),
             target: target.clone(),
-            parent: parent_json.clone(),
-            children: children.clone(),
-            previous,
+            parent: parent_text.as_deref().map(str::to_owned),
+            children: child_texts.iter().map(|t| t.to_string()).collect(),
+            previous: previous.as_deref().map(str::to_owned),
             state: s.state.get(&key.to_string()),
             finalizing,
         };
@@ -386,7 +392,7 @@ impl Runner {
         self.stats.reconciles.fetch_add(1, Ordering::Relaxed);
         let outcome = s
             .sandbox
-            .reconcile(self.guest(), request, reads, s.limits)
+            .reconcile_wire(self.guest(), request, reads, s.limits)
             .await
             .map_err(|e| (e.reason(), e.to_string()))?;
         let finalized = finalizing && outcome.response.is_finalized();
@@ -562,9 +568,11 @@ impl Runner {
         }
     }
 
-    fn children_of(&self, parent: &DynamicObject) -> Vec<Value> {
+    /// The children the parent controls, by name: as JSON for the actions, and as each
+    /// version's text for the guest.
+    fn children_of(&self, parent: &DynamicObject) -> (Vec<Value>, Vec<Arc<str>>) {
         let Some(uid) = parent.metadata.uid.as_deref() else {
-            return Vec::new();
+            return (Vec::new(), Vec::new());
         };
         let mut found = Vec::new();
         for (_, watch) in &self.setup.children {
@@ -577,15 +585,19 @@ impl Runner {
                     .iter()
                     .any(|o| o.controller == Some(true) && o.uid == uid);
                 if owned && child.metadata.namespace == parent.metadata.namespace {
-                    found.push(to_json(watch, &child));
+                    found.push((to_json(watch, &child), watch, child));
                 }
             }
         }
-        found.sort_by(|a, b| {
+        found.sort_by(|(a, ..), (b, ..)| {
             a["metadata"]["name"]
                 .as_str()
                 .cmp(&b["metadata"]["name"].as_str())
         });
-        found
+        let texts = found
+            .iter()
+            .map(|(json, watch, child)| watch.text(child, || json.to_string()))
+            .collect();
+        (found.into_iter().map(|(json, ..)| json).collect(), texts)
     }
 }

@@ -12,7 +12,7 @@ use super::error::{CallError, HostCallLimitHit};
 use super::limits::{Limits, MemoryLimiter};
 use super::output::{BoundedOutput, Captured, LogBudget};
 use super::text::{MAX_GUEST_LOG_LINE_BYTES, MAX_GUEST_MESSAGE_BYTES, bounded};
-use super::types::{ObjectRef, Request, Response, SharedReads, decode_response, request_to_wit};
+use super::types::{ObjectRef, Response, SharedReads, WireRequest, decode_response, wire_to_wit};
 
 /// What a successful call produced, besides the response.
 #[derive(Debug)]
@@ -43,7 +43,8 @@ pub struct Phases {
     pub setup: Duration,
     /// Instantiating the component from its pre-linked form (a pool slot, data segments).
     pub instantiate: Duration,
-    /// The request converted for WIT (its documents serialized to JSON text).
+    /// The request converted for WIT: its documents serialized to JSON text (when the caller
+    /// handed [`crate::sandbox::Request`]'s values) and copied into the WIT record.
     pub request: Duration,
     /// The export called: the request lowered into guest memory, the guest's work, its host
     /// calls, and the response checked and decoded in `respond`.
@@ -280,7 +281,7 @@ pub(crate) async fn run(
     engine: &Engine,
     pre: &ControllerPre<CallState>,
     tick: Duration,
-    request: &Request,
+    request: &WireRequest,
     reads: SharedReads,
     limits: &Limits,
 ) -> Result<CallOutcome, CallError> {
@@ -330,7 +331,7 @@ pub(crate) async fn run(
         let guest = pre.instantiate_async(&mut store).await?;
         let instantiated = Instant::now();
         phases.instantiate = instantiated - started;
-        let wit_request = request_to_wit(request);
+        let wit_request = wire_to_wit(request);
         let converted = Instant::now();
         phases.request = converted - instantiated;
         let called = guest.call_reconcile(&mut store, &wit_request).await;
@@ -432,7 +433,7 @@ fn panic_message(stderr: &str) -> Option<String> {
     Some(format!("{} (at {location})", bounded(message.trim(), room)))
 }
 
-fn log_output(request: &Request, stream: &str, captured: &Captured) {
+fn log_output(request: &WireRequest, stream: &str, captured: &Captured) {
     if captured.kept.is_empty() && captured.dropped == 0 {
         return;
     }
@@ -469,7 +470,7 @@ fn log_output(request: &Request, stream: &str, captured: &Captured) {
     }
 }
 
-fn log_dropped_lines(request: &Request, logs: &LogBudget, limits: &Limits) {
+fn log_dropped_lines(request: &WireRequest, logs: &LogBudget, limits: &Limits) {
     if logs.dropped() > 0 {
         tracing::warn!(
             controller = request.controller.as_str(),

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sha2::{Digest as _, Sha256};
 use wasmtime::component::{Component, Linker};
@@ -13,7 +13,7 @@ use super::call::{self, CallOutcome, CallState};
 use super::error::{CallError, LoadError};
 use super::limits::Limits;
 use super::slots::FairSlots;
-use super::types::{Request, SharedReads};
+use super::types::{Request, SharedReads, WireRequest, request_to_wire};
 
 /// Engine-wide settings. Per-call limits live in [`Limits`].
 #[derive(Debug, Clone)]
@@ -104,21 +104,44 @@ impl GuestPre {
         reads: SharedReads,
         limits: &Limits,
     ) -> Result<CallOutcome, CallError> {
-        thread_local! {
-            static RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_time()
-                .build()
-                .expect("a current-thread tokio runtime");
-        }
-        RUNTIME.with(|rt| rt.block_on(self.call_async(request, reads, limits)))
+        block_on(self.call_async(request, reads, limits))
+    }
+
+    /// [`GuestPre::call`] with the documents already serialized (as the runtime keeps them).
+    pub fn call_wire(
+        &self,
+        request: &WireRequest,
+        reads: SharedReads,
+        limits: &Limits,
+    ) -> Result<CallOutcome, CallError> {
+        block_on(self.call_wire_async(request, reads, limits))
     }
 
     /// One reconcile in a fresh Store, ended at `limits.timeout` wherever the guest is
     /// (computing: the epoch deadline traps; blocked in a host or WASI call: the call is
-    /// dropped). What [`Sandbox::reconcile`] runs after taking an instance slot.
+    /// dropped). The request's documents are serialized first (counted in
+    /// [`Phases::request`](super::Phases)).
     pub async fn call_async(
         &self,
         request: &Request,
+        reads: SharedReads,
+        limits: &Limits,
+    ) -> Result<CallOutcome, CallError> {
+        let serializing = Instant::now();
+        let wire = request_to_wire(request);
+        let serialized = serializing.elapsed();
+        let mut outcome = self.call_wire_async(&wire, reads, limits).await;
+        if let Ok(done) = &mut outcome {
+            done.phases.request += serialized;
+        }
+        outcome
+    }
+
+    /// [`GuestPre::call_async`] with the documents already serialized: what
+    /// [`Sandbox::reconcile_wire`] runs after taking an instance slot.
+    pub async fn call_wire_async(
+        &self,
+        request: &WireRequest,
         reads: SharedReads,
         limits: &Limits,
     ) -> Result<CallOutcome, CallError> {
@@ -139,6 +162,17 @@ impl GuestPre {
             }),
         }
     }
+}
+
+/// Drives a call on this thread's current-thread tokio runtime.
+fn block_on<T>(call: impl std::future::Future<Output = T>) -> T {
+    thread_local! {
+        static RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("a current-thread tokio runtime");
+    }
+    RUNTIME.with(|rt| rt.block_on(call))
 }
 
 struct Inner {
@@ -213,6 +247,19 @@ impl Sandbox {
         reads: SharedReads,
         limits: Limits,
     ) -> Result<CallOutcome, CallError> {
+        self.reconcile_wire(guest, request_to_wire(&request), reads, limits)
+            .await
+    }
+
+    /// [`Sandbox::reconcile`] with the documents already serialized: the runtime serializes
+    /// each cached object once per version, not once per reconcile.
+    pub async fn reconcile_wire(
+        &self,
+        guest: Arc<GuestPre>,
+        request: WireRequest,
+        reads: SharedReads,
+        limits: Limits,
+    ) -> Result<CallOutcome, CallError> {
         // Fair between tenants: a namespace's controllers (`ns/name`), or one cluster controller.
         let tenant = request
             .controller
@@ -221,7 +268,7 @@ impl Sandbox {
         let permit = self.inner.slots.acquire(tenant).await;
         // On this task, not a blocking thread: the guest yields every epoch tick, and a call
         // past its deadline is dropped with its Store, so the slot is free again at once.
-        let result = guest.call_async(&request, reads, &limits).await;
+        let result = guest.call_wire_async(&request, reads, &limits).await;
         drop(permit);
         result
     }

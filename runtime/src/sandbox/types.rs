@@ -35,22 +35,21 @@ pub fn request_to_wire(request: &Request) -> WireRequest {
     }
 }
 
-/// The request as the WIT export takes it.
-pub(crate) fn request_to_wit(request: &Request) -> wit::Request {
-    let wire = request_to_wire(request);
-    let target = wire.target;
+/// The request as the WIT export takes it (its documents copied, not serialized again).
+pub(crate) fn wire_to_wit(wire: &WireRequest) -> wit::Request {
+    let target = &wire.target;
     wit::Request {
-        controller: wire.controller,
+        controller: wire.controller.clone(),
         target: wit::ObjectRef {
-            api_version: target.api_version,
-            kind: target.kind,
-            namespace: target.namespace,
-            name: target.name,
+            api_version: target.api_version.clone(),
+            kind: target.kind.clone(),
+            namespace: target.namespace.clone(),
+            name: target.name.clone(),
         },
-        parent: wire.parent,
-        children: wire.children,
-        previous: wire.previous,
-        state: wire.state,
+        parent: wire.parent.clone(),
+        children: wire.children.clone(),
+        previous: wire.previous.clone(),
+        state: wire.state.clone(),
         finalizing: wire.finalizing,
     }
 }
