@@ -283,3 +283,25 @@ async fn write_status(
             .map(drop),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_ready(status: bool, reason: Reason) -> WasmControllerStatus {
+        WasmControllerStatus {
+            conditions: vec![condition("Ready", status, reason, "m".into(), None)],
+            ..WasmControllerStatus::default()
+        }
+    }
+
+    #[test]
+    fn a_status_is_settled_when_ready_or_stuck_not_while_starting() {
+        assert!(settled(&with_ready(true, Reason::Running)));
+        assert!(settled(&with_ready(false, Reason::Forbidden)));
+        assert!(settled(&with_ready(false, Reason::ModuleNotReady)));
+        assert!(!settled(&with_ready(false, Reason::WaitingForCaches)));
+        assert!(!settled(&with_ready(false, Reason::Starting)));
+        assert!(!settled(&WasmControllerStatus::default()));
+    }
+}
