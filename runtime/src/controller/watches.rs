@@ -188,13 +188,18 @@ impl Watch {
     /// reconcile. Texts of versions that are gone are dropped whenever the map has doubled.
     pub fn text(&self, object: &Arc<DynamicObject>, make: impl FnOnce() -> String) -> Arc<str> {
         let address = Arc::as_ptr(object) as usize;
-        let mut texts = self.texts.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((seen, text)) = texts.by_object.get(&address)
-            && seen.upgrade().is_some_and(|o| Arc::ptr_eq(&o, object))
         {
-            return text.clone();
+            let texts = self.texts.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((seen, text)) = texts.by_object.get(&address)
+                && seen.upgrade().is_some_and(|o| Arc::ptr_eq(&o, object))
+            {
+                return text.clone();
+            }
         }
+        // Made without the lock: one tenant's large object does not hold up the others'
+        // reconciles of the kind (two making the same text at once is harmless).
         let text: Arc<str> = make().into();
+        let mut texts = self.texts.lock().unwrap_or_else(|e| e.into_inner());
         texts
             .by_object
             .insert(address, (Arc::downgrade(object), text.clone()));
