@@ -281,11 +281,15 @@ pub(crate) async fn run(
     engine: &Engine,
     pre: &ControllerPre<CallState>,
     tick: Duration,
-    request: &WireRequest,
+    request: WireRequest,
     reads: SharedReads,
     limits: &Limits,
 ) -> Result<CallOutcome, CallError> {
     let entered = Instant::now();
+    let about = About {
+        controller: request.controller.clone(),
+        target: request.target.clone(),
+    };
     let stdout = BoundedOutput::new(limits.output_bytes);
     let stderr = BoundedOutput::new(limits.output_bytes);
     // No preopened dirs, no env, no args, no network: only captured stdout/stderr.
@@ -341,10 +345,10 @@ pub(crate) async fn run(
     .await;
     let elapsed = started.elapsed();
     let (stdout, stderr) = (stdout.take(), stderr.take());
-    log_output(request, "stdout", &stdout);
-    log_output(request, "stderr", &stderr);
+    log_output(&about, "stdout", &stdout);
+    log_output(&about, "stderr", &stderr);
     let state = store.into_data();
-    log_dropped_lines(request, &state.logs, limits);
+    log_dropped_lines(&about, &state.logs, limits);
 
     if let Err(err) = result {
         return Err(classify(err, &state, &stderr, limits));
@@ -413,6 +417,12 @@ fn trap_text(err: &wasmtime::Error) -> String {
     format!("{cause}; {}", bounded(&text, room))
 }
 
+/// Which call a log line is about (the request itself is moved into the guest's record).
+struct About {
+    controller: String,
+    target: ObjectRef,
+}
+
 /// Most bytes kept of a panic's location, so that a long one leaves room for the message.
 const MAX_PANIC_LOCATION_BYTES: usize = 256;
 
@@ -433,7 +443,7 @@ fn panic_message(stderr: &str) -> Option<String> {
     Some(format!("{} (at {location})", bounded(message.trim(), room)))
 }
 
-fn log_output(request: &WireRequest, stream: &str, captured: &Captured) {
+fn log_output(request: &About, stream: &str, captured: &Captured) {
     if captured.kept.is_empty() && captured.dropped == 0 {
         return;
     }
@@ -470,7 +480,7 @@ fn log_output(request: &WireRequest, stream: &str, captured: &Captured) {
     }
 }
 
-fn log_dropped_lines(request: &WireRequest, logs: &LogBudget, limits: &Limits) {
+fn log_dropped_lines(request: &About, logs: &LogBudget, limits: &Limits) {
     if logs.dropped() > 0 {
         tracing::warn!(
             controller = request.controller.as_str(),

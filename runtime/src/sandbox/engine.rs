@@ -110,7 +110,7 @@ impl GuestPre {
     /// [`GuestPre::call`] with the documents already serialized (as the runtime keeps them).
     pub fn call_wire(
         &self,
-        request: &WireRequest,
+        request: WireRequest,
         reads: SharedReads,
         limits: &Limits,
     ) -> Result<CallOutcome, CallError> {
@@ -130,7 +130,7 @@ impl GuestPre {
         let serializing = Instant::now();
         let wire = request_to_wire(request);
         let serialized = serializing.elapsed();
-        let mut outcome = self.call_wire_async(&wire, reads, limits).await;
+        let mut outcome = self.call_wire_async(wire, reads, limits).await;
         if let Ok(done) = &mut outcome {
             done.phases.request += serialized;
         }
@@ -141,7 +141,7 @@ impl GuestPre {
     /// [`Sandbox::reconcile_wire`] runs after taking an instance slot.
     pub async fn call_wire_async(
         &self,
-        request: &WireRequest,
+        request: WireRequest,
         reads: SharedReads,
         limits: &Limits,
     ) -> Result<CallOutcome, CallError> {
@@ -268,7 +268,7 @@ impl Sandbox {
         let permit = self.inner.slots.acquire(tenant).await;
         // On this task, not a blocking thread: the guest yields every epoch tick, and a call
         // past its deadline is dropped with its Store, so the slot is free again at once.
-        let result = guest.call_wire_async(&request, reads, &limits).await;
+        let result = guest.call_wire_async(request, reads, &limits).await;
         drop(permit);
         result
     }

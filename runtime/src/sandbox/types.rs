@@ -35,21 +35,21 @@ pub fn request_to_wire(request: &Request) -> WireRequest {
     }
 }
 
-/// The request as the WIT export takes it (its documents copied, not serialized again).
-pub(crate) fn wire_to_wit(wire: &WireRequest) -> wit::Request {
-    let target = &wire.target;
+/// The request as the WIT export takes it: its documents moved, not copied or serialized again.
+pub(crate) fn wire_to_wit(wire: WireRequest) -> wit::Request {
+    let target = wire.target;
     wit::Request {
-        controller: wire.controller.clone(),
+        controller: wire.controller,
         target: wit::ObjectRef {
-            api_version: target.api_version.clone(),
-            kind: target.kind.clone(),
-            namespace: target.namespace.clone(),
-            name: target.name.clone(),
+            api_version: target.api_version,
+            kind: target.kind,
+            namespace: target.namespace,
+            name: target.name,
         },
-        parent: wire.parent.clone(),
-        children: wire.children.clone(),
-        previous: wire.previous.clone(),
-        state: wire.state.clone(),
+        parent: wire.parent,
+        children: wire.children,
+        previous: wire.previous,
+        state: wire.state,
         finalizing: wire.finalizing,
     }
 }
