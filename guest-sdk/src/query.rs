@@ -177,16 +177,95 @@ pub fn validate_name(name: &str) -> Result<(), QueryError> {
     }
 }
 
-/// A namespace name: a DNS label (1 to 63 of `a-z 0-9 -`, starting and ending alphanumeric).
-pub fn validate_namespace(namespace: &str) -> Result<(), QueryError> {
-    let b = namespace.as_bytes();
+/// Longest `apiVersion`: a group (a DNS subdomain, 253 bytes), `/` and a version (a DNS
+/// label, 63 bytes).
+pub const MAX_API_VERSION_BYTES: usize = 253 + 1 + 63;
+
+/// Longest kind name Kubernetes serves (a CRD's kind must lower-case to a DNS label).
+pub const MAX_KIND_BYTES: usize = 63;
+
+/// An `apiVersion` split into its group (empty for the core group: `v1`) and version, both
+/// checked: the group is a DNS subdomain and the version a DNS label, so nothing that could
+/// change the meaning of an API path (`/`, `?`, `#`, `%`, `..`, whitespace) gets through.
+/// The one parser of `apiVersion` strings: the runtime's allowlist, discovery and caches all
+/// use it, so they cannot disagree about what a string names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GroupVersion<'a> {
+    /// The API group, `""` for the core group.
+    pub group: &'a str,
+    /// The version, e.g. `v1`, `v1beta1`.
+    pub version: &'a str,
+}
+
+impl<'a> GroupVersion<'a> {
+    /// Parses `v1`, `apps/v1` or `example.com/v1alpha1`.
+    pub fn parse(api_version: &'a str) -> Result<GroupVersion<'a>, QueryError> {
+        let refuse = || {
+            QueryError(format!(
+                "invalid apiVersion `{}`: expected `VERSION` (the core group, e.g. `v1`) or `GROUP/VERSION` (e.g. `apps/v1`, `example.com/v1alpha1`), the group a DNS subdomain and the version a DNS label",
+                printable(truncate(api_version, 128))
+            ))
+        };
+        if api_version.len() > MAX_API_VERSION_BYTES {
+            return Err(refuse());
+        }
+        let (group, version, group_ok) = match api_version.split_once('/') {
+            Some((group, version)) => (
+                group,
+                version,
+                group.len() <= MAX_NAME_BYTES && group.split('.').all(is_dns_label),
+            ),
+            None => ("", api_version, true),
+        };
+        if group_ok && is_dns_label(version) {
+            Ok(GroupVersion { group, version })
+        } else {
+            Err(refuse())
+        }
+    }
+}
+
+impl std::fmt::Display for GroupVersion<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.group {
+            "" => f.write_str(self.version),
+            group => write!(f, "{group}/{}", self.version),
+        }
+    }
+}
+
+/// A kind name: 1 to 63 ASCII letters and digits, starting with a letter (`ConfigMap`,
+/// `HelloWorld`).
+pub fn validate_kind(kind: &str) -> Result<(), QueryError> {
+    let b = kind.as_bytes();
     let ok = !b.is_empty()
+        && b.len() <= MAX_KIND_BYTES
+        && b[0].is_ascii_alphabetic()
+        && b.iter().all(u8::is_ascii_alphanumeric);
+    if ok {
+        Ok(())
+    } else {
+        Err(QueryError(format!(
+            "invalid kind `{}`: a kind is 1 to {MAX_KIND_BYTES} ASCII letters and digits, starting with a letter (e.g. `ConfigMap`)",
+            printable(truncate(kind, 128))
+        )))
+    }
+}
+
+/// A DNS label: 1 to 63 of `a-z 0-9 -`, starting and ending alphanumeric.
+fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
         && b.len() <= MAX_NAMESPACE_BYTES
         && b.iter()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
         && b[0] != b'-'
-        && b[b.len() - 1] != b'-';
-    if ok {
+        && b[b.len() - 1] != b'-'
+}
+
+/// A namespace name: a DNS label (1 to 63 of `a-z 0-9 -`, starting and ending alphanumeric).
+pub fn validate_namespace(namespace: &str) -> Result<(), QueryError> {
+    if is_dns_label(namespace) {
         Ok(())
     } else {
         Err(QueryError(format!(
@@ -280,6 +359,63 @@ mod tests {
         }
         validate_namespace("team-a").unwrap();
         assert!(Query::new("v1", "Pod", true, Some("../x"), None, None).is_err());
+    }
+
+    #[test]
+    fn api_versions_are_parsed_once_and_strictly() {
+        let gv = GroupVersion::parse("v1").unwrap();
+        assert_eq!((gv.group, gv.version), ("", "v1"));
+        assert_eq!(gv.to_string(), "v1");
+        let gv = GroupVersion::parse("example.com/v1alpha1").unwrap();
+        assert_eq!((gv.group, gv.version), ("example.com", "v1alpha1"));
+        assert_eq!(gv.to_string(), "example.com/v1alpha1");
+        // The longest group: 253 bytes of labels of at most 63.
+        let long_group = [63, 63, 63, 61].map(|n| "a".repeat(n)).join(".");
+        assert_eq!(long_group.len(), 253);
+        GroupVersion::parse(&format!("{long_group}/v1")).unwrap();
+        GroupVersion::parse(&format!("{long_group}a/v1")).unwrap_err();
+        for bad in [
+            "",
+            "/v1",
+            "apps/",
+            "apps/v1?a=b",
+            "apps/v1/namespaces/team-a/deployments?watch=1&timeoutSeconds=86400",
+            "apps/v1#x",
+            "Apps/v1",
+            "apps/V1",
+            "a..b/v1",
+            ".apps/v1",
+            "apps/v1 ",
+            "apps/v1\n",
+            "apps/%2e%2e",
+            "../v1",
+            "apps/-v1",
+            &format!("{}/v1", "a".repeat(254)),
+            &format!("apps/{}", "v".repeat(64)),
+        ] {
+            let err = GroupVersion::parse(bad).unwrap_err().to_string();
+            assert!(err.starts_with("invalid apiVersion"), "{bad:?}: {err}");
+            assert!(!err.contains('\n'), "{err}");
+        }
+    }
+
+    #[test]
+    fn kinds_are_letters_and_digits() {
+        for good in ["Pod", "ConfigMap", "HelloWorld", "V1Thing", &"K".repeat(63)] {
+            validate_kind(good).unwrap();
+        }
+        for bad in [
+            "",
+            "1Pod",
+            "Pod?x=y",
+            "Pod/status",
+            "Po d",
+            "Pod\n",
+            &"K".repeat(64),
+        ] {
+            let err = validate_kind(bad).unwrap_err().to_string();
+            assert!(err.starts_with("invalid kind"), "{bad:?}: {err}");
+        }
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! The `kubewasm` command: run WebAssembly controllers live, or one reconcile offline.
 
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod cli;
 
 use std::process::ExitCode;

@@ -549,6 +549,47 @@ fn empty_component_is_the_wrong_world() {
     );
 }
 
+/// A component exporting `f(s: string)`, lifted with `encoding`, optionally nested in another.
+fn component_with_strings(encoding: &str, nested: bool) -> Vec<u8> {
+    let inner = format!(
+        r#"(component
+             (core module $m
+               (memory (export "mem") 1)
+               (func (export "f") (param i32 i32))
+               (func (export "realloc") (param i32 i32 i32 i32) (result i32) i32.const 0))
+             (core instance $i (instantiate $m))
+             (func (export "f") (param "s" string)
+               (canon lift (core func $i "f") (memory $i "mem") (realloc (func $i "realloc")) string-encoding={encoding})))"#
+    );
+    let text = if nested {
+        format!("(component {inner})")
+    } else {
+        inner
+    };
+    wat::parse_str(text).unwrap()
+}
+
+#[test]
+fn components_with_utf16_or_latin1_strings_are_refused_before_compiling() {
+    for encoding in ["utf16", "latin1+utf16"] {
+        for nested in [false, true] {
+            let err = SANDBOX
+                .load(&component_with_strings(encoding, nested))
+                .unwrap_err();
+            assert!(
+                matches!(err, LoadError::StringEncoding { .. }),
+                "{encoding} nested={nested}: {err:?}"
+            );
+            assert!(err.to_string().contains("UTF-8 strings only"), "{err}");
+        }
+    }
+    // The same component with UTF-8 strings passes the check (and is refused for its world).
+    let err = SANDBOX
+        .load(&component_with_strings("utf8", false))
+        .unwrap_err();
+    assert!(matches!(err, LoadError::WrongWorld(_)), "{err:?}");
+}
+
 #[test]
 fn truncated_component_does_not_compile() {
     let bytes = std::fs::read(common::guest("hello_world")).unwrap();

@@ -17,6 +17,25 @@ use serde::{Deserialize, Serialize};
 pub use quantity::parse_bytes;
 pub use reason::Reason;
 
+/// What the CRD schema lets through as an `apiVersion`: `VERSION` or `GROUP/VERSION`, the
+/// group a DNS subdomain and the version a DNS label. The API server checks it before the
+/// runtime sees a spec; the runtime parses it again with `GroupVersion::parse`, which also
+/// bounds each label.
+pub const API_VERSION_PATTERN: &str = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
+
+/// What the CRD schema lets through as a kind (`validate_kind`).
+pub const KIND_PATTERN: &str = r"^[A-Za-z][A-Za-z0-9]*$";
+
+/// A DNS subdomain: ServiceAccount and ConfigMap names.
+pub const DNS_SUBDOMAIN_PATTERN: &str =
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+
+/// A DNS label: namespaces.
+pub const DNS_LABEL_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
+
+/// A ConfigMap key.
+pub const CONFIG_MAP_KEY_PATTERN: &str = r"^[-._a-zA-Z0-9]+$";
+
 /// A controller whose reconcile function is a WebAssembly component, in one namespace.
 #[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
@@ -53,7 +72,7 @@ pub struct WasmControllerSpec {
     /// The ServiceAccount (in this namespace) whose identity every write uses; Kubernetes
     /// RBAC for that account is the final judge. Defaults to `default`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 253))]
+    #[schemars(length(max = 253), pattern(DNS_SUBDOMAIN_PATTERN))]
     pub service_account_name: Option<String>,
     /// Resource limits for each reconcile call.
     #[serde(default)]
@@ -112,15 +131,15 @@ pub struct ModuleSource {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ConfigMapKey {
     /// ConfigMap name.
-    #[schemars(length(max = 253))]
+    #[schemars(length(max = 253), pattern(DNS_SUBDOMAIN_PATTERN))]
     pub name: String,
     /// Key inside `binaryData` or `data`.
-    #[schemars(length(max = 253))]
+    #[schemars(length(max = 253), pattern(CONFIG_MAP_KEY_PATTERN))]
     pub key: String,
     /// Namespace of the ConfigMap; only for ClusterWasmControllers (a WasmController always
     /// reads from its own namespace).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 63))]
+    #[schemars(length(max = 63), pattern(DNS_LABEL_PATTERN))]
     pub namespace: Option<String>,
 }
 
@@ -129,10 +148,10 @@ pub struct ConfigMapKey {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ParentResource {
     /// e.g. `example.com/v1`.
-    #[schemars(length(max = 320))]
+    #[schemars(length(max = 317), pattern(API_VERSION_PATTERN))]
     pub api_version: String,
     /// e.g. `HelloWorld`.
-    #[schemars(length(max = 63))]
+    #[schemars(length(max = 63), pattern(KIND_PATTERN))]
     pub kind: String,
     /// Only parents whose labels match, e.g. `tier=web` (at most 4096 bytes and 64
     /// requirements).
@@ -146,10 +165,10 @@ pub struct ParentResource {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ChildResource {
     /// e.g. `v1`.
-    #[schemars(length(max = 320))]
+    #[schemars(length(max = 317), pattern(API_VERSION_PATTERN))]
     pub api_version: String,
     /// e.g. `Pod`.
-    #[schemars(length(max = 63))]
+    #[schemars(length(max = 63), pattern(KIND_PATTERN))]
     pub kind: String,
     /// What to do when an existing child differs from the desired one.
     #[serde(default)]
@@ -173,10 +192,10 @@ pub enum UpdateStrategy {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Grant {
     /// e.g. `v1`.
-    #[schemars(length(max = 320))]
+    #[schemars(length(max = 317), pattern(API_VERSION_PATTERN))]
     pub api_version: String,
     /// e.g. `Pod`.
-    #[schemars(length(max = 63))]
+    #[schemars(length(max = 63), pattern(KIND_PATTERN))]
     pub kind: String,
     /// Any of `get`, `list`, `apply`, `delete`.
     #[schemars(length(max = 4))]
@@ -307,12 +326,14 @@ impl WasmControllerSpec {
 /// Why a `WasmController` may not name a module file, in its CRD and in its status.
 pub const NO_MODULE_FILES: &str = "a WasmController may not load a module from a file of the runtime (spec.module.path): put the module in a ConfigMap of its namespace (spec.module.configMap); only a ClusterWasmController may name a file, under the operator's --module-dir";
 
-/// All CRDs of the API as one multi-document YAML stream.
+/// All CRDs of the API as one multi-document YAML stream (for `kubewasm crds`: built from
+/// the Rust types alone, so its `expect`s are about this code, never about a tenant's input).
 ///
 /// The two kinds share one spec type; their schemas differ where the API server itself
 /// must refuse: a `WasmController` takes no `spec.module.path` (the 1.20 API server has no
 /// CEL, so `maxLength: 0` does it) and needs `configMap`; a `ClusterWasmController` needs
 /// exactly one of the two.
+#[allow(clippy::expect_used)]
 pub fn crds_yaml() -> String {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps;
     use kube::CustomResourceExt;
@@ -339,6 +360,7 @@ pub fn crds_yaml() -> String {
         .join("---\n")
 }
 
+#[allow(clippy::expect_used)]
 fn with_module_schema(
     crd: &mut k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
     edit: impl Fn(

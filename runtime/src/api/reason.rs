@@ -38,6 +38,8 @@ pub enum Reason {
     ClientError,
     /// The module is not ready (see `ModuleReady`).
     ModuleNotReady,
+    /// Setting the controller up (discovery, access reviews) took longer than its deadline.
+    SetupTimedOut,
     // `Degraded`
     /// The last reconciles succeeded.
     ReconcilesSucceeding,
@@ -82,6 +84,7 @@ impl Reason {
             Reason::AccessReviewFailed => "AccessReviewFailed",
             Reason::ClientError => "ClientError",
             Reason::ModuleNotReady => "ModuleNotReady",
+            Reason::SetupTimedOut => "SetupTimedOut",
             Reason::ReconcilesSucceeding => "ReconcilesSucceeding",
             Reason::Timeout => "Timeout",
             Reason::MemoryLimitExceeded => "MemoryLimitExceeded",

@@ -135,7 +135,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             std::process::id()
         );
         let elector = LeaderElector::new(
-            kube::Client::try_from(kube_config.clone())?,
+            kube::Client::try_from(kubewasm::manager::request_config(kube_config.clone()))?,
             &args.leader_election_namespace,
             &args.leader_election_id,
             &identity,

@@ -2,10 +2,12 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::discovery::Scope;
 use kube::{Api, Client};
+use kubewasm_guest_sdk::query::{GroupVersion, QueryError, validate_kind};
 use tokio::sync::Mutex;
 
 /// A resolved kind: how to reach it through the API.
@@ -30,6 +32,23 @@ impl Kind {
     }
 }
 
+/// How long the API server gets to answer one discovery request.
+pub const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a kind could not be resolved.
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    /// The apiVersion or kind is not one (see [`GroupVersion::parse`]).
+    #[error("{0}")]
+    Invalid(#[source] QueryError),
+    /// The API server did not answer within [`DISCOVERY_TIMEOUT`].
+    #[error("discovery did not answer within {}s", DISCOVERY_TIMEOUT.as_secs())]
+    TimedOut,
+    /// The API server answered with an error (or does not serve the kind).
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+}
+
 /// Resolves kinds with the API server's discovery, once per kind.
 #[derive(Clone)]
 pub struct Resolver {
@@ -46,18 +65,24 @@ impl Resolver {
         }
     }
 
-    /// The kind for `api_version` (`v1`, `apps/v1`, `example.com/v1`) and `kind`.
-    pub async fn resolve(&self, api_version: &str, kind: &str) -> Result<Kind, kube::Error> {
+    /// The kind for `api_version` (`v1`, `apps/v1`, `example.com/v1`) and `kind`. Both are
+    /// parsed first (a spec's string becomes a discovery URL: nothing but a group, a version
+    /// and a kind may reach it), and the API server gets [`DISCOVERY_TIMEOUT`] to answer.
+    pub async fn resolve(&self, api_version: &str, kind: &str) -> Result<Kind, ResolveError> {
         let key = (api_version.to_owned(), kind.to_owned());
         if let Some(found) = self.cache.lock().await.get(&key) {
             return Ok(found.clone());
         }
-        let (group, version) = match api_version.split_once('/') {
-            Some((g, v)) => (g, v),
-            None => ("", api_version),
-        };
-        let gvk = GroupVersionKind::gvk(group, version, kind);
-        let (resource, caps) = kube::discovery::pinned_kind(&self.client, &gvk).await?;
+        let gv = GroupVersion::parse(api_version).map_err(ResolveError::Invalid)?;
+        validate_kind(kind).map_err(ResolveError::Invalid)?;
+        let gvk = GroupVersionKind::gvk(gv.group, gv.version, kind);
+        let (resource, caps) = tokio::time::timeout(
+            DISCOVERY_TIMEOUT,
+            kube::discovery::pinned_kind(&self.client, &gvk),
+        )
+        .await
+        .map_err(|_| ResolveError::TimedOut)?
+        .map_err(ResolveError::Api)?;
         let found = Kind {
             resource,
             namespaced: matches!(caps.scope, Scope::Namespaced),

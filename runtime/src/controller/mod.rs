@@ -9,7 +9,7 @@ mod watchable;
 mod watches;
 
 pub use budget::TokenBucket;
-pub use discovery::{Kind, Resolver};
+pub use discovery::{DISCOVERY_TIMEOUT, Kind, ResolveError, Resolver};
 pub use leader::{Fence, LeaderElector};
 pub use queue::{Backoff, WorkQueue};
 pub use watchable::{DEFAULT_WATCHABLE_KINDS, InvalidRule, WatchableKinds};

@@ -9,6 +9,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use kubewasm_guest_sdk::query::GroupVersion;
+
 /// The default rules: everything but Secrets and the Kubernetes system groups (RBAC,
 /// Leases, CRDs, admission, storage, ...). Name `core/Secret` before `!core/Secret` to allow
 /// Secrets.
@@ -41,6 +43,8 @@ pub struct WatchableKinds {
 }
 
 impl Default for WatchableKinds {
+    // A constant of this file; `default_excludes_secrets_and_system_groups_only` parses it.
+    #[allow(clippy::expect_used)]
     fn default() -> Self {
         DEFAULT_WATCHABLE_KINDS
             .parse()
@@ -100,9 +104,12 @@ impl fmt::Display for WatchableKinds {
 }
 
 impl WatchableKinds {
-    /// Whether a kind of `api_version` (`v1`, `apps/v1`) may be watched.
+    /// Whether a kind of `api_version` (`v1`, `apps/v1`) may be watched. An apiVersion that
+    /// does not parse ([`GroupVersion::parse`]) names nothing that may be.
     pub fn allows(&self, api_version: &str, kind: &str) -> bool {
-        let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
+        let Ok(GroupVersion { group, .. }) = GroupVersion::parse(api_version) else {
+            return false;
+        };
         self.rules
             .iter()
             .find(|r| r.matches(group, kind))
@@ -122,6 +129,9 @@ mod tests {
         assert!(w.allows("apps/v1", "Deployment"));
         assert!(w.allows("example.com/v1", "HelloWorld"));
         assert!(!w.allows("v1", "Secret"));
+        // Only what parses as a group/version is matched: a path cannot pass as another group.
+        assert!(!w.allows("rbac.authorization.k8s.io/v1/x", "ClusterRoleBinding"));
+        assert!(!w.allows("apps/v1?a=b", "Deployment"));
         assert!(!w.allows("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"));
         assert!(!w.allows("coordination.k8s.io/v1", "Lease"));
         assert_eq!(w.to_string(), DEFAULT_WATCHABLE_KINDS);

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use kube::Client;
 use kube::api::DynamicObject;
+use kubewasm_guest_sdk::query;
 use kubewasm_guest_sdk::selector::Selector;
 use serde_json::Value;
 use tokio::sync::{Semaphore, broadcast};
@@ -18,7 +19,7 @@ use crate::controller::{Backoff, Change, Fence, ObjectKey, TokenBucket, Watch, W
 use crate::metrics::Metrics;
 use crate::sandbox::{
     Action, EventType, GuestPre, Limits, MAX_GUEST_MESSAGE_BYTES, ObjectRef, Sandbox, WireRequest,
-    bounded, requeue_delay,
+    guest_text, requeue_delay,
 };
 
 use super::actions::{ChildKind, EventRecorder, Executor};
@@ -161,11 +162,21 @@ impl Runner {
         self.queue.close();
     }
 
+    /// Whether a key is one this controller reconciles: in its namespace (a WasmController),
+    /// and a valid Kubernetes name — keys also come from what tenants write (a child's
+    /// ownerReference, a saved state's key), and a key lands in log lines, the status and the
+    /// guest's state.
     fn in_scope(&self, key: &ObjectKey) -> bool {
-        match &self.setup.namespace {
+        let placed = match &self.setup.namespace {
             Some(ns) => key.namespace.as_deref() == Some(ns.as_str()),
             None => true,
-        }
+        };
+        placed
+            && query::validate_name(&key.name).is_ok()
+            && key
+                .namespace
+                .as_deref()
+                .is_none_or(|ns| query::validate_namespace(ns).is_ok())
     }
 
     /// Every parent in the cache, and every object the controller keeps state for that is not
@@ -309,15 +320,17 @@ impl Runner {
             Err((reason, message)) => {
                 self.stats.failures.fetch_add(1, Ordering::Relaxed);
                 let delay = self.backoff.failed(key.clone());
-                // Guest text in it is bounded already; API server messages around it are not.
-                let message = bounded(&message, MAX_LAST_ERROR_BYTES);
+                // Guest text in it is bounded already; API server messages around it (which
+                // may quote what the guest sent) are not: escaped and bounded as a whole.
+                let message = guest_text(&message, MAX_LAST_ERROR_BYTES);
                 tracing::warn!(reason = reason.as_str(), retry_in = ?delay, "reconcile failed: {message}");
+                let last =
+                    guest_text(&format!("{key}: {message}"), MAX_LAST_ERROR_BYTES).into_owned();
                 *self
                     .stats
                     .last_error
                     .lock()
-                    .unwrap_or_else(|e| e.into_inner()) =
-                    Some((reason, format!("{key}: {message}")));
+                    .unwrap_or_else(|e| e.into_inner()) = Some((reason, last));
                 self.queue.add_after(key.clone(), delay);
                 return;
             }
@@ -553,6 +566,12 @@ impl Runner {
             let json = to_json(&self.setup.parent, &parent);
             if !f.is_on(&json) {
                 continue;
+            }
+            // A write like any other: within the controller's budget, and only while this
+            // replica may act.
+            self.setup.budget.take().await;
+            if !self.setup.fence.is_open() {
+                return;
             }
             match f
                 .remove(self.setup.client.clone(), self.setup.parent.kind(), &json)

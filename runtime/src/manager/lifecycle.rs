@@ -19,8 +19,13 @@ use super::{ControllerId, Manager, PARALLEL_STARTS, Problem, status};
 /// [`Manager::start_all`]).
 const START_CHUNK: usize = 4 * PARALLEL_STARTS;
 
-/// How long a stopping controller's running reconciles may take to finish.
+/// How long a stopping controller's running reconciles may take to finish; then they are
+/// aborted.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long setting one controller up may take (discovery of each kind it declares, access
+/// reviews): what a spec names cannot hold the manager longer.
+pub(super) const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Backoff of a controller that cannot start.
 #[derive(Debug, Default, Clone, Copy)]
@@ -58,8 +63,20 @@ impl Manager {
         for (runner, _) in &stopping {
             runner.stop();
         }
-        let tasks = stopping.into_iter().map(|(_, task)| task);
-        let _ = tokio::time::timeout(STOP_TIMEOUT, futures::future::join_all(tasks)).await;
+        let mut tasks: Vec<_> = stopping.into_iter().map(|(_, task)| task).collect();
+        let finished =
+            tokio::time::timeout(STOP_TIMEOUT, futures::future::join_all(tasks.iter_mut())).await;
+        if finished.is_err() {
+            // Past its grace a runner is aborted (its reconciles with it, as they are owned by
+            // its task), so that nothing of a removed or revoked controller writes any more.
+            let late = tasks.iter().filter(|t| !t.is_finished()).count();
+            tracing::warn!(
+                "{late} stopping controller(s) still reconciling after {STOP_TIMEOUT:?}: aborted"
+            );
+            for task in &tasks {
+                task.abort();
+            }
+        }
         self.watches.release_unused();
     }
 
@@ -82,6 +99,8 @@ impl Manager {
             .collect();
         let mut writing = None;
         for chunk in ids.chunks(START_CHUNK) {
+            // Starting many is progress too: each chunk is bounded (reads, setups).
+            self.metrics.manager_beat(true);
             let fetched = match writing.take() {
                 Some(writes) => {
                     let (written, fetched) =
@@ -121,7 +140,17 @@ impl Manager {
         let this = &*self;
         let set_up: Vec<_> = futures::stream::iter(loaded)
             .map(|(id, spec, state, guest)| async move {
-                let result = this.setup(&id, &spec, state).await;
+                let result = tokio::time::timeout(SETUP_TIMEOUT, this.setup(&id, &spec, state))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(Problem::new(
+                            Reason::SetupTimedOut,
+                            format!(
+                                "setting the controller up (discovery of its kinds, access reviews) took more than {}s; retrying",
+                                SETUP_TIMEOUT.as_secs()
+                            ),
+                        ))
+                    });
                 (id, guest, result)
             })
             .buffer_unordered(PARALLEL_STARTS)
@@ -205,6 +234,26 @@ impl Manager {
             }
         }
     }
+}
+
+/// How long removing a gone controller's finalizers from its parents may take (a write per
+/// parent, within the controller's write budget).
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Removes a gone controller's finalizers from its parents beside the manager loop (the
+/// runner has stopped): as many parents as the tenant has, each a write within its budget,
+/// so the manager never waits for them; bounded by [`RELEASE_TIMEOUT`].
+pub(super) fn release_finalizers(runner: Arc<Runner>) {
+    tokio::spawn(async move {
+        if tokio::time::timeout(RELEASE_TIMEOUT, runner.release_finalizers())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "releasing a removed controller's finalizers took more than {RELEASE_TIMEOUT:?}: the rest stay; remove them with kubectl patch (metadata.finalizers)"
+            );
+        }
+    });
 }
 
 /// How long to wait after the `failures`-th failed start in a row: `interval` doubling per

@@ -100,8 +100,37 @@ const MAX_DECLARED_BATCH: usize = 1024;
 /// Controllers whose setup (discovery, access reviews) runs at once.
 const PARALLEL_STARTS: usize = 32;
 
+/// How often the manager loop says it is alive when it has nothing else to do.
+const HEARTBEAT: Duration = Duration::from_secs(5);
+
 /// How soon after controllers were started their statuses are written.
 const STATUS_SOON: Duration = Duration::from_millis(200);
+
+/// How long the API server gets to answer one request of the runtime (its response's
+/// headers, and then each part of its body): a request that hangs fails with a timeout
+/// instead of holding whatever waits on it. Watches are not bounded this way.
+pub const API_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long connecting to the API server may take.
+pub const API_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `config` with every request bounded in time ([`API_REQUEST_TIMEOUT`]): for every client
+/// of the runtime but its watches' (the leader election's too).
+pub fn request_config(mut config: kube::Config) -> kube::Config {
+    config = watch_config(config);
+    config.read_timeout = Some(API_REQUEST_TIMEOUT);
+    // From when a request is sent, not from when its pooled connection went idle.
+    config.reset_reader_on_write = true;
+    config
+}
+
+/// `config` for watches: connecting and sending bounded; reading is not (a watch may have
+/// nothing to say for minutes; kube-runtime's watcher has its own idle timeout).
+fn watch_config(mut config: kube::Config) -> kube::Config {
+    config.connect_timeout = Some(API_CONNECT_TIMEOUT);
+    config.write_timeout = Some(API_REQUEST_TIMEOUT);
+    config
+}
 
 /// Names a WasmController (`namespace: Some`) or a ClusterWasmController (`None`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -164,7 +193,10 @@ impl ChangedConfigMaps {
 
 /// The live runtime.
 pub struct Manager {
+    /// Requests and answers, each within [`API_REQUEST_TIMEOUT`].
     client: Client,
+    /// Watches (no read timeout: see [`watch_config`]).
+    watch_client: Client,
     base_config: kube::Config,
     config: ManagerConfig,
     sandbox: Sandbox,
@@ -201,10 +233,15 @@ impl Manager {
             config.sandbox.epoch_interruption,
             "the runtime needs epoch interruption (SandboxConfig::epoch_interruption)"
         );
+        // Watches stream for minutes with nothing to read (kube-runtime's watcher has its own
+        // idle timeout); every other request gets [`API_REQUEST_TIMEOUT`].
+        let watch_client = Client::try_from(watch_config(base_config.clone()))?;
+        let base_config = request_config(base_config);
         let client = Client::try_from(base_config.clone())?;
         let sandbox = Sandbox::new(config.sandbox.clone())?;
         Ok(Manager {
-            watches: SharedWatches::new(client.clone(), config.namespace.clone()),
+            watches: SharedWatches::new(watch_client.clone(), config.namespace.clone()),
+            watch_client,
             resolver: Resolver::new(client.clone()),
             access: AccessReviews::new(client.clone(), config.access_review_ttl),
             fence: Fence::default(),
@@ -257,8 +294,8 @@ impl Manager {
         // `--namespace`: only that namespace's WasmControllers, and no ClusterWasmControllers,
         // so that several runtimes can share a cluster without acting on each other's.
         let wc = match &self.config.namespace {
-            Some(ns) => Api::<WasmController>::namespaced(self.client.clone(), ns),
-            None => Api::<WasmController>::all(self.client.clone()),
+            Some(ns) => Api::<WasmController>::namespaced(self.watch_client.clone(), ns),
+            None => Api::<WasmController>::all(self.watch_client.clone()),
         };
         tokio::spawn(watch_declared(wc, tx.clone(), |o: WasmController| Seen {
             id: ControllerId {
@@ -270,7 +307,7 @@ impl Manager {
             guest_state: o.status.map(|s| s.guest_state).unwrap_or_default(),
         }));
         if self.config.namespace.is_none() {
-            let cwc = Api::<ClusterWasmController>::all(self.client.clone());
+            let cwc = Api::<ClusterWasmController>::all(self.watch_client.clone());
             tokio::spawn(watch_declared(cwc, tx, |o: ClusterWasmController| Seen {
                 id: ControllerId {
                     namespace: None,
@@ -301,8 +338,12 @@ impl Manager {
             connecting.elapsed()
         );
         let fence = self.fence.clone();
+        // `/healthz` fails when this loop stops making progress (see MANAGER_STALL_LIMIT).
+        let mut heartbeat = tokio::time::interval(HEARTBEAT);
         loop {
+            self.metrics.manager_beat(true);
             tokio::select! {
+                _ = heartbeat.tick() => {}
                 _ = &mut shutdown => break,
                 _ = fence.closed() => break,
                 Some(event) = declared.recv() => {
@@ -338,6 +379,7 @@ impl Manager {
                 _ = poll_tick.tick() => self.reload_all(|spec| spec.module.path.is_some()).await,
             }
         }
+        self.metrics.manager_beat(false);
         if !self.fence.is_open() {
             tracing::warn!("leadership lost: aborting every controller");
             for m in self.controllers.values_mut() {
@@ -367,8 +409,8 @@ impl Manager {
     ) {
         // `PartialObjectMeta`: the API server sends metadata only.
         let api: Api<PartialObjectMeta<ConfigMap>> = match &self.config.namespace {
-            Some(ns) => Api::namespaced(self.client.clone(), ns),
-            None => Api::all(self.client.clone()),
+            Some(ns) => Api::namespaced(self.watch_client.clone(), ns),
+            None => Api::all(self.watch_client.clone()),
         };
         let (store, writer) = reflector::store();
         let changed = Arc::new(ChangedConfigMaps::default());
@@ -376,6 +418,19 @@ impl Manager {
         tokio::spawn(async move {
             let events = watcher(api, crate::controller::watch_config())
                 .default_backoff()
+                // Only the name, namespace, uid and resourceVersion are used: the labels,
+                // annotations and managedFields of every ConfigMap of the cluster (up to
+                // 256 KiB of annotations each, tenants' to size) are not kept.
+                .modify(|meta| {
+                    let kept = std::mem::take(&mut meta.metadata);
+                    meta.metadata = kube::api::ObjectMeta {
+                        name: kept.name,
+                        namespace: kept.namespace,
+                        uid: kept.uid,
+                        resource_version: kept.resource_version,
+                        ..Default::default()
+                    };
+                })
                 .reflect(writer)
                 .touched_objects();
             let mut events = std::pin::pin!(events);
@@ -474,7 +529,7 @@ impl Manager {
         let releasing = self.finalizing_runner(id);
         self.stop(id).await;
         if let Some(runner) = releasing {
-            runner.release_finalizers().await;
+            lifecycle::release_finalizers(runner);
         }
         self.controllers.remove(id);
         tracing::info!(controller = %id, "controller removed");
@@ -495,7 +550,7 @@ impl Manager {
             .collect();
         self.stop_all(&gone).await;
         for runner in releasing {
-            runner.release_finalizers().await;
+            lifecycle::release_finalizers(runner);
         }
         for id in gone {
             self.controllers.remove(&id);

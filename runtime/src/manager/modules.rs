@@ -9,6 +9,7 @@
 //! changed module is noticed as before, and an unchanged one costs nothing.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -19,6 +20,7 @@ use kube::runtime::reflector::ObjectRef;
 use crate::api::{Reason, WasmControllerSpec};
 use crate::controller::ObjectKey;
 use crate::host::module;
+use crate::sandbox::GuestPre;
 
 use super::{ControllerId, Manager, PARALLEL_STARTS, Problem};
 
@@ -45,8 +47,11 @@ pub(super) struct ModuleRead(ControllerId, Result<Fetched, Problem>);
 enum Fetched {
     /// Its ConfigMap is still the version its module came from.
     Unchanged,
-    /// These bytes, from this ConfigMap version (`None`: from a file).
-    Bytes(Vec<u8>, Option<ModuleVersion>),
+    /// These bytes, compiled (or why not), from this ConfigMap version (`None`: from a file).
+    Compiled(
+        Result<Arc<GuestPre>, crate::sandbox::LoadError>,
+        Option<ModuleVersion>,
+    ),
 }
 
 impl Manager {
@@ -90,11 +95,9 @@ impl Manager {
     fn load_module(&mut self, id: &ControllerId, fetched: Result<Fetched, Problem>) {
         let loaded = match fetched {
             Ok(Fetched::Unchanged) => return,
-            Ok(Fetched::Bytes(bytes, version)) => {
-                let loaded = self
-                    .sandbox
-                    .load(&bytes)
-                    .map_err(|e| Problem::new(Reason::ModuleInvalid, e.to_string()));
+            Ok(Fetched::Compiled(compiled, version)) => {
+                let loaded =
+                    compiled.map_err(|e| Problem::new(Reason::ModuleInvalid, e.to_string()));
                 // The same bytes would fail the same way: read again only once they change.
                 if let Some(m) = self.controllers.get_mut(id) {
                     m.module_version = version;
@@ -157,6 +160,13 @@ impl Manager {
                 ));
             }
             (Some(cm), None) => {
+                // The name becomes a field selector: parsed before it is sent.
+                super::setup::validate_dns_subdomain(&cm.name).map_err(|e| {
+                    Problem::new(
+                        Reason::InvalidSpec,
+                        format!("spec.module.configMap.name: {e}"),
+                    )
+                })?;
                 let namespace = id
                     .namespace
                     .clone()
@@ -240,7 +250,13 @@ impl Manager {
                     };
                     Problem::new(reason, e.to_string())
                 })?;
-        Ok(Fetched::Bytes(bytes, version))
+        // Compiled beside the manager loop (a compile takes as long as the tenant's module
+        // makes it, up to the size bound), once per digest.
+        let sandbox = self.sandbox.clone();
+        let compiled = tokio::task::spawn_blocking(move || sandbox.load(&bytes))
+            .await
+            .map_err(|e| Problem::new(Reason::ModuleInvalid, e.to_string()))?;
+        Ok(Fetched::Compiled(compiled, version))
     }
 
     /// ConfigMap `namespace/name`, listed by name (the runtime's identity may list

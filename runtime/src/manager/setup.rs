@@ -5,10 +5,11 @@
 use std::sync::Arc;
 
 use futures::StreamExt;
+use kubewasm_guest_sdk::query::{self, GroupVersion};
 use kubewasm_guest_sdk::selector::Selector;
 
 use crate::api::{Reason, Verb, WasmControllerSpec};
-use crate::controller::{Kind, TokenBucket};
+use crate::controller::{Kind, ResolveError, TokenBucket};
 use crate::host::{
     CacheSource, ChildKind, ControllerSetup, DeclaredKinds, Finalizer, GuestState, Permissions,
     ServiceAccount,
@@ -57,6 +58,9 @@ impl Manager {
                 ),
             ));
         }
+        // Parsed before anything else sees them: every apiVersion and kind the spec names
+        // becomes part of a discovery URL, a cache key and an allowlist match.
+        validate_declarations(spec)?;
         // The operator's rules come first: nothing is looked up for a kind it does not allow.
         for (field, api_version, kind) in readable_declarations(spec) {
             if !self.config.watchable.allows(api_version, kind) {
@@ -75,11 +79,24 @@ impl Manager {
             .chain(spec.children.iter().map(|c| (&c.api_version, &c.kind)))
             .chain(spec.grants.iter().map(|g| (&g.api_version, &g.kind)));
         for (api_version, kind) in declared {
-            let resolved = self.resolver.resolve(api_version, kind).await.map_err(|e| {
-                Problem::new(Reason::KindNotFound,
+            let resolved = self.resolver.resolve(api_version, kind).await.map_err(|e| match e {
+                ResolveError::Invalid(e) => Problem::new(Reason::InvalidSpec, e.to_string()),
+                ResolveError::TimedOut => Problem::new(Reason::KindNotFound,
+                    format!("looking up {kind} ({api_version}): {e}; retrying"),
+                ),
+                ResolveError::Api(e) => Problem::new(Reason::KindNotFound,
                     format!("the API server does not serve {kind} ({api_version}): {e}; apply its CustomResourceDefinition"),
-                )
+                ),
             })?;
+            if resolved.resource.api_version != *api_version || resolved.resource.kind != *kind {
+                return Err(Problem::new(
+                    Reason::KindNotFound,
+                    format!(
+                        "the API server answered {} ({}) for {kind} ({api_version}): name the kind as the API server serves it",
+                        resolved.resource.kind, resolved.resource.api_version
+                    ),
+                ));
+            }
             if id.namespace.is_some() && !resolved.namespaced {
                 return Err(Problem::new(
                     Reason::InvalidSpec,
@@ -90,11 +107,14 @@ impl Manager {
             }
             kinds.insert(resolved);
         }
+        // Every declared kind was resolved above, under the name the spec gives it.
         let kind_of = |api_version: &str, kind: &str| {
-            kinds
-                .get(api_version, kind)
-                .cloned()
-                .expect("every declared kind was resolved above")
+            kinds.get(api_version, kind).cloned().ok_or_else(|| {
+                Problem::new(
+                    Reason::InternalError,
+                    format!("{kind} ({api_version}) was not resolved"),
+                )
+            })
         };
         // Authorize: the ServiceAccount must be allowed to read whatever it will be handed.
         let access = ReadAccess {
@@ -102,16 +122,16 @@ impl Manager {
             account: service_account(id, spec),
             kinds: readable_declarations(spec)
                 .map(|(_, api_version, kind)| kind_of(api_version, kind))
-                .collect(),
+                .collect::<Result<_, _>>()?,
         };
         self.check_access(id, &access).await?;
 
-        let parent_kind = kind_of(&spec.parent.api_version, &spec.parent.kind);
+        let parent_kind = kind_of(&spec.parent.api_version, &spec.parent.kind)?;
         let parent = self.watches.watch(&parent_kind);
         let mut children = Vec::new();
         let mut readable = vec![parent.clone()];
         for c in &spec.children {
-            let watch = self.watches.watch(&kind_of(&c.api_version, &c.kind));
+            let watch = self.watches.watch(&kind_of(&c.api_version, &c.kind)?);
             readable.push(watch.clone());
             children.push((
                 ChildKind {
@@ -122,7 +142,7 @@ impl Manager {
             ));
         }
         for g in spec.grants.iter().filter(|g| g.verbs.iter().any(is_read)) {
-            readable.push(self.watches.watch(&kind_of(&g.api_version, &g.kind)));
+            readable.push(self.watches.watch(&kind_of(&g.api_version, &g.kind)?));
         }
         let client = self
             .impersonating(&access.account.namespace, &access.account.name)
@@ -246,6 +266,56 @@ fn readable_declarations(
     )
 }
 
+/// Every apiVersion, kind and name a spec declares, checked by the one parser of each (the
+/// CRD's schema checks the same patterns; a runtime never trusts that it did).
+pub(super) fn validate_declarations(spec: &WasmControllerSpec) -> Result<(), Problem> {
+    let invalid = |field: &str, e: &dyn std::fmt::Display| {
+        Problem::new(Reason::InvalidSpec, format!("{field}: {e}"))
+    };
+    let kinds = std::iter::once(("spec.parent", &spec.parent.api_version, &spec.parent.kind))
+        .chain(
+            spec.children
+                .iter()
+                .map(|c| ("spec.children", &c.api_version, &c.kind)),
+        )
+        .chain(
+            spec.grants
+                .iter()
+                .map(|g| ("spec.grants", &g.api_version, &g.kind)),
+        );
+    for (field, api_version, kind) in kinds {
+        GroupVersion::parse(api_version).map_err(|e| invalid(field, &e))?;
+        query::validate_kind(kind).map_err(|e| invalid(field, &e))?;
+    }
+    if let Some(name) = &spec.service_account_name {
+        validate_dns_subdomain(name).map_err(|e| invalid("spec.serviceAccountName", &e))?;
+    }
+    if let Some(cm) = &spec.module.config_map {
+        validate_dns_subdomain(&cm.name).map_err(|e| invalid("spec.module.configMap.name", &e))?;
+        if let Some(ns) = &cm.namespace {
+            query::validate_namespace(ns)
+                .map_err(|e| invalid("spec.module.configMap.namespace", &e))?;
+        }
+    }
+    Ok(())
+}
+
+/// A DNS subdomain (ServiceAccount and ConfigMap names): at most 253 bytes of DNS labels
+/// joined by `.`.
+pub(super) fn validate_dns_subdomain(name: &str) -> Result<(), String> {
+    // The group of an apiVersion is exactly a DNS subdomain: one parser for both.
+    match GroupVersion::parse(&format!("{name}/v1")) {
+        Ok(gv) if gv.group == name => Ok(()),
+        _ => Err(format!(
+            "invalid name `{}`: a name is at most 253 characters of `a-z`, `0-9`, `-` and `.`, each part between dots starting and ending with a letter or digit",
+            name.chars()
+                .take(128)
+                .flat_map(char::escape_debug)
+                .collect::<String>()
+        )),
+    }
+}
+
 /// The ServiceAccount a controller acts as: in its own namespace (a ClusterWasmController:
 /// its module's namespace, else `default`), named by the spec or `default`.
 fn service_account(id: &ControllerId, spec: &WasmControllerSpec) -> ServiceAccount {
@@ -265,5 +335,57 @@ fn service_account(id: &ControllerId, spec: &WasmControllerSpec) -> ServiceAccou
             .service_account_name
             .clone()
             .unwrap_or_else(|| "default".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(yaml: &str) -> WasmControllerSpec {
+        serde_yaml::from_str(yaml).unwrap()
+    }
+
+    fn refused(yaml: &str) -> String {
+        let problem = validate_declarations(&spec(yaml)).unwrap_err();
+        assert_eq!(problem.reason, Reason::InvalidSpec, "{}", problem.message);
+        assert!(!problem.message.contains('\n'), "{}", problem.message);
+        problem.message
+    }
+
+    #[test]
+    fn specs_that_would_reach_a_url_or_a_key_unparsed_are_refused() {
+        validate_declarations(&spec(
+            "module: {configMap: {name: hello-controller, key: hello_world.wasm}}\nparent: {apiVersion: example.com/v1, kind: HelloWorld}\nchildren: [{apiVersion: v1, kind: Pod}]\ngrants: [{apiVersion: apps/v1, kind: Deployment, verbs: [get]}]\nserviceAccountName: hello-controller",
+        ))
+        .unwrap();
+        // The two strings a hostile tenant tried: a watch URL of another namespace and a query.
+        let m = refused(
+            "module: {configMap: {name: m, key: k}}\nparent: {apiVersion: 'apps/v1/namespaces/team-a/deployments?watch=1&timeoutSeconds=86400', kind: Deployment}",
+        );
+        assert!(m.starts_with("spec.parent: invalid apiVersion"), "{m}");
+        let m = refused(
+            "module: {configMap: {name: m, key: k}}\nparent: {apiVersion: v1, kind: ConfigMap}\nchildren: [{apiVersion: 'apps/v1?a=b', kind: Deployment}]",
+        );
+        assert!(m.starts_with("spec.children: invalid apiVersion"), "{m}");
+        let m = refused(
+            "module: {configMap: {name: m, key: k}}\nparent: {apiVersion: v1, kind: ConfigMap}\ngrants: [{apiVersion: v1, kind: 'Pod/status', verbs: [get]}]",
+        );
+        assert!(m.starts_with("spec.grants: invalid kind"), "{m}");
+        let m = refused(
+            "module: {configMap: {name: m, key: k}}\nparent: {apiVersion: v1, kind: ConfigMap}\nserviceAccountName: 'x:y'",
+        );
+        assert!(
+            m.starts_with("spec.serviceAccountName: invalid name"),
+            "{m}"
+        );
+        let m = refused(
+            "module: {configMap: {name: 'm,metadata.name=x', key: k}}\nparent: {apiVersion: v1, kind: ConfigMap}",
+        );
+        assert!(m.starts_with("spec.module.configMap.name"), "{m}");
+        let m = refused(
+            "module: {configMap: {name: m, key: k, namespace: 'A\\nB'}}\nparent: {apiVersion: v1, kind: ConfigMap}",
+        );
+        assert!(m.contains("\\n"), "escaped: {m}");
     }
 }

@@ -47,7 +47,7 @@ fn condition(
         type_: type_.into(),
         status: if ok { "True" } else { "False" }.into(),
         reason: reason.to_string(),
-        message: crate::sandbox::bounded(&message, MAX_CONDITION_MESSAGE_BYTES).into_owned(),
+        message: crate::sandbox::guest_text(&message, MAX_CONDITION_MESSAGE_BYTES).into_owned(),
         observed_generation: generation,
         last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
     }

@@ -45,7 +45,14 @@ pub struct Metrics {
     in_flight: Gauge,
     controllers: Gauge,
     ready: AtomicBool,
+    /// When the manager loop last made progress (`None`: not running), for `/healthz`.
+    manager_beat: std::sync::Mutex<Option<std::time::Instant>>,
 }
+
+/// How long the manager loop may make no progress before `/healthz` fails and the kubelet
+/// restarts the replica. Longer than the longest step it may take while working as it
+/// should: one chunk of controllers starting, each setup bounded by 30 s.
+pub const MANAGER_STALL_LIMIT: Duration = Duration::from_secs(300);
 
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -106,6 +113,7 @@ impl Default for Metrics {
             in_flight,
             controllers,
             ready: AtomicBool::new(false),
+            manager_beat: std::sync::Mutex::new(None),
         }
     }
 }
@@ -160,6 +168,26 @@ impl Metrics {
         self.ready.store(ready, Ordering::Relaxed);
     }
 
+    /// The manager loop made progress (or, `running: false`, stopped on purpose).
+    pub fn manager_beat(&self, running: bool) {
+        *self.manager_beat.lock().unwrap_or_else(|e| e.into_inner()) =
+            running.then(std::time::Instant::now);
+    }
+
+    /// Why the runtime is not healthy: the manager loop made no progress for longer than
+    /// `limit`.
+    pub fn unhealthy(&self, limit: Duration) -> Option<String> {
+        let last = (*self.manager_beat.lock().unwrap_or_else(|e| e.into_inner()))?;
+        let silent = last.elapsed();
+        (silent > limit).then(|| {
+            format!(
+                "the manager loop has made no progress for {}s (limit {}s)\n",
+                silent.as_secs(),
+                limit.as_secs()
+            )
+        })
+    }
+
     /// The metrics in the Prometheus text format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -188,6 +216,13 @@ async fn metrics_text(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
     )
 }
 
+async fn healthz(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
+    match m.unhealthy(MANAGER_STALL_LIMIT) {
+        None => (StatusCode::OK, "ok\n".to_owned()),
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+    }
+}
+
 async fn readyz(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
     if m.ready.load(Ordering::Relaxed) {
         (StatusCode::OK, "ready\n")
@@ -203,7 +238,7 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<S
     let bound = listener.local_addr()?;
     let app = Router::new()
         .route("/metrics", get(metrics_text))
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(metrics);
     tokio::spawn(async move {
@@ -217,6 +252,19 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn healthz_fails_only_while_a_running_manager_makes_no_progress() {
+        let m = Metrics::default();
+        assert_eq!(m.unhealthy(Duration::ZERO), None, "not running yet");
+        m.manager_beat(true);
+        assert_eq!(m.unhealthy(Duration::from_secs(60)), None);
+        std::thread::sleep(Duration::from_millis(5));
+        let why = m.unhealthy(Duration::from_millis(1)).unwrap();
+        assert!(why.contains("no progress"), "{why}");
+        m.manager_beat(false);
+        assert_eq!(m.unhealthy(Duration::ZERO), None, "stopped on purpose");
+    }
 
     #[test]
     fn counts_reconciles_by_result_and_in_flight() {

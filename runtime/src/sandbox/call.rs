@@ -10,8 +10,8 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use super::bindings::{ControllerPre, HOST_INTERFACE, wit};
 use super::error::{CallError, HostCallLimitHit};
 use super::limits::{Limits, MemoryLimiter};
-use super::output::{BoundedOutput, Captured, LogBudget};
-use super::text::{MAX_GUEST_LOG_LINE_BYTES, MAX_GUEST_MESSAGE_BYTES, bounded};
+use super::output::{BoundedOutput, Captured, LogBudget, MIN_LOG_LINE_COST};
+use super::text::{MAX_GUEST_LOG_LINE_BYTES, MAX_GUEST_MESSAGE_BYTES, escaped, guest_text};
 use super::types::{ObjectRef, Response, SharedReads, WireRequest, decode_response, wire_to_wit};
 
 /// What a successful call produced, besides the response.
@@ -138,6 +138,8 @@ fn log(
     mut store: StoreContextMut<'_, CallState>,
     (level, message): (wit::LogLevel, WasmStr),
 ) -> wasmtime::Result<()> {
+    // A line costs the runtime a log record and a call: counted like a read.
+    store.data_mut().count_host_call()?;
     let mut logs = store.data().logs;
     {
         let message = message.to_str(&store)?;
@@ -252,11 +254,11 @@ fn respond(
         Ok(json) => {
             let json = json.to_str(&store)?;
             decode_response(&json, &limits).map_err(|e| {
-                CallError::InvalidResponse(bounded(&e, MAX_GUEST_MESSAGE_BYTES).into_owned())
+                CallError::InvalidResponse(guest_text(&e, MAX_GUEST_MESSAGE_BYTES).into_owned())
             })
         }
         Err(e) => Err(CallError::Guest {
-            message: bounded(&e.message.to_str(&store)?, MAX_GUEST_MESSAGE_BYTES).into_owned(),
+            message: guest_text(&e.message.to_str(&store)?, MAX_GUEST_MESSAGE_BYTES).into_owned(),
             retryable: e.retryable,
         }),
     };
@@ -345,9 +347,10 @@ pub(crate) async fn run(
     .await;
     let elapsed = started.elapsed();
     let (stdout, stderr) = (stdout.take(), stderr.take());
-    log_output(&about, "stdout", &stdout);
-    log_output(&about, "stderr", &stderr);
-    let state = store.into_data();
+    let mut state = store.into_data();
+    // Lines of stdout and stderr are logged within the same budget as `log` lines.
+    log_output(&about, "stdout", &stdout, &mut state.logs);
+    log_output(&about, "stderr", &stderr, &mut state.logs);
     log_dropped_lines(&about, &state.logs, limits);
 
     if let Err(err) = result {
@@ -409,12 +412,13 @@ fn classify(
 /// comes last) goes first so that it survives.
 fn trap_text(err: &wasmtime::Error) -> String {
     let text = format!("{err:#}");
-    if text.len() <= MAX_GUEST_MESSAGE_BYTES {
-        return text;
+    let (whole, cut) = escaped(&text, MAX_GUEST_MESSAGE_BYTES);
+    if cut == 0 {
+        return whole.into_owned();
     }
-    let cause = bounded(&err.root_cause().to_string(), MAX_GUEST_MESSAGE_BYTES / 4).into_owned();
+    let cause = guest_text(&err.root_cause().to_string(), MAX_GUEST_MESSAGE_BYTES / 4).into_owned();
     let room = MAX_GUEST_MESSAGE_BYTES - cause.len() - "; ".len();
-    format!("{cause}; {}", bounded(&text, room))
+    format!("{cause}; {}", guest_text(&text, room))
 }
 
 /// Which call a log line is about (the request itself is moved into the guest's record).
@@ -437,13 +441,16 @@ fn panic_message(stderr: &str) -> Option<String> {
         .lines()
         .take_while(|l| !l.starts_with("note: "))
         .collect();
-    let location = bounded(location.trim_end_matches(':'), MAX_PANIC_LOCATION_BYTES);
+    let location = guest_text(location.trim_end_matches(':'), MAX_PANIC_LOCATION_BYTES);
     let room = MAX_GUEST_MESSAGE_BYTES - location.len() - " (at )".len();
     let message = message.join("\n");
-    Some(format!("{} (at {location})", bounded(message.trim(), room)))
+    Some(format!(
+        "{} (at {location})",
+        guest_text(message.trim(), room)
+    ))
 }
 
-fn log_output(request: &About, stream: &str, captured: &Captured) {
+fn log_output(request: &About, stream: &str, captured: &Captured, logs: &mut LogBudget) {
     if captured.kept.is_empty() && captured.dropped == 0 {
         return;
     }
@@ -451,7 +458,7 @@ fn log_output(request: &About, stream: &str, captured: &Captured) {
     let object = request.target.to_string();
     let text = captured.text();
     let lines = text.lines().filter(|l| !l.is_empty());
-    for line in lines.map(|l| bounded(l, MAX_GUEST_LOG_LINE_BYTES)) {
+    for line in lines.filter_map(|l| logs.admit(l)) {
         if stream == "stderr" {
             tracing::warn!(
                 controller,
@@ -481,12 +488,13 @@ fn log_output(request: &About, stream: &str, captured: &Captured) {
 }
 
 fn log_dropped_lines(request: &About, logs: &LogBudget, limits: &Limits) {
-    if logs.dropped() > 0 {
+    if logs.dropped() > 0 || logs.dropped_lines() > 0 {
         tracing::warn!(
             controller = request.controller.as_str(),
             object = request.target.to_string(),
             dropped_bytes = logs.dropped(),
-            "guest log lines past {MAX_GUEST_LOG_LINE_BYTES} bytes each or {} bytes per call were dropped",
+            dropped_lines = logs.dropped_lines(),
+            "guest log lines past {MAX_GUEST_LOG_LINE_BYTES} bytes each or {} bytes per call (each line counting at least {MIN_LOG_LINE_COST}) were dropped",
             limits.log_bytes
         );
     }

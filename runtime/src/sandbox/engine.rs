@@ -167,6 +167,9 @@ impl GuestPre {
 /// Drives a call on this thread's current-thread tokio runtime.
 fn block_on<T>(call: impl std::future::Future<Output = T>) -> T {
     thread_local! {
+        // Building a current-thread runtime fails only when the process cannot make a timer
+        // (out of file descriptors): no guest or spec is involved, and nothing could go on.
+        #[allow(clippy::expect_used)]
         static RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()
@@ -179,6 +182,9 @@ struct Inner {
     engine: Engine,
     linker: Linker<CallState>,
     modules: Mutex<HashMap<Digest, Arc<GuestPre>>>,
+    /// Held while compiling: modules are loaded side by side (beside the manager loop), and
+    /// a thousand controllers of one module must compile it once, not once per thread.
+    compiling: Mutex<()>,
     slots: FairSlots,
     config: SandboxConfig,
 }
@@ -216,6 +222,7 @@ impl Sandbox {
                 engine,
                 linker,
                 modules: Mutex::new(HashMap::new()),
+                compiling: Mutex::new(()),
                 slots: FairSlots::new(config.max_instances as usize),
                 config,
             }),
@@ -225,6 +232,15 @@ impl Sandbox {
     /// Compiles and validates a module, or returns the cached guest with the same digest.
     pub fn load(&self, bytes: &[u8]) -> Result<Arc<GuestPre>, LoadError> {
         let digest = Digest::of(bytes);
+        if let Some(guest) = self.lock_modules().get(&digest) {
+            return Ok(guest.clone());
+        }
+        // One compile at a time (each uses every core): whoever waited finds it done.
+        let _compiling = self
+            .inner
+            .compiling
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         if let Some(guest) = self.lock_modules().get(&digest) {
             return Ok(guest.clone());
         }
@@ -286,6 +302,7 @@ impl Sandbox {
             Some([0, b'a', b's', b'm', ..]) => {}
             _ => return Err(LoadError::NotWasm),
         }
+        utf8_strings_only(bytes)?;
         let component = Component::new(&self.inner.engine, bytes).map_err(LoadError::Compile)?;
         let instance_pre = self
             .inner
@@ -340,7 +357,10 @@ fn engine_config(config: &SandboxConfig) -> Config {
 }
 
 /// Advances the epoch every `tick` for as long as the Engine lives. The thread holds only a
-/// weak reference, so it ends when the last Engine clone is dropped.
+/// weak reference, so it ends when the last Engine clone is dropped. Started once, when the
+/// sandbox is made; without it no guest could be stopped, so a failure to spawn it ends the
+/// process before any guest runs.
+#[allow(clippy::expect_used)]
 fn start_epoch_ticker(engine: &Engine, tick: Duration) {
     let weak = engine.weak();
     std::thread::Builder::new()
@@ -353,4 +373,40 @@ fn start_epoch_ticker(engine: &Engine, tick: Duration) {
             }
         })
         .expect("spawning the epoch ticker thread");
+}
+
+/// Refuses a component (or any component nested in it) with a canonical option other than
+/// UTF-8 strings: for UTF-16 and Latin-1, wasmtime transcodes each string the guest hands the
+/// host into host memory before the host sees its length, so no bound of the host could hold.
+/// A component that does not parse is left to the compiler, which says why.
+fn utf8_strings_only(bytes: &[u8]) -> Result<(), LoadError> {
+    use wasmparser::{CanonicalFunction as F, CanonicalOption, Parser, Payload};
+    for payload in Parser::new(0).parse_all(bytes) {
+        let Ok(Payload::ComponentCanonicalSection(section)) = payload else {
+            continue;
+        };
+        for function in section.into_iter().flatten() {
+            let options: &[CanonicalOption] = match &function {
+                F::Lift { options, .. }
+                | F::Lower { options, .. }
+                | F::TaskReturn { options, .. }
+                | F::StreamRead { options, .. }
+                | F::StreamWrite { options, .. }
+                | F::FutureRead { options, .. }
+                | F::FutureWrite { options, .. }
+                | F::ErrorContextNew { options }
+                | F::ErrorContextDebugMessage { options } => options,
+                _ => &[],
+            };
+            for option in options {
+                let encoding = match option {
+                    CanonicalOption::UTF16 => "UTF-16",
+                    CanonicalOption::CompactUTF16 => "Latin-1+UTF-16",
+                    _ => continue,
+                };
+                return Err(LoadError::StringEncoding { encoding });
+            }
+        }
+    }
+    Ok(())
 }

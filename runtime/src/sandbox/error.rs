@@ -25,6 +25,15 @@ pub enum LoadError {
         /// Largest accepted size.
         limit: usize,
     },
+    /// The component passes strings in UTF-16 or Latin-1: the host would transcode every
+    /// string into its own memory before it could check its length.
+    #[error(
+        "the component passes strings as {encoding} (a canonical option of one of its functions): kubewasm takes UTF-8 strings only, so that no string is copied before its length is checked; build it with a toolchain that uses UTF-8 (Rust, componentize-py and wit-bindgen do by default)"
+    )]
+    StringEncoding {
+        /// The encoding found.
+        encoding: &'static str,
+    },
     /// wasmtime could not compile the component.
     #[error("the component does not compile: {0:#}")]
     Compile(#[source] wasmtime::Error),

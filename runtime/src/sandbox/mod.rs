@@ -17,8 +17,9 @@ pub use engine::{Digest, GuestPre, Sandbox, SandboxConfig};
 pub use error::{CallError, LoadError};
 pub use limits::{Limits, MAX_GUEST_STATE_BYTES, MAX_GUEST_STATE_OBJECTS};
 pub use output::Captured;
+pub use output::MIN_LOG_LINE_COST;
 pub use text::{
-    MAX_EVENT_REASON_BYTES, MAX_GUEST_LOG_LINE_BYTES, MAX_GUEST_MESSAGE_BYTES, bounded,
+    MAX_EVENT_REASON_BYTES, MAX_GUEST_LOG_LINE_BYTES, MAX_GUEST_MESSAGE_BYTES, bounded, guest_text,
 };
 pub use types::{
     Action, Error, EventType, NoReads, ObjectRef, Reads, Request, Response, SharedReads,

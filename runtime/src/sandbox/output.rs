@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
 
-use super::text::{MAX_GUEST_LOG_LINE_BYTES, truncated};
+use super::text::{MAX_GUEST_LOG_LINE_BYTES, escaped};
 
 /// What a guest wrote to one stream during one call.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -128,7 +128,11 @@ pub(crate) struct LogBudget {
     limit: usize,
     used: usize,
     dropped: u64,
+    dropped_lines: u64,
 }
+
+/// The least a guest's log line costs of its call's log budget, an empty one too.
+pub const MIN_LOG_LINE_COST: usize = 128;
 
 impl LogBudget {
     pub(crate) fn new(limit: usize) -> Self {
@@ -136,22 +140,32 @@ impl LogBudget {
             limit,
             used: 0,
             dropped: 0,
+            dropped_lines: 0,
         }
     }
 
-    /// What to log of `line`: at most [`MAX_GUEST_LOG_LINE_BYTES`] and what is left of the
-    /// budget, where each line costs its length plus one; `None` once nothing is left.
+    /// What to log of `line`: escaped ([`super::text::guest_text`]), at most
+    /// [`MAX_GUEST_LOG_LINE_BYTES`] and what is left of the budget, where each line costs its
+    /// length and at least [`MIN_LOG_LINE_COST`] (a line costs the runtime a log record
+    /// whatever its length: a million empty lines are not free); `None` once too little is
+    /// left.
     pub(crate) fn admit<'a>(&mut self, line: &'a str) -> Option<Cow<'a, str>> {
-        let room = self.limit.saturating_sub(self.used).saturating_sub(1);
-        let (kept, cut) = truncated(line, room.min(MAX_GUEST_LOG_LINE_BYTES));
-        if self.used >= self.limit || (kept.is_empty() && !line.is_empty()) {
+        let left = self.limit.saturating_sub(self.used);
+        if left < MIN_LOG_LINE_COST {
             self.used = self.limit;
             self.dropped += line.len() as u64;
+            self.dropped_lines += 1;
             return None;
         }
-        self.used += kept.len() + 1;
+        let (kept, cut) = escaped(line, left.min(MAX_GUEST_LOG_LINE_BYTES));
+        self.used += kept.len().max(MIN_LOG_LINE_COST);
         self.dropped += cut as u64;
         Some(kept)
+    }
+
+    /// Lines not logged at all (over the budget).
+    pub(crate) fn dropped_lines(&self) -> u64 {
+        self.dropped_lines
     }
 
     /// Bytes of log lines not logged: cut from long lines or over the budget.
@@ -166,7 +180,7 @@ mod tests {
 
     #[test]
     fn log_lines_are_cut_and_the_budget_is_kept() {
-        let mut budget = LogBudget::new(MAX_GUEST_LOG_LINE_BYTES + 10);
+        let mut budget = LogBudget::new(MAX_GUEST_LOG_LINE_BYTES + 300);
         assert_eq!(budget.admit("abc").as_deref(), Some("abc"));
         let long = "y".repeat(1 << 20);
         let line = budget.admit(&long).unwrap();
@@ -176,13 +190,39 @@ mod tests {
             "{}",
             &line[line.len() - 30..]
         );
-        // 4 + 4097 of 4106 used: 5 left, room for a 4-byte line.
-        assert_eq!(budget.admit("").as_deref(), Some(""));
-        assert_eq!(budget.admit("abcdef").as_deref(), Some("abc"));
+        // 128 (the least a line costs) + 4096 of 4396 used: 172 left, room for one more line,
+        // cut to what is left.
+        let zs = "z".repeat(500);
+        let last = budget.admit(&zs).unwrap();
+        assert!(last.len() <= 172 && last.starts_with("zzz"), "{last}");
         assert_eq!(budget.admit("more"), None);
         assert_eq!(budget.admit(""), None);
+        assert_eq!(budget.dropped_lines(), 2);
         // The long line keeps 4072 bytes and a 24-byte marker `… (1044504 more bytes)`.
-        assert_eq!(budget.dropped(), ((1 << 20) - 4072) + 3 + 4);
+        let last_kept = last.split('…').next().unwrap().len();
+        assert_eq!(
+            budget.dropped(),
+            ((1 << 20) - 4072) + (500 - last_kept) as u64 + 4
+        );
+    }
+
+    #[test]
+    fn empty_lines_cost_the_least_a_line_costs() {
+        let mut budget = LogBudget::new(64 << 10);
+        let logged = (0..1_000_000)
+            .filter(|_| budget.admit("").is_some())
+            .count();
+        assert_eq!(logged, (64 << 10) / MIN_LOG_LINE_COST);
+        assert_eq!(budget.dropped_lines(), 1_000_000 - logged as u64);
+    }
+
+    #[test]
+    fn log_lines_are_escaped() {
+        let mut budget = LogBudget::new(64 << 10);
+        assert_eq!(
+            budget.admit("a\nINFO forged").as_deref(),
+            Some("a\\nINFO forged")
+        );
     }
 
     #[test]

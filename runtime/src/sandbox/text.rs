@@ -41,6 +41,59 @@ pub(crate) fn truncated(text: &str, max: usize) -> (Cow<'_, str>, usize) {
     (Cow::Owned(format!("{kept}{}", marker(cut))), cut)
 }
 
+/// Guest text made safe to log or to show in a status: every character that could end a log
+/// line or change how a terminal shows it (control characters, Unicode line separators and
+/// bidirectional overrides) escaped as Rust does (`\n`, `\u{1b}`), then cut to `max` bytes
+/// as [`bounded`] does. Only what fits is escaped, so a huge text costs no huge copy.
+pub fn guest_text(text: &str, max: usize) -> Cow<'_, str> {
+    escaped(text, max).0
+}
+
+/// [`guest_text`], plus how many bytes of `text` were cut off.
+pub(crate) fn escaped(text: &str, max: usize) -> (Cow<'_, str>, usize) {
+    if !prefix(text, max).chars().any(must_escape) {
+        // What is kept is a prefix of at most `max` bytes: nothing in it to escape.
+        return truncated(text, max);
+    }
+    let (all, used) = escape_within(text, max);
+    if used == text.len() {
+        return (Cow::Owned(all), 0);
+    }
+    let Some(room) = max.checked_sub(marker(text.len()).len()) else {
+        return (Cow::Owned(all), text.len() - used);
+    };
+    let (kept, used) = escape_within(text, room);
+    let cut = text.len() - used;
+    (Cow::Owned(format!("{kept}{}", marker(cut))), cut)
+}
+
+/// Characters a guest may not put into a log line or a status as they are.
+fn must_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// The escaped form of the longest prefix of `text` whose escaped form fits in `max` bytes,
+/// and how many bytes of `text` that prefix is.
+fn escape_within(text: &str, max: usize) -> (String, usize) {
+    let mut out = String::with_capacity(max.min(text.len()));
+    let mut used = 0;
+    for c in text.chars() {
+        let before = out.len();
+        if must_escape(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+        if out.len() > max {
+            out.truncate(before);
+            break;
+        }
+        used += c.len_utf8();
+    }
+    (out, used)
+}
+
 /// The longest prefix of `text` of at most `max` bytes that ends on a char boundary.
 pub(crate) fn prefix(text: &str, max: usize) -> &str {
     &text[..text.floor_char_boundary(max)]
@@ -89,6 +142,34 @@ mod tests {
         }
         assert_eq!(prefix("🦀", 3), "");
         assert_eq!(prefix("a🦀", 4), "a");
+    }
+
+    #[test]
+    fn guest_text_cannot_forge_a_log_line_or_a_terminal_sequence() {
+        let forged =
+            "ok\n2026-11-25T00:00:00Z  INFO kubewasm: leader lost\r\u{1b}[2J\u{2028}\u{202e}";
+        let got = guest_text(forged, 4096);
+        assert_eq!(
+            got,
+            "ok\\n2026-11-25T00:00:00Z  INFO kubewasm: leader lost\\r\\u{1b}[2J\\u{2028}\\u{202e}"
+        );
+        assert!(!got.chars().any(must_escape), "{got}");
+        // Plain text is borrowed, as `bounded` does.
+        assert!(matches!(
+            guest_text("plain é", 64),
+            Cow::Borrowed("plain é")
+        ));
+        // Cut within the bound, never in the middle of an escape, counting the raw bytes cut.
+        let long = "\n".repeat(1000);
+        for max in [0, 1, 2, 5, 30, 31, 100, 2000, 2001] {
+            let (got, cut) = escaped(&long, max);
+            assert!(got.len() <= max, "{max}: {}", got.len());
+            assert!(!got.contains('\n'), "{max}: {got}");
+            let kept = got.split('…').next().unwrap();
+            assert_eq!(kept.len() % 2, 0, "{max}: {kept}");
+            assert_eq!(cut, 1000 - kept.len() / 2, "{max}: {got}");
+        }
+        assert_eq!(escaped(&long, 2000), (Cow::Owned("\\n".repeat(1000)), 0));
     }
 
     #[test]

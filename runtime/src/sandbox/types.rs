@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use super::bindings::wit;
 use super::limits::{Limits, MAX_GUEST_STATE_BYTES};
-use super::text::{MAX_EVENT_REASON_BYTES, MAX_GUEST_MESSAGE_BYTES, bounded, prefix};
+use super::text::{MAX_EVENT_REASON_BYTES, MAX_GUEST_MESSAGE_BYTES, guest_text, prefix};
 
 /// The request as the guest receives it: each JSON document serialized once, as text. What
 /// the WIT export is called with, and what the reconcile bench's native and webhook columns
@@ -165,7 +165,7 @@ fn check_action(action: Action) -> Result<Action, String> {
             if !status.is_object() {
                 return Err(format!(
                     "setStatus: status must be a JSON object, got `{}`",
-                    bounded(&status.to_string(), 60)
+                    guest_text(&status.to_string(), 60)
                 ));
             }
             Action::SetStatus(status)
@@ -201,8 +201,12 @@ fn check_action(action: Action) -> Result<Action, String> {
             message,
         } => Action::Event {
             event_type,
-            reason: prefix(&reason, MAX_EVENT_REASON_BYTES).to_owned(),
-            message: bounded(&message, MAX_GUEST_MESSAGE_BYTES).into_owned(),
+            reason: guest_text(
+                prefix(&reason, MAX_EVENT_REASON_BYTES),
+                MAX_EVENT_REASON_BYTES,
+            )
+            .into_owned(),
+            message: guest_text(&message, MAX_GUEST_MESSAGE_BYTES).into_owned(),
         },
         other @ (Action::Delete(_)
         | Action::RequeueAfter(_)
@@ -217,7 +221,7 @@ pub fn parse_time(time: &str) -> Result<k8s_openapi::jiff::Timestamp, String> {
     time.parse().map_err(|e| {
         format!(
             "`{}` is not an RFC 3339 time such as 2026-11-23T12:00:00Z: {e}",
-            bounded(time, 64)
+            guest_text(time, 64)
         )
     })
 }
@@ -241,7 +245,7 @@ fn check_delete_selector(selector: &str) -> Result<(), String> {
     if !parsed.narrows() {
         return Err(format!(
             "label selector {:?} would match every object without those labels, nearly all of them; name at least one label the objects must have, e.g. app=web",
-            bounded(selector, 128)
+            guest_text(selector, 128)
         ));
     }
     Ok(())
