@@ -11,8 +11,8 @@ use std::time::Duration;
 use kubewasm::api::Reason;
 use kubewasm::sandbox::{
     Action, CallError, CallOutcome, Digest, Error, GuestPre, Limits, LoadError,
-    MAX_GUEST_LOG_LINE_BYTES, MAX_GUEST_MESSAGE_BYTES, NoReads, Reads, Request, Sandbox,
-    SandboxConfig, SharedReads,
+    MAX_GUEST_LOG_LINE_BYTES, MAX_GUEST_MESSAGE_BYTES, MIN_LOG_LINE_COST, NoReads, Reads, Request,
+    Sandbox, SandboxConfig, SharedReads,
 };
 use serde_json::{Value, json};
 
@@ -459,7 +459,7 @@ fn huge_log_lines_are_cut_and_the_rest_dropped() {
         .iter()
         .filter(|m| m.starts_with("hostile guest log line éé"))
         .collect();
-    // 64 KiB of budget holds 15 lines of 4 KiB (plus one byte each), then a cut 16th.
+    // 64 KiB of budget holds 16 lines of 4 KiB.
     assert_eq!(guest_lines.len(), 16, "{} lines logged", guest_lines.len());
     for line in &guest_lines {
         assert!(
@@ -469,7 +469,10 @@ fn huge_log_lines_are_cut_and_the_rest_dropped() {
         );
         assert!(line.ends_with(" more bytes)"), "not marked as cut: {line}");
     }
-    let kept: usize = guest_lines.iter().map(|l| l.len() + 1).sum();
+    let kept: usize = guest_lines
+        .iter()
+        .map(|l| l.len().max(MIN_LOG_LINE_COST))
+        .sum();
     assert!(kept <= limits.log_bytes, "{kept} bytes logged");
     let written = (HUGE_LOG_LINES * HUGE_BYTES) as u64;
     assert!(
@@ -483,6 +486,95 @@ fn huge_log_lines_are_cut_and_the_rest_dropped() {
         "no warning about the dropped lines"
     );
     assert_still_serves();
+}
+
+/// A hostile call under the watchdog, with everything `tracing` wrote meanwhile (in the
+/// default text format, or JSON).
+fn logged_call(mode: &str, limits: Limits, json: bool) -> (Result<CallOutcome, CallError>, String) {
+    let capture = LogCapture::default();
+    let writer = {
+        let capture = capture.clone();
+        move || capture.clone()
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(writer);
+    let subscriber: Box<dyn tracing::Subscriber + Send + Sync> = if json {
+        Box::new(builder.json().finish())
+    } else {
+        Box::new(builder.finish())
+    };
+    let (tx, rx) = mpsc::channel();
+    let guest = Arc::clone(&HOSTILE);
+    let request = hostile_request(mode);
+    std::thread::spawn(move || {
+        tracing::subscriber::with_default(subscriber, || {
+            let _ = tx.send(guest.call(&request, Arc::new(NoReads), &limits));
+        });
+    });
+    let result = rx
+        .recv_timeout(WATCHDOG)
+        .unwrap_or_else(|_| panic!("{mode} did not return within {WATCHDOG:?}"));
+    let logged = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
+    (result, logged)
+}
+
+#[test]
+fn a_million_empty_log_lines_cost_what_lines_cost() {
+    // Each line is a host call and costs at least MIN_LOG_LINE_COST of the log budget: the
+    // guest is stopped at its host-call limit, and the runtime wrote a bounded number of lines.
+    let limits = Limits::default().with_timeout(Duration::from_secs(10));
+    let (result, logged) = logged_call("log-lines", limits, false);
+    let err = result.expect_err("a million host calls are past the limit");
+    assert!(
+        matches!(err, CallError::HostCallLimit { limit: 10_000 }),
+        "{err:?}"
+    );
+    let lines = logged.lines().count();
+    let most = limits.log_bytes / MIN_LOG_LINE_COST;
+    assert!(
+        lines <= most + 2,
+        "{lines} runtime log lines for one call (at most {most} guest lines + the warning)"
+    );
+    assert!(lines >= most, "only {lines} lines: the budget was not used");
+    assert!(
+        logged.contains("dropped_lines="),
+        "no warning counts the dropped lines"
+    );
+    // Given fewer lines than the budget holds (what is left of its tenant's rate), a call
+    // logs no more.
+    let (result, logged) = logged_call("log-lines", limits.with_log_lines(7), false);
+    assert!(result.is_err());
+    let guest_lines = logged.lines().filter(|l| !l.contains("dropped")).count();
+    assert_eq!(guest_lines, 7, "{logged}");
+    assert_still_serves();
+}
+
+#[test]
+fn guest_text_cannot_forge_a_runtime_log_line() {
+    for json in [false, true] {
+        let (result, logged) = logged_call("forge-log", Limits::default(), json);
+        let err = result.expect_err("forge-log fails");
+        for line in logged.lines() {
+            assert!(
+                !line.starts_with("2026-01-01T00:00:00.000000Z"),
+                "a forged line in the runtime's log (json: {json}): {line}"
+            );
+            assert!(!line.contains('\r') && !line.contains('\u{1b}'), "{line:?}");
+        }
+        // Each of the three texts is there, its line break escaped.
+        let escaped = logged.matches("FORGED by a guest").count();
+        assert_eq!(
+            escaped, 2,
+            "the log and stdout lines (json: {json}): {logged}"
+        );
+        let message = err.to_string();
+        assert!(
+            message.contains("failed\\n2026-01-01") && !message.contains('\n'),
+            "{message}"
+        );
+    }
 }
 
 /// Three ConfigMaps, whatever is asked.
@@ -559,7 +651,7 @@ fn component_with_strings(encoding: &str, nested: bool) -> Vec<u8> {
                (func (export "realloc") (param i32 i32 i32 i32) (result i32) i32.const 0))
              (core instance $i (instantiate $m))
              (func (export "f") (param "s" string)
-               (canon lift (core func $i "f") (memory $i "mem") (realloc (func $i "realloc")) string-encoding={encoding})))"#
+               (canon lift (core func $i "f") (memory (core memory $i "mem")) (realloc (core func $i "realloc")) string-encoding={encoding})))"#
     );
     let text = if nested {
         format!("(component {inner})")

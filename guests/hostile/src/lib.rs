@@ -18,6 +18,8 @@
 //! | `huge-error` | returns a permanent error whose message is [`HUGE_BYTES`] long |
 //! | `huge-log` | logs a [`HUGE_BYTES`] line [`HUGE_LOG_LINES`] times through the host, then behaves like `ok` |
 //! | `many-actions` | returns [`MANY_ACTIONS`] `requeue-after` actions |
+//! | `log-lines` | logs [`LOG_LINES`] empty lines through the host, then behaves like `ok` |
+//! | `forge-log` | logs, prints and fails (retryable) with text that carries a line break and a [`FORGED`] runtime log line after it |
 //! | `compose` | applies a child Pod named after the target from `spec.pod` (`labels` and `spec`), and records the Event `Composed` every time |
 //! | `requeue-zero` | sets status `{"requeued": true}` and asks to be reconciled again at once, every time |
 //! | `compute` | computes [`compute`] for `spec.rounds` rounds (default [`COMPUTE_ROUNDS`]), no host calls, and sets status `{"computed": <result>}` |
@@ -53,6 +55,12 @@ pub const HUGE_BYTES: usize = 1 << 20;
 
 /// How many lines `huge-log` logs.
 pub const HUGE_LOG_LINES: usize = 64;
+
+/// How many empty lines `log-lines` logs.
+pub const LOG_LINES: usize = 1_000_000;
+
+/// What `forge-log` puts after a line break, as if the runtime had logged it.
+pub const FORGED: &str = "2026-01-01T00:00:00.000000Z  INFO kubewasm::manager: FORGED by a guest";
 
 /// How many actions `many-actions` returns.
 pub const MANY_ACTIONS: usize = 200_000;
@@ -98,6 +106,17 @@ pub fn reconcile(req: &Request, cluster: &dyn Cluster) -> Result<Response, Error
         "sleep" => {
             std::thread::sleep(std::time::Duration::from_secs(3600));
             Ok(well_behaved(req))
+        }
+        "log-lines" => {
+            for _ in 0..LOG_LINES {
+                cluster.log(LogLevel::Info, black_box(""));
+            }
+            Ok(well_behaved(req))
+        }
+        "forge-log" => {
+            cluster.log(LogLevel::Info, &format!("ok\n{FORGED}\r\u{1b}[2K"));
+            println!("ok\r{FORGED}");
+            Err(Error::retryable(format!("failed\n{FORGED}")))
         }
         "huge-log" => {
             let line = huge_text("hostile guest log line");

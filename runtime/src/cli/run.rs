@@ -63,6 +63,14 @@ pub struct Args {
     /// Writes each controller may make at once after a quiet spell.
     #[arg(long, default_value_t = 50)]
     write_burst: u32,
+    /// Guest log lines (host `log`, stdout, stderr) the runtime writes per second for one
+    /// tenant (a namespace's controllers together, or one ClusterWasmController); the rest
+    /// are counted and dropped.
+    #[arg(long, default_value_t = 100.0)]
+    max_log_lines_per_second: f64,
+    /// Guest log lines a tenant may log at once after a quiet spell.
+    #[arg(long, default_value_t = 1000)]
+    log_line_burst: u32,
     /// Serve `/metrics` (Prometheus), `/healthz` and `/readyz` here, e.g. `0.0.0.0:8080`.
     #[arg(long)]
     metrics_addr: Option<std::net::SocketAddr>,
@@ -89,6 +97,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         )?;
         let mut config = ManagerConfig::default();
         config.sandbox.max_instances = args.max_instances;
+        config.sandbox.log_lines_per_second = args.max_log_lines_per_second;
+        config.sandbox.log_line_burst = args.log_line_burst;
         config.namespace = args.namespace;
         config.module_poll = Duration::from_secs(args.module_poll_seconds.max(1));
         config.module_dir = args.module_dir;

@@ -28,6 +28,8 @@ pub struct CallOutcome {
     /// Bytes of host `log` lines not logged: cut from lines longer than
     /// [`MAX_GUEST_LOG_LINE_BYTES`] or past [`Limits::log_bytes`].
     pub log_dropped: u64,
+    /// Guest lines logged (host `log`, stdout, stderr).
+    pub log_lines: usize,
     /// Wall-clock time of instantiation plus the call.
     pub elapsed: Duration,
     /// Where that time and the time before it went.
@@ -306,7 +308,7 @@ pub(crate) async fn run(
         reads,
         host_calls: 0,
         limits: *limits,
-        logs: LogBudget::new(limits.log_bytes),
+        logs: LogBudget::new(limits.log_bytes, limits.log_lines),
         controller: request.controller.clone(),
         target: request.target.clone(),
         answer: None,
@@ -367,6 +369,7 @@ pub(crate) async fn run(
         stderr,
         host_calls: state.host_calls,
         log_dropped: state.logs.dropped(),
+        log_lines: state.logs.lines(),
         elapsed,
         phases,
     })

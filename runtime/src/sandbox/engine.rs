@@ -12,6 +12,7 @@ use super::bindings::ControllerPre;
 use super::call::{self, CallOutcome, CallState};
 use super::error::{CallError, LoadError};
 use super::limits::Limits;
+use super::output::LogRate;
 use super::slots::FairSlots;
 use super::types::{Request, SharedReads, WireRequest, request_to_wire};
 
@@ -32,6 +33,12 @@ pub struct SandboxConfig {
     /// reconcile bench can measure what it costs, because without it nothing stops a guest that
     /// computes forever (no deadline, no yield, so no timeout either).
     pub epoch_interruption: bool,
+    /// Guest log lines (host `log`, stdout, stderr) the runtime writes per second for one
+    /// tenant (a namespace, or one cluster controller), all its controllers together; the
+    /// rest are counted and dropped.
+    pub log_lines_per_second: f64,
+    /// Lines a tenant may log at once after a quiet spell.
+    pub log_line_burst: u32,
 }
 
 impl Default for SandboxConfig {
@@ -42,6 +49,8 @@ impl Default for SandboxConfig {
             max_module_bytes: 16 << 20,
             epoch_tick: Duration::from_millis(10),
             epoch_interruption: true,
+            log_lines_per_second: 100.0,
+            log_line_burst: 1000,
         }
     }
 }
@@ -186,6 +195,7 @@ struct Inner {
     /// a thousand controllers of one module must compile it once, not once per thread.
     compiling: Mutex<()>,
     slots: FairSlots,
+    log_rate: LogRate,
     config: SandboxConfig,
 }
 
@@ -224,6 +234,7 @@ impl Sandbox {
                 modules: Mutex::new(HashMap::new()),
                 compiling: Mutex::new(()),
                 slots: FairSlots::new(config.max_instances as usize),
+                log_rate: LogRate::new(config.log_lines_per_second, config.log_line_burst),
                 config,
             }),
         })
@@ -282,10 +293,19 @@ impl Sandbox {
             .split_once('/')
             .map_or(request.controller.as_str(), |(ns, _)| ns);
         let permit = self.inner.slots.acquire(tenant).await;
+        // The tenant's log lines per second are shared by its calls: this one may log what
+        // is left, and gives back what it did not use.
+        let tenant = tenant.to_owned();
+        let mut limits = limits;
+        limits.log_lines = self.inner.log_rate.take(&tenant, limits.log_lines);
         // On this task, not a blocking thread: the guest yields every epoch tick, and a call
         // past its deadline is dropped with its Store, so the slot is free again at once.
         let result = guest.call_wire_async(request, reads, &limits).await;
         drop(permit);
+        if let Ok(done) = &result {
+            let unused = limits.log_lines.saturating_sub(done.log_lines);
+            self.inner.log_rate.give_back(&tenant, unused);
+        }
         result
     }
 

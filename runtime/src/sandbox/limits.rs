@@ -19,9 +19,14 @@ pub struct Limits {
     pub host_calls: u32,
     /// Bytes of guest stdout and of guest stderr kept per call (the rest is counted and dropped).
     pub output_bytes: usize,
-    /// Bytes of host `log` lines logged per call, each line counting its length plus one (so
+    /// Bytes of host `log` lines (and lines of stdout and stderr) logged per call, each line
+    /// counting its length and at least [`MIN_LOG_LINE_COST`](super::MIN_LOG_LINE_COST) (so
     /// empty lines are not free); the rest is counted and dropped, never failing the guest.
     pub log_bytes: usize,
+    /// Lines logged per call at most. [`Sandbox::reconcile`](super::Sandbox::reconcile) sets
+    /// it to what is left of the tenant's log rate (`SandboxConfig::log_lines_per_second`);
+    /// a call made straight on a [`GuestPre`](super::GuestPre) has no rate to share.
+    pub log_lines: usize,
     /// Largest response document, in bytes (checked before it is parsed).
     pub response_bytes: usize,
     /// Most actions in one response.
@@ -36,6 +41,7 @@ impl Default for Limits {
             host_calls: 10_000,
             output_bytes: 64 << 10,
             log_bytes: 64 << 10,
+            log_lines: usize::MAX,
             response_bytes: 1 << 20,
             actions: 1000,
         }
@@ -68,6 +74,13 @@ impl Limits {
     #[must_use]
     pub fn with_log_bytes(mut self, bytes: usize) -> Self {
         self.log_bytes = bytes;
+        self
+    }
+
+    /// Sets the most lines logged per call.
+    #[must_use]
+    pub fn with_log_lines(mut self, lines: usize) -> Self {
+        self.log_lines = lines;
         self
     }
 
