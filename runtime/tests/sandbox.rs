@@ -615,6 +615,57 @@ fn reads_go_through_the_reads_given() {
     assert_eq!(outcome.host_calls, 1);
 }
 
+/// Forty ConfigMaps of 256 KiB each: 10 MiB of text.
+struct BigConfigMaps;
+
+impl Reads for BigConfigMaps {
+    fn get(&self, _: &str, _: &str, _: Option<&str>, _: &str) -> Result<Option<Value>, Error> {
+        Ok(None)
+    }
+
+    fn list(
+        &self,
+        _: &str,
+        _: &str,
+        _: Option<&str>,
+        _: Option<&str>,
+    ) -> Result<Vec<Value>, Error> {
+        let data = "x".repeat(256 << 10);
+        Ok((0..40)
+            .map(|i| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": format!("cm-{i}")}, "data": {"big": data}}))
+            .collect())
+    }
+}
+
+#[test]
+fn a_list_larger_than_the_guest_memory_is_refused_before_it_is_copied_out() {
+    let limits = Limits::default().with_memory_bytes(4 << 20);
+    let err = call_with(
+        &HOSTILE,
+        hostile_request("read"),
+        Arc::new(BigConfigMaps),
+        limits,
+    )
+    .expect_err("the list does not fit");
+    let message = err.to_string();
+    assert!(
+        message.contains("more than the reconcile's memory limit of 4194304 bytes (40 objects)"),
+        "{message}"
+    );
+    // With room for it, the same list is handed over.
+    let outcome = call_with(
+        &HOSTILE,
+        hostile_request("read"),
+        Arc::new(BigConfigMaps),
+        Limits::default().with_memory_bytes(64 << 20),
+    )
+    .expect("the list fits");
+    assert_eq!(
+        outcome.response.actions,
+        vec![Action::SetStatus(json!({"seen": 40}))]
+    );
+}
+
 #[test]
 fn not_wasm_is_refused() {
     let err = SANDBOX.load(b"apiVersion: v1\nkind: Pod\n").unwrap_err();

@@ -17,6 +17,8 @@ pub enum Reason {
     ModuleInvalid,
     /// The module's sha256 is not the pinned one.
     DigestMismatch,
+    /// The namespace already runs as many distinct modules as the operator allows.
+    TooManyModules,
     // `Ready`
     /// Reconciling.
     Running,
@@ -40,6 +42,8 @@ pub enum Reason {
     ModuleNotReady,
     /// Setting the controller up (discovery, access reviews) took longer than its deadline.
     SetupTimedOut,
+    /// The namespace already has as many controllers as the operator allows.
+    TooManyControllers,
     // `Degraded`
     /// The last reconciles succeeded.
     ReconcilesSucceeding,
@@ -74,6 +78,7 @@ impl Reason {
             Reason::ModuleNotFound => "ModuleNotFound",
             Reason::ModuleInvalid => "ModuleInvalid",
             Reason::DigestMismatch => "DigestMismatch",
+            Reason::TooManyModules => "TooManyModules",
             Reason::Running => "Running",
             Reason::Starting => "Starting",
             Reason::WaitingForCaches => "WaitingForCaches",
@@ -85,6 +90,7 @@ impl Reason {
             Reason::ClientError => "ClientError",
             Reason::ModuleNotReady => "ModuleNotReady",
             Reason::SetupTimedOut => "SetupTimedOut",
+            Reason::TooManyControllers => "TooManyControllers",
             Reason::ReconcilesSucceeding => "ReconcilesSucceeding",
             Reason::Timeout => "Timeout",
             Reason::MemoryLimitExceeded => "MemoryLimitExceeded",

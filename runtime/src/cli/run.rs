@@ -68,6 +68,14 @@ pub struct Args {
     /// are counted and dropped.
     #[arg(long, default_value_t = 100.0)]
     max_log_lines_per_second: f64,
+    /// WasmControllers one namespace may run: the first ones by name run, the others' status
+    /// says why not. ClusterWasmControllers (the admin's) are not counted.
+    #[arg(long, default_value_t = 64)]
+    max_controllers_per_namespace: usize,
+    /// Distinct modules one namespace's WasmControllers may run (each stays compiled in
+    /// memory while a controller runs it; controllers running the same module share it).
+    #[arg(long, default_value_t = 8)]
+    max_modules_per_namespace: usize,
     /// Guest log lines a tenant may log at once after a quiet spell.
     #[arg(long, default_value_t = 1000)]
     log_line_burst: u32,
@@ -122,6 +130,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config.sandbox.max_memory_bytes = config.caps.memory_bytes;
         config.writes_per_second = args.max_writes_per_second;
         config.write_burst = args.write_burst;
+        config.max_controllers_per_namespace = args.max_controllers_per_namespace.max(1);
+        config.max_modules_per_namespace = args.max_modules_per_namespace.max(1);
         let manager = Manager::new(kube_config.clone(), config)?;
         if let Some(addr) = args.metrics_addr {
             let bound = kubewasm::metrics::serve(addr, manager.metrics())

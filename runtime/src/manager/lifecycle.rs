@@ -92,9 +92,14 @@ impl Manager {
             return;
         }
         let mut unique = HashSet::new();
+        let over = over_namespace_cap(
+            self.controllers.keys(),
+            self.config.max_controllers_per_namespace,
+        );
         let ids: Vec<ControllerId> = ids
             .iter()
             .filter(|id| unique.insert(*id))
+            .filter(|id| !self.refuse_over_cap(id, &over))
             .cloned()
             .collect();
         let mut writing = None;
@@ -121,6 +126,24 @@ impl Manager {
             let written = writes.await;
             self.record_written(written);
         }
+    }
+
+    /// Refuses a controller past its namespace's cap (its status says so); whether it was.
+    fn refuse_over_cap(&mut self, id: &ControllerId, over: &HashSet<ControllerId>) -> bool {
+        if !over.contains(id) {
+            return false;
+        }
+        let cap = self.config.max_controllers_per_namespace;
+        if let Some(m) = self.controllers.get_mut(id) {
+            m.setup_problem = Some(Problem::new(
+                Reason::TooManyControllers,
+                format!(
+                    "namespace {} has more WasmControllers than the {cap} this runtime's operator allows per namespace (`kubewasm run --max-controllers-per-namespace`); the first {cap} by name run: remove one",
+                    id.namespace.as_deref().unwrap_or_default()
+                ),
+            ));
+        }
+        true
     }
 
     /// Sets up and runs these controllers (their modules loaded), [`PARALLEL_STARTS`] at once.
@@ -256,6 +279,29 @@ pub(super) fn release_finalizers(runner: Arc<Runner>) {
     });
 }
 
+/// The namespaced controllers past `cap` in their namespace: the first `cap` by name may run,
+/// so which ones run does not depend on the order they were declared or seen.
+fn over_namespace_cap<'a>(
+    ids: impl Iterator<Item = &'a ControllerId>,
+    cap: usize,
+) -> HashSet<ControllerId> {
+    let mut by_namespace: std::collections::HashMap<&str, Vec<&ControllerId>> =
+        std::collections::HashMap::new();
+    for id in ids {
+        if let Some(ns) = &id.namespace {
+            by_namespace.entry(ns).or_default().push(id);
+        }
+    }
+    by_namespace
+        .into_values()
+        .filter(|ids| ids.len() > cap)
+        .flat_map(|mut ids| {
+            ids.sort();
+            ids.into_iter().skip(cap).cloned()
+        })
+        .collect()
+}
+
 /// How long to wait after the `failures`-th failed start in a row: `interval` doubling per
 /// failure, at most `cap`.
 fn retry_delay(failures: u32, interval: Duration, cap: Duration) -> Duration {
@@ -267,6 +313,26 @@ fn retry_delay(failures: u32, interval: Duration, cap: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_namespace_runs_its_first_controllers_by_name_up_to_the_cap() {
+        let id = |ns: Option<&str>, name: &str| ControllerId {
+            namespace: ns.map(str::to_owned),
+            name: name.into(),
+        };
+        let all = [
+            id(Some("a"), "c"),
+            id(Some("a"), "a"),
+            id(Some("a"), "b"),
+            id(Some("b"), "z"),
+            id(None, "x"),
+            id(None, "y"),
+            id(None, "w"),
+        ];
+        let over = over_namespace_cap(all.iter(), 2);
+        assert_eq!(over, HashSet::from([id(Some("a"), "c")]));
+        assert!(over_namespace_cap(all.iter(), 3).is_empty());
+    }
 
     #[test]
     fn a_controller_that_cannot_start_is_retried_with_backoff_up_to_the_cap() {

@@ -73,6 +73,10 @@ pub struct ManagerConfig {
     /// How long an answer of a SubjectAccessReview is reused, and how often running
     /// controllers' read permissions are checked again.
     pub access_review_ttl: Duration,
+    /// WasmControllers one namespace may run (the first by name run; the others say why not).
+    pub max_controllers_per_namespace: usize,
+    /// Distinct modules one namespace's WasmControllers may run.
+    pub max_modules_per_namespace: usize,
 }
 
 impl Default for ManagerConfig {
@@ -90,6 +94,8 @@ impl Default for ManagerConfig {
             requeue_floor: Duration::from_secs(1),
             writes_per_second: 10.0,
             write_burst: 50,
+            max_controllers_per_namespace: 64,
+            max_modules_per_namespace: 8,
         }
     }
 }

@@ -20,7 +20,7 @@ use kube::runtime::reflector::ObjectRef;
 use crate::api::{Reason, WasmControllerSpec};
 use crate::controller::ObjectKey;
 use crate::host::module;
-use crate::sandbox::GuestPre;
+use crate::sandbox::{Digest, GuestPre};
 
 use super::{ControllerId, Manager, PARALLEL_STARTS, Problem};
 
@@ -106,6 +106,29 @@ impl Manager {
             }
             Err(problem) => Err(problem),
         };
+        // Each distinct module stays compiled while a controller runs it: a namespace may
+        // hold only so many (its controllers running one module share it).
+        let loaded = loaded.and_then(|guest| match &id.namespace {
+            Some(ns) => {
+                let others = self
+                    .controllers
+                    .iter()
+                    .filter(|(other, _)| *other != id && other.namespace.as_ref() == Some(ns))
+                    .filter_map(|(_, m)| m.guest.as_ref().map(|g| g.digest()));
+                let cap = self.config.max_modules_per_namespace;
+                if module_fits(others, guest.digest(), cap) {
+                    Ok(guest)
+                } else {
+                    Err(Problem::new(
+                        Reason::TooManyModules,
+                        format!(
+                            "namespace {ns} already runs {cap} distinct modules, the most this runtime's operator allows per namespace (`kubewasm run --max-modules-per-namespace`); run one of them, or remove a controller"
+                        ),
+                    ))
+                }
+            }
+            None => Ok(guest),
+        });
         let Some(m) = self.controllers.get_mut(id) else {
             return;
         };
@@ -328,5 +351,30 @@ impl Manager {
             .map(|(id, _)| id.clone())
             .collect();
         self.reload(&ids).await;
+    }
+}
+
+/// Whether a module of `digest` fits beside the modules (`others`, with repeats) of a
+/// namespace's other controllers: it is one of them, or there are fewer than `cap`.
+fn module_fits(others: impl Iterator<Item = Digest>, digest: Digest, cap: usize) -> bool {
+    let distinct: HashSet<Digest> = others.collect();
+    distinct.contains(&digest) || distinct.len() < cap
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_namespace_runs_at_most_cap_distinct_modules() {
+        let d = |b: u8| Digest([b; 32]);
+        let running = [d(1), d(1), d(2)];
+        assert!(module_fits(running.into_iter(), d(3), 3));
+        assert!(!module_fits(running.into_iter(), d(3), 2), "a third module");
+        assert!(
+            module_fits(running.into_iter(), d(2), 2),
+            "one already running"
+        );
+        assert!(module_fits(std::iter::empty(), d(1), 1));
     }
 }

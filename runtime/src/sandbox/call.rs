@@ -234,9 +234,27 @@ fn list(
         namespace.as_deref(),
         selector.as_deref(),
     );
-    Ok((found
-        .map(|objects| objects.iter().map(|v| v.to_string()).collect())
-        .map_err(to_wit_error),))
+    let objects = match found {
+        Ok(objects) => objects,
+        Err(e) => return Ok((Err(to_wit_error(e)),)),
+    };
+    // What could never fit in the guest's memory is not copied for it: the texts are made
+    // only up to the call's memory limit.
+    let limit = store.data().limits.memory_bytes;
+    let mut texts = Vec::with_capacity(objects.len());
+    let mut total = 0usize;
+    for object in &objects {
+        let text = object.to_string();
+        total = total.saturating_add(text.len());
+        if total > limit {
+            return refused(format!(
+                "the list of {kind} ({api_version}) is more than the reconcile's memory limit of {limit} bytes ({} objects); narrow it with a label selector or a namespace",
+                objects.len()
+            ));
+        }
+        texts.push(text);
+    }
+    Ok((Ok(texts),))
 }
 
 /// The guest's answer. The response's length is checked against

@@ -1,10 +1,13 @@
 //! Tenant fairness under attack: team-a's guest sleeps in WASI, loops, allocates, returns
 //! 200,000 actions, a 60 MiB response and a 60 MiB error, reads with a 1 MiB selector, asks
-//! to be requeued at once forever, floods its log and its stdout, with its limits raised as
-//! high as the CRD allows; meanwhile team-b changes one object every second for a minute.
-//! Every change of team-b's is reconciled, team-a's limits are clamped to the operator's
-//! maxima and said so, and the runtime's memory stays under a bound derived from those
-//! maxima.
+//! to be requeued at once forever, floods its log and its stdout, logs a million empty lines
+//! and text that tries to forge runtime log lines, with its limits raised as high as the CRD
+//! allows; team-a also declares specs that name a discovery URL instead of an apiVersion.
+//! Meanwhile team-b changes one object every second for a minute. Every change of team-b's
+//! is reconciled, team-a's limits are clamped to the operator's maxima and said so, its
+//! hostile specs are refused (by the CRD's patterns, or by the runtime with a status), every
+//! runtime log line is one JSON object (no forged line), team-a's guest lines stay within its
+//! log rate, and the runtime's memory stays under a bound derived from those maxima.
 //!
 //! The test prints team-b's latency (change to reconciled status, p50/p99/max) but asserts
 //! nothing about time; `make bench-storm` runs the same scenario with a baseline without
@@ -37,7 +40,7 @@ const MAX_CONCURRENCY: u64 = 4;
 const HOST_ALLOWANCE: u64 = 192 << 20;
 
 /// Each misbehaviour, four objects of each.
-const MODES: [&str; 10] = [
+const MODES: [&str; 12] = [
     "sleep",
     "loop",
     "alloc",
@@ -48,7 +51,14 @@ const MODES: [&str; 10] = [
     "requeue-zero",
     "huge-log",
     "flood",
+    "log-lines",
+    "forge-log",
 ];
+
+/// The operator's guest log rate per tenant the runtime runs with (`--max-log-lines-per-second`,
+/// `--log-line-burst`).
+const LOG_LINES_PER_SECOND: u64 = 50;
+const LOG_LINE_BURST: u64 = 500;
 const COPIES: usize = 4;
 
 /// team-b's changes, one a second.
@@ -68,19 +78,32 @@ async fn team_b_is_served_through_team_a_storm() {
         &control_plane.0.runtime_kubeconfig(),
         "",
         &[
+            "--log-format",
+            "json",
             "--max-memory",
             &memory,
             "--max-concurrency",
             &concurrency,
             "--max-timeout-millis",
             "2000",
+            "--max-log-lines-per-second",
+            &LOG_LINES_PER_SECOND.to_string(),
+            "--log-line-burst",
+            &LOG_LINE_BURST.to_string(),
         ],
     );
-    let result = storm(&client, &team_a, &team_b, &runtime).await;
+    let started = Instant::now();
+    let result = storm(&client, &team_a, &team_b, &runtime, started).await;
     finish(result, &mut [&mut runtime]);
 }
 
-async fn storm(client: &Client, a: &str, b: &str, runtime: &RuntimeProcess) -> Result<()> {
+async fn storm(
+    client: &Client,
+    a: &str,
+    b: &str,
+    runtime: &RuntimeProcess,
+    started: Instant,
+) -> Result<()> {
     install_probe_crd(client).await?;
     install_tenant(client, a, "a-secret", "a-config").await?;
     install_tenant(client, b, "b-secret", "b-config").await?;
@@ -121,6 +144,7 @@ async fn storm(client: &Client, a: &str, b: &str, runtime: &RuntimeProcess) -> R
             apply(client, &probe(a, &name, "storm", json!({"mode": mode}))).await?;
         }
     }
+    hostile_specs(client, a).await?;
     wait_status(
         client,
         a,
@@ -182,6 +206,7 @@ async fn storm(client: &Client, a: &str, b: &str, runtime: &RuntimeProcess) -> R
         storm.data.get("status")
     );
     let log = runtime.log();
+    guest_log_lines(&log, &format!("{a}/storm"), started.elapsed())?;
     for reason in [
         "Timeout",
         "MemoryLimitExceeded",
@@ -193,6 +218,85 @@ async fn storm(client: &Client, a: &str, b: &str, runtime: &RuntimeProcess) -> R
             "the runtime log names no {reason} failure of team-a's"
         );
     }
+    Ok(())
+}
+
+/// Specs that name a URL instead of an apiVersion (the two a hostile tenant tried: a watch of
+/// another namespace's Deployments with a day-long timeout, and a query string) are refused
+/// by the API server; one that gets past the CRD's pattern (a group label of 64 characters)
+/// is refused by the runtime with a status saying why. team-b is being served meanwhile.
+async fn hostile_specs(client: &Client, a: &str) -> Result<()> {
+    for api_version in [
+        "apps/v1/namespaces/team-b/deployments?watch=1&timeoutSeconds=86400",
+        "apps/v1?a=b",
+    ] {
+        let spec = json!({"parent": {"apiVersion": api_version, "kind": "Deployment"}});
+        match apply(client, &controller(a, "url-as-api-version", spec)).await {
+            Ok(_) => bail!("the API server took apiVersion {api_version:?}"),
+            Err(e) => ensure!(
+                format!("{e:#}").contains("spec.parent.apiVersion"),
+                "refused for another reason: {e:#}"
+            ),
+        }
+    }
+    let long_group = format!("{}.example.com/v1", "a".repeat(64));
+    let spec = json!({"parent": {"apiVersion": long_group, "kind": "Probe"}});
+    apply(client, &controller(a, "long-group", spec)).await?;
+    wait_status(
+        client,
+        a,
+        "long-group",
+        "the runtime refuses an apiVersion whose group has a 64-character label",
+        |s| {
+            let ready = s.conditions.iter().find(|c| c.type_ == "Ready");
+            ensure!(
+                ready.is_some_and(|c| c.status == "False"
+                    && c.reason == "InvalidSpec"
+                    && c.message.contains("invalid apiVersion")),
+                "Ready is {ready:?}"
+            );
+            Ok(())
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// Every line of the runtime's log (JSON) is one object, none forged by a guest; the lines
+/// team-a's guests made (host `log`, stdout, stderr) are within its log rate.
+fn guest_log_lines(log: &str, controller: &str, running: Duration) -> Result<()> {
+    let (mut lines, mut guest) = (0u64, 0u64);
+    for line in log.lines() {
+        lines += 1;
+        let event: Value = serde_json::from_str(line)
+            .with_context(|| format!("a runtime log line that is not one JSON object: {line}"))?;
+        let message = event
+            .pointer("/fields/message")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        ensure!(
+            !message.contains("FORGED by a guest\n") && !message.contains('\r'),
+            "a guest's line break reached the log: {line}"
+        );
+        let from_guest = event["target"] == "kubewasm::sandbox::call"
+            && event.pointer("/fields/controller").and_then(Value::as_str) == Some(controller)
+            && !message.contains(" dropped");
+        guest += u64::from(from_guest);
+    }
+    ensure!(
+        log.contains("FORGED by a guest"),
+        "forge-log's lines are not in the log at all (escaped, they should be)"
+    );
+    let bound = LOG_LINE_BURST + LOG_LINES_PER_SECOND * (running.as_secs() + 1);
+    println!(
+        "runtime log: {lines} lines in {:.0} s ({:.0} lines/s); team-a's guest lines {guest} (its rate allows {bound})",
+        running.as_secs_f64(),
+        lines as f64 / running.as_secs_f64()
+    );
+    ensure!(
+        guest <= bound,
+        "team-a's guests logged {guest} lines in {running:?}, more than its rate allows ({bound})"
+    );
     Ok(())
 }
 
