@@ -55,6 +55,11 @@ const MODES: [&str; 12] = [
     "forge-log",
 ];
 
+/// The operator's caps per namespace the runtime runs with: team-a declares one controller
+/// more than it may run, and one module more.
+const MAX_CONTROLLERS_PER_NAMESPACE: usize = 4;
+const MAX_MODULES_PER_NAMESPACE: usize = 2;
+
 /// The operator's guest log rate per tenant the runtime runs with (`--max-log-lines-per-second`,
 /// `--log-line-burst`).
 const LOG_LINES_PER_SECOND: u64 = 50;
@@ -90,6 +95,10 @@ async fn team_b_is_served_through_team_a_storm() {
             &LOG_LINES_PER_SECOND.to_string(),
             "--log-line-burst",
             &LOG_LINE_BURST.to_string(),
+            "--max-controllers-per-namespace",
+            &MAX_CONTROLLERS_PER_NAMESPACE.to_string(),
+            "--max-modules-per-namespace",
+            &MAX_MODULES_PER_NAMESPACE.to_string(),
         ],
     );
     let started = Instant::now();
@@ -259,7 +268,46 @@ async fn hostile_specs(client: &Client, a: &str) -> Result<()> {
         },
     )
     .await?;
+
+    // Controllers past the namespace's caps: `storm` (hostile) and `long-group` (intruder)
+    // run two modules and count two controllers; `zz-1` (intruder again) fits both caps,
+    // `zz-2` would be a third module, `zz-3` a fifth controller.
+    apply(
+        client,
+        &module_config_map(a, "hello", "hello_world.wasm", &guest("hello_world")),
+    )
+    .await?;
+    apply(client, &controller(a, "zz-1", json!({}))).await?;
+    let hello = json!({"module": {"configMap": {"name": "hello", "key": "hello_world.wasm"}}});
+    apply(client, &controller(a, "zz-2", hello)).await?;
+    apply(client, &controller(a, "zz-3", json!({}))).await?;
+    refused(client, a, "zz-2", "ModuleReady", "TooManyModules").await?;
+    refused(client, a, "zz-3", "Ready", "TooManyControllers").await?;
+    wait_status(client, a, "zz-1", "zz-1 runs, within both caps", |s| {
+        let ready = s.conditions.iter().find(|c| c.type_ == "Ready");
+        ensure!(
+            ready.is_some_and(|c| c.status == "True"),
+            "Ready is {ready:?}"
+        );
+        Ok(())
+    })
+    .await?;
     Ok(())
+}
+
+/// Waits until condition `type_` of controller `name` is `False` for `reason`.
+async fn refused(client: &Client, ns: &str, name: &str, type_: &str, reason: &str) -> Result<()> {
+    let what = format!("{name} refused: {type_} {reason}");
+    wait_status(client, ns, name, &what, |s| {
+        let c = s.conditions.iter().find(|c| c.type_ == type_);
+        ensure!(
+            c.is_some_and(|c| c.status == "False" && c.reason == reason),
+            "{type_} is {c:?}"
+        );
+        Ok(())
+    })
+    .await
+    .map(drop)
 }
 
 /// Every line of the runtime's log (JSON) is one object, none forged by a guest; the lines
