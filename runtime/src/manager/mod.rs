@@ -538,6 +538,7 @@ impl Manager {
             lifecycle::release_finalizers(runner);
         }
         self.controllers.remove(id);
+        self.metrics.forget(&id.to_string());
         tracing::info!(controller = %id, "controller removed");
     }
 
@@ -560,6 +561,7 @@ impl Manager {
         }
         for id in gone {
             self.controllers.remove(&id);
+            self.metrics.forget(&id.to_string());
         }
     }
 }

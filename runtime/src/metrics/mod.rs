@@ -47,6 +47,10 @@ pub struct Metrics {
     ready: AtomicBool,
     /// When the manager loop last made progress (`None`: not running), for `/healthz`.
     manager_beat: std::sync::Mutex<Option<std::time::Instant>>,
+    /// The `result` labels each controller's series were made with, so that a removed
+    /// controller's series are removed too (names are tenants' to choose: series that
+    /// outlived their controller would grow the runtime and Prometheus without end).
+    results: std::sync::Mutex<std::collections::HashMap<String, std::collections::HashSet<String>>>,
 }
 
 /// How long the manager loop may make no progress before `/healthz` fails and the kubelet
@@ -114,6 +118,7 @@ impl Default for Metrics {
             controllers,
             ready: AtomicBool::new(false),
             manager_beat: std::sync::Mutex::new(None),
+            results: std::sync::Mutex::default(),
         }
     }
 }
@@ -125,6 +130,7 @@ impl Metrics {
             controller: controller.to_owned(),
             result: result.to_owned(),
         };
+        self.remember(controller, result);
         self.reconciles.get_or_create(&labels).inc();
         self.duration
             .get_or_create(&ControllerLabels {
@@ -145,7 +151,39 @@ impl Metrics {
             controller: controller.to_owned(),
             result: result.to_owned(),
         };
+        self.remember(controller, result);
         self.module_loads.get_or_create(&labels).inc();
+    }
+
+    fn remember(&self, controller: &str, result: &str) {
+        let mut results = self.results.lock().unwrap_or_else(|e| e.into_inner());
+        let known = results.entry(controller.to_owned()).or_default();
+        if !known.contains(result) {
+            known.insert(result.to_owned());
+        }
+    }
+
+    /// Removes every series of a controller that no longer exists.
+    pub fn forget(&self, controller: &str) {
+        let results = self
+            .results
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(controller)
+            .unwrap_or_default();
+        for result in results {
+            let labels = OutcomeLabels {
+                controller: controller.to_owned(),
+                result,
+            };
+            self.reconciles.remove(&labels);
+            self.module_loads.remove(&labels);
+        }
+        let labels = ControllerLabels {
+            controller: controller.to_owned(),
+        };
+        self.duration.remove(&labels);
+        self.api_requests.remove(&labels);
     }
 
     /// The counter of a controller's API requests, for its write budget to count on.
@@ -252,6 +290,21 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_removed_controllers_series_are_removed() {
+        let m = Metrics::default();
+        m.reconciled("ns/gone", "success", Duration::from_millis(1));
+        m.reconciled("ns/gone", "Timeout", Duration::from_millis(1));
+        m.module_loaded("ns/gone", "ModuleInvalid");
+        m.api_requests("ns/gone").inc();
+        m.reconciled("ns/kept", "success", Duration::from_millis(1));
+        assert!(m.encode().contains("ns/gone"));
+        m.forget("ns/gone");
+        let text = m.encode();
+        assert!(!text.contains("ns/gone"), "{text}");
+        assert!(text.contains("ns/kept"), "{text}");
+    }
 
     #[test]
     fn healthz_fails_only_while_a_running_manager_makes_no_progress() {
