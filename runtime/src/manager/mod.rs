@@ -212,6 +212,8 @@ pub struct Manager {
     access: AccessReviews,
     fence: Fence,
     controllers: HashMap<ControllerId, Managed>,
+    /// The runtime's own status writes, per namespace ([`status::STATUS_WRITES_PER_SECOND`]).
+    status_rate: crate::sandbox::TenantRate,
     /// Metadata of the ConfigMaps modules may come from (see [`modules`]).
     module_config_maps: Option<reflector::Store<PartialObjectMeta<ConfigMap>>>,
 }
@@ -257,6 +259,10 @@ impl Manager {
             sandbox,
             metrics: Arc::default(),
             controllers: HashMap::new(),
+            status_rate: crate::sandbox::TenantRate::new(
+                status::STATUS_WRITES_PER_SECOND,
+                status::STATUS_WRITE_BURST,
+            ),
             module_config_maps: None,
         })
     }

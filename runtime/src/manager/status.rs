@@ -208,6 +208,12 @@ impl Manager {
                     (m.written.as_ref() != Some(&status) && which(&status))
                         .then(|| (id.clone(), status))
                 })
+                // Within its namespace's share: a tenant whose controllers' statuses change
+                // all the time waits for the next tick, not for anyone else's writes.
+                .filter(|(id, _)| {
+                    let tenant = id.namespace.as_deref().unwrap_or(id.name.as_str());
+                    self.status_rate.take(tenant, 1) == 1
+                })
                 .collect()
         } else {
             Vec::new() // the new leader writes them now
@@ -261,6 +267,12 @@ pub(super) fn settled(status: &WasmControllerStatus) -> bool {
                     && c.reason != Reason::Starting.to_string()))
     })
 }
+
+/// Status writes per second the runtime makes for one namespace (all its controllers), and at
+/// once after a quiet spell: enough for every controller a namespace may run to show its
+/// start at once.
+pub(super) const STATUS_WRITES_PER_SECOND: f64 = 5.0;
+pub(super) const STATUS_WRITE_BURST: u32 = 128;
 
 /// Status writes in flight at once.
 const PARALLEL_STATUS_WRITES: usize = 32;

@@ -12,7 +12,7 @@ use super::bindings::ControllerPre;
 use super::call::{self, CallOutcome, CallState};
 use super::error::{CallError, LoadError};
 use super::limits::Limits;
-use super::output::LogRate;
+use super::rate::TenantRate;
 use super::slots::FairSlots;
 use super::types::{Request, SharedReads, WireRequest, request_to_wire};
 
@@ -195,7 +195,7 @@ struct Inner {
     /// a thousand controllers of one module must compile it once, not once per thread.
     compiling: Mutex<()>,
     slots: FairSlots,
-    log_rate: LogRate,
+    log_rate: TenantRate,
     config: SandboxConfig,
 }
 
@@ -234,7 +234,7 @@ impl Sandbox {
                 modules: Mutex::new(HashMap::new()),
                 compiling: Mutex::new(()),
                 slots: FairSlots::new(config.max_instances as usize),
-                log_rate: LogRate::new(config.log_lines_per_second, config.log_line_burst),
+                log_rate: TenantRate::new(config.log_lines_per_second, config.log_line_burst),
                 config,
             }),
         })

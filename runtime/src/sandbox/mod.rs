@@ -8,6 +8,7 @@ mod engine;
 mod error;
 mod limits;
 mod output;
+mod rate;
 mod slots;
 mod text;
 mod types;
@@ -18,6 +19,7 @@ pub use error::{CallError, LoadError};
 pub use limits::{Limits, MAX_GUEST_STATE_BYTES, MAX_GUEST_STATE_OBJECTS};
 pub use output::Captured;
 pub use output::MIN_LOG_LINE_COST;
+pub use rate::TenantRate;
 pub use text::{
     MAX_EVENT_REASON_BYTES, MAX_GUEST_LOG_LINE_BYTES, MAX_GUEST_MESSAGE_BYTES, bounded, guest_text,
 };

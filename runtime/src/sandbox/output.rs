@@ -5,11 +5,9 @@
 //! `println!` panic); it just loses what did not fit, and the log says how much.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Instant;
 
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
@@ -138,63 +136,6 @@ pub(crate) struct LogBudget {
 /// The least a guest's log line costs of its call's log budget, an empty one too.
 pub const MIN_LOG_LINE_COST: usize = 128;
 
-/// Log lines per second per tenant (token buckets), shared by all of a tenant's calls: a
-/// call takes what is left when it starts and gives back what it did not log, so a tenant's
-/// many reconciles together log no more than its rate, and another tenant's rate is its own.
-#[derive(Debug)]
-pub(crate) struct LogRate {
-    per_second: f64,
-    burst: f64,
-    tenants: Mutex<HashMap<String, (f64, Instant)>>,
-}
-
-/// Tenants whose bucket is kept before full (idle) ones are forgotten.
-const LOG_RATE_TENANTS: usize = 4096;
-
-impl LogRate {
-    pub(crate) fn new(per_second: f64, burst: u32) -> Self {
-        LogRate {
-            per_second: per_second.max(0.0),
-            burst: f64::from(burst.max(1)),
-            tenants: Mutex::default(),
-        }
-    }
-
-    /// Takes up to `want` lines of `tenant`'s bucket; how many were taken.
-    pub(crate) fn take(&self, tenant: &str, want: usize) -> usize {
-        let mut tenants = self.tenants.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
-        if tenants.len() >= LOG_RATE_TENANTS && !tenants.contains_key(tenant) {
-            // Full buckets say nothing a new one would not: forget them.
-            let (rate, burst) = (self.per_second, self.burst);
-            tenants.retain(|_, (tokens, at)| {
-                *tokens + now.duration_since(*at).as_secs_f64() * rate < burst
-            });
-        }
-        let (tokens, at) = tenants
-            .entry(tenant.to_owned())
-            .or_insert((self.burst, now));
-        *tokens =
-            (*tokens + now.duration_since(*at).as_secs_f64() * self.per_second).min(self.burst);
-        *at = now;
-        // Whole lines only; `as` saturates, and `tokens` is within 0..=burst.
-        let taken = (tokens.floor() as usize).min(want);
-        *tokens -= taken as f64;
-        taken
-    }
-
-    /// Returns lines a call took and did not log.
-    pub(crate) fn give_back(&self, tenant: &str, unused: usize) {
-        if unused == 0 {
-            return;
-        }
-        let mut tenants = self.tenants.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((tokens, _)) = tenants.get_mut(tenant) {
-            *tokens = (*tokens + unused as f64).min(self.burst);
-        }
-    }
-}
-
 impl LogBudget {
     /// A budget of `limit` bytes and at most `max_lines` lines.
     pub(crate) fn new(limit: usize, max_lines: usize) -> Self {
@@ -291,29 +232,6 @@ mod tests {
         let mut budget = LogBudget::new(64 << 10, 3);
         let logged = (0..10).filter(|_| budget.admit("x").is_some()).count();
         assert_eq!((logged, budget.lines(), budget.dropped_lines()), (3, 3, 7));
-    }
-
-    #[test]
-    fn tenants_share_their_own_log_rate_only() {
-        let rate = LogRate::new(0.0, 100);
-        assert_eq!(rate.take("team-a", 60), 60);
-        assert_eq!(rate.take("team-a", 60), 40, "what is left of the burst");
-        assert_eq!(rate.take("team-a", 60), 0);
-        assert_eq!(
-            rate.take("team-b", 60),
-            60,
-            "team-a's flood is not team-b's"
-        );
-        rate.give_back("team-a", 25);
-        assert_eq!(rate.take("team-a", usize::MAX), 25);
-        rate.give_back("team-a", 1000);
-        assert_eq!(rate.take("team-a", usize::MAX), 100, "never past the burst");
-        // Refilled at the rate: 1,000 lines a second for 20 ms is about 20.
-        let rate = LogRate::new(1000.0, 100);
-        assert_eq!(rate.take("t", usize::MAX), 100);
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        let refilled = rate.take("t", usize::MAX);
-        assert!((15..=100).contains(&refilled), "{refilled}");
     }
 
     #[test]
