@@ -307,7 +307,8 @@ async fn access_reviews_allow_from_rules_only_what_rbac_allows() -> Result<()> {
         reviews.asked()
             == Asked {
                 rules: 1,
-                access: 0
+                access: 0,
+                impersonation: 0
             },
         "allowed by its rules with one review: {:?}",
         reviews.asked()
@@ -333,7 +334,8 @@ async fn access_reviews_allow_from_rules_only_what_rbac_allows() -> Result<()> {
         reviews.asked()
             == Asked {
                 rules: 1,
-                access: 5
+                access: 5,
+                impersonation: 0
             },
         "the five refusals each asked of a SubjectAccessReview: {:?}",
         reviews.asked()

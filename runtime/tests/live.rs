@@ -894,7 +894,9 @@ async fn file_module(client: &Client, ns: &str, dir: &std::path::Path) -> Result
         "metadata": {"name": format!("{ns}-hello-default")},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": format!("{ns}-hello")},
         "subjects": [{"kind": "ServiceAccount", "name": "hello-controller", "namespace": "default"}]});
-    apply_all(client, &[account, default_binding]).await?;
+    // A cluster admin opts `default` in to WasmControllers (the runtime acts as it there).
+    let opt_in = crate::support::tenant_binding("default")?;
+    apply_all(client, &[account, default_binding, opt_in]).await?;
     let file = path.to_string_lossy().into_owned();
     apply(
         client,

@@ -23,8 +23,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, ResourceRule, SelfSubjectRulesReview, SelfSubjectRulesReviewSpec,
-    SubjectAccessReview, SubjectAccessReviewSpec,
+    ResourceAttributes, ResourceRule, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    SelfSubjectRulesReview, SelfSubjectRulesReviewSpec, SubjectAccessReview,
+    SubjectAccessReviewSpec,
 };
 use kube::api::PostParams;
 use kube::{Api, Client};
@@ -152,6 +153,9 @@ pub struct Asked {
     pub rules: u64,
     /// SubjectAccessReviews (one per question the rules did not allow).
     pub access: u64,
+    /// SelfSubjectAccessReviews of whether the runtime may act as a ServiceAccount (one per
+    /// ServiceAccount per TTL).
+    pub impersonation: u64,
 }
 
 /// Answers and when they were given. Expired ones are dropped at most once per TTL, not at
@@ -161,6 +165,8 @@ struct Answers {
     given: HashMap<Question, (bool, Instant)>,
     /// (user, namespace) -> the rules there, `None` when they could not be had complete.
     rules: HashMap<(String, String), (Option<Rules>, Instant)>,
+    /// ServiceAccount user -> whether the runtime may act as it.
+    acting: HashMap<String, (bool, Instant)>,
     pruned: Instant,
 }
 
@@ -171,6 +177,8 @@ impl Answers {
             self.given
                 .retain(|_, (_, at)| now.duration_since(*at) < ttl);
             self.rules
+                .retain(|_, (_, at)| now.duration_since(*at) < ttl);
+            self.acting
                 .retain(|_, (_, at)| now.duration_since(*at) < ttl);
             self.pruned = now;
         }
@@ -220,6 +228,7 @@ impl AccessReviews {
             answers: Mutex::new(Answers {
                 given: HashMap::new(),
                 rules: HashMap::new(),
+                acting: HashMap::new(),
                 pruned: Instant::now(),
             }),
             asked: Mutex::default(),
@@ -233,6 +242,48 @@ impl AccessReviews {
 
     fn count(&self, add: impl FnOnce(&mut Asked)) {
         add(&mut self.asked.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
+    /// Whether the runtime may act as `account` (impersonate it), which a cluster admin grants
+    /// per namespace (`deploy/runtime/tenant.yaml`): asked of the API server about the
+    /// runtime itself, answers kept for the TTL.
+    pub async fn may_act_as(&self, account: &ServiceAccount) -> Result<bool, ReviewFailed> {
+        let user = account.user();
+        {
+            let answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((allowed, at)) = answers.acting.get(&user)
+                && at.elapsed() < self.ttl
+            {
+                return Ok(*allowed);
+            }
+        }
+        let review = SelfSubjectAccessReview {
+            spec: SelfSubjectAccessReviewSpec {
+                resource_attributes: Some(ResourceAttributes {
+                    namespace: Some(account.namespace.clone()),
+                    verb: Some("impersonate".to_owned()),
+                    group: Some(String::new()),
+                    resource: Some("serviceaccounts".to_owned()),
+                    name: Some(account.name.clone()),
+                    ..ResourceAttributes::default()
+                }),
+                ..SelfSubjectAccessReviewSpec::default()
+            },
+            ..SelfSubjectAccessReview::default()
+        };
+        self.count(|a| a.impersonation += 1);
+        let answer = Api::<SelfSubjectAccessReview>::all(self.client.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|source| ReviewFailed {
+                account: format!("{}/{}", account.namespace, account.name),
+                source,
+            })?;
+        let allowed = answer.status.is_some_and(|s| s.allowed);
+        let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+        answers.prune(self.ttl);
+        answers.acting.insert(user, (allowed, Instant::now()));
+        Ok(allowed)
     }
 
     /// Checks that `account` may get, list and watch every kind in `kinds` in `namespace`

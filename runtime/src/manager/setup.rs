@@ -186,8 +186,26 @@ impl Manager {
         kube::Client::try_from(config)
     }
 
-    /// Whether the controller's ServiceAccount may still read what it is handed.
+    /// Whether the runtime may still act as the controller's ServiceAccount (its namespace
+    /// opted in), and the ServiceAccount may still read what it is handed.
     async fn check_access(&self, id: &ControllerId, access: &ReadAccess) -> Result<(), Problem> {
+        let account = &access.account;
+        match self.access.may_act_as(account).await {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(Problem::new(
+                    Reason::Forbidden,
+                    format!(
+                        "this runtime may not act as ServiceAccount {ns}/{name}: namespace {ns} is not opted in to WasmControllers; a cluster admin opts it in with `kubectl -n {ns} apply -f deploy/runtime/tenant.yaml` (a RoleBinding of the runtime's ServiceAccount to ClusterRole kubewasm-runtime-tenant)",
+                        ns = account.namespace,
+                        name = account.name
+                    ),
+                ));
+            }
+            Err(failed) => {
+                return Err(Problem::new(Reason::AccessReviewFailed, failed.to_string()));
+            }
+        }
         let kinds: Vec<&Kind> = access.kinds.iter().collect();
         match self
             .access

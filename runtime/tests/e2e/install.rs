@@ -245,7 +245,17 @@ async fn only_what_deploy_grants(cluster: &NodeCluster) -> Result<()> {
             ],
             true,
         ),
-        (&["impersonate", "serviceaccounts", "-A"], true),
+        // Only in the namespaces the tutorials overlay opts in (deploy/runtime/tenant.yaml).
+        (&["impersonate", "serviceaccounts", "-n", "hello"], true),
+        (
+            &["impersonate", "serviceaccounts", "-n", "test-space"],
+            true,
+        ),
+        (
+            &["impersonate", "serviceaccounts", "-n", "kube-system"],
+            false,
+        ),
+        (&["impersonate", "serviceaccounts", "-A"], false),
         (
             &["update", "leases.coordination.k8s.io", "-n", SYSTEM],
             true,

@@ -30,6 +30,20 @@ const TOKEN_LIFETIME: Duration = Duration::from_secs(4 * 3600);
 /// How long kube-controller-manager may take to aggregate the watch ClusterRole.
 const AGGREGATED: Duration = Duration::from_secs(30);
 
+/// `deploy/runtime/tenant.yaml` of this checkout, for `namespace`: the RoleBinding with which
+/// a cluster admin opts a namespace in to WasmControllers (the runtime may then act as its
+/// ServiceAccounts).
+pub fn tenant_binding(namespace: &str) -> Result<serde_json::Value> {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/runtime/tenant.yaml");
+    let yaml = std::fs::read_to_string(&file).with_context(|| format!("{}", file.display()))?;
+    let mut binding = documents(&yaml)?
+        .into_iter()
+        .next()
+        .context("deploy/runtime/tenant.yaml is empty")?;
+    binding["metadata"]["namespace"] = json!(namespace);
+    Ok(binding)
+}
+
 /// `deploy/runtime/rbac.yaml` of this checkout.
 pub fn runtime_rbac() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/runtime/rbac.yaml")

@@ -38,7 +38,9 @@ use kube::{
 };
 // Each test binary uses its own part of these too.
 #[allow(unused_imports)]
-pub use identity::{RUNTIME_ACCOUNT, RUNTIME_NAMESPACE, RUNTIME_WATCH_ROLE, runtime_rbac};
+pub use identity::{
+    RUNTIME_ACCOUNT, RUNTIME_NAMESPACE, RUNTIME_WATCH_ROLE, runtime_rbac, tenant_binding,
+};
 #[allow(unused_imports)]
 pub use kubectl::Kubectl;
 #[allow(unused_imports)]
@@ -317,6 +319,8 @@ impl ControlPlane {
                 Err(error) => return Err(error).context(format!("creating namespace {name}")),
             }
         };
+        // Opted in to WasmControllers, as a cluster admin does with deploy/runtime/tenant.yaml.
+        apply_all(&client, &[identity::tenant_binding(&name)?]).await?;
         let pods: Api<Pod> = Api::namespaced(client, &name);
         let probe: Pod = serde_json::from_value(serde_json::json!({
             "metadata": { "name": "admission-probe" },
