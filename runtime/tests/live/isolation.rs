@@ -615,3 +615,63 @@ pub(crate) fn resident_bytes(pid: u32) -> Result<u64> {
         .parse()?;
     Ok(kib << 10)
 }
+
+/// The runtime acts only in namespaces a cluster admin opted in (deploy/runtime/tenant.yaml):
+/// with the namespace's binding withdrawn, its controller is refused with the command that
+/// opts it in, and nothing of its guest runs; opted in again, it starts by itself.
+#[tokio::test]
+async fn a_namespace_not_opted_in_runs_no_controller() {
+    let control_plane = crate::support::ControlPlane::shared();
+    let (client, ns) = prepare(control_plane, "not-opted-in").await;
+    // As installed; a short review period so that the opt-in is seen soon.
+    let mut runtime = RuntimeProcess::start_with_args(
+        &control_plane.runtime_kubeconfig(),
+        &ns,
+        &["--access-review-seconds", "5"],
+    );
+    let result = not_opted_in(&client, &ns).await;
+    finish(result, &mut [&mut runtime]);
+    let _ = control_plane.delete_namespace(&ns).await;
+}
+
+async fn not_opted_in(client: &Client, ns: &str) -> Result<()> {
+    install_probe_crd(client).await?;
+    install_tenant(client, ns, "secret", "config").await?;
+    let bindings: Api<k8s_openapi::api::rbac::v1::RoleBinding> =
+        Api::namespaced(client.clone(), ns);
+    bindings
+        .delete("kubewasm-runtime-tenant", &DeleteParams::default())
+        .await
+        .context("withdrawing the namespace's opt-in")?;
+    apply(client, &controller(ns, "steady", json!({}))).await?;
+    apply(client, &probe(ns, "steady", "steady", json!({"echo": "1"}))).await?;
+    wait_status(
+        client,
+        ns,
+        "steady",
+        "the controller refused: its namespace is not opted in",
+        |s| {
+            let ready = ensure_condition(s, "Ready", "False")?;
+            ensure!(
+                ready.reason == "Forbidden"
+                    && ready.message.contains("is not opted in")
+                    && ready.message.contains(&format!(
+                        "kubectl -n {ns} apply -f deploy/runtime/tenant.yaml"
+                    )),
+                "Ready says {}: {}",
+                ready.reason,
+                ready.message
+            );
+            Ok(())
+        },
+    )
+    .await?;
+    let echoed = probes(client, ns).get("steady").await?;
+    ensure!(
+        echoed.data.pointer("/status/echo").is_none(),
+        "the guest ran for a namespace that is not opted in: {:?}",
+        echoed.data.get("status")
+    );
+    apply(client, &crate::support::tenant_binding(ns)?).await?;
+    wait_echo(client, ns, "steady", "1").await
+}
