@@ -60,7 +60,7 @@ bench-reconcile: guests
 ## team-b's reconcile latency (p50/p99) without and during team-a's storm, on a local control plane.
 bench-storm: guests k8s-binaries
 	KUBEWASM_STORM_BASELINE=1 $(CARGO) test -p kubewasm --test live storm -- --nocapture 2>&1 \
-		| grep -E '^(team-b reconcile latency|runtime peak RSS|test result)'
+		| grep -E '^(team-b reconcile latency|runtime peak RSS|runtime log:|test result)'
 
 ## P2 (ConfigMap change → Pods deleted: kubewasm, a native kube-rs floor, the tutorial's Python) and
 ## P4 (1,000 HelloWorlds at once: kubewasm vs a raw kube-rs client) on a local control plane, no node.
