@@ -747,7 +747,7 @@ async fn cluster_scoped(
     )
     .await?;
     let account = json!({"apiVersion": "v1", "kind": "ServiceAccount",
-        "metadata": {"name": "restarter", "namespace": modules}});
+        "metadata": {"name": "restarter", "namespace": modules, "annotations": {"kubewasm.dev/wasm-controllers": "allowed"}}});
     let role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
         "metadata": {"name": format!("{modules}-restarter")},
         "rules": [
@@ -889,7 +889,7 @@ async fn file_module(client: &Client, ns: &str, dir: &std::path::Path) -> Result
     };
     // The ServiceAccount lives in the module's namespace: with a file, `default`.
     let account = json!({"apiVersion": "v1", "kind": "ServiceAccount",
-        "metadata": {"name": "hello-controller", "namespace": "default"}});
+        "metadata": {"name": "hello-controller", "namespace": "default", "annotations": {"kubewasm.dev/wasm-controllers": "allowed"}}});
     let default_binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
         "metadata": {"name": format!("{ns}-hello-default")},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": format!("{ns}-hello")},

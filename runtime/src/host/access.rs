@@ -166,7 +166,7 @@ struct Answers {
     /// (user, namespace) -> the rules there, `None` when they could not be had complete.
     rules: HashMap<(String, String), (Option<Rules>, Instant)>,
     /// ServiceAccount user -> whether the runtime may act as it.
-    acting: HashMap<String, (bool, Instant)>,
+    acting: HashMap<String, (Acting, Instant)>,
     pruned: Instant,
 }
 
@@ -183,6 +183,24 @@ impl Answers {
             self.pruned = now;
         }
     }
+}
+
+/// The annotation with which a ServiceAccount's owner lets WasmControllers act as it.
+pub const SERVICE_ACCOUNT_OPT_IN: &str = "kubewasm.dev/wasm-controllers";
+
+/// Whether the runtime may act as a ServiceAccount: both its namespace (a RoleBinding of the
+/// runtime, by a cluster admin) and the ServiceAccount itself (an annotation, by its owner)
+/// must have opted in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acting {
+    /// Both opted in.
+    Allowed,
+    /// The namespace has not opted in: the runtime may not impersonate its ServiceAccounts.
+    NamespaceNotOptedIn,
+    /// The ServiceAccount does not exist.
+    NoServiceAccount,
+    /// The ServiceAccount lacks [`SERVICE_ACCOUNT_OPT_IN`]`: allowed`.
+    AccountNotOptedIn,
 }
 
 /// A ServiceAccount's rules in one namespace, as a SelfSubjectRulesReview states them.
@@ -244,10 +262,12 @@ impl AccessReviews {
         add(&mut self.asked.lock().unwrap_or_else(|e| e.into_inner()));
     }
 
-    /// Whether the runtime may act as `account` (impersonate it), which a cluster admin grants
-    /// per namespace (`deploy/runtime/tenant.yaml`): asked of the API server about the
-    /// runtime itself, answers kept for the TTL.
-    pub async fn may_act_as(&self, account: &ServiceAccount) -> Result<bool, ReviewFailed> {
+    /// Whether the runtime may act as `account`: it may impersonate it, which a cluster admin
+    /// grants per namespace (`deploy/runtime/tenant.yaml`; asked of the API server about the
+    /// runtime itself), and the account's owner allowed it ([`SERVICE_ACCOUNT_OPT_IN`]: a
+    /// WasmController may name any ServiceAccount of its namespace, and one that never opted in
+    /// — a deployer with broad rights — must not lend them). Answers are kept for the TTL.
+    pub async fn may_act_as(&self, account: &ServiceAccount) -> Result<Acting, ReviewFailed> {
         let user = account.user();
         {
             let answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
@@ -279,11 +299,39 @@ impl AccessReviews {
                 account: format!("{}/{}", account.namespace, account.name),
                 source,
             })?;
-        let allowed = answer.status.is_some_and(|s| s.allowed);
+        let acting = if !answer.status.is_some_and(|s| s.allowed) {
+            Acting::NamespaceNotOptedIn
+        } else {
+            let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+                Api::namespaced(self.client.clone(), &account.namespace);
+            let found = accounts
+                .get_opt(&account.name)
+                .await
+                .map_err(|source| ReviewFailed {
+                    account: format!("{}/{}", account.namespace, account.name),
+                    source,
+                })?;
+            match found {
+                None => Acting::NoServiceAccount,
+                Some(sa) => {
+                    let opted_in = sa
+                        .metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get(SERVICE_ACCOUNT_OPT_IN))
+                        .is_some_and(|v| v == "allowed");
+                    if opted_in {
+                        Acting::Allowed
+                    } else {
+                        Acting::AccountNotOptedIn
+                    }
+                }
+            }
+        };
         let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
         answers.prune(self.ttl);
-        answers.acting.insert(user, (allowed, Instant::now()));
-        Ok(allowed)
+        answers.acting.insert(user, (acting, Instant::now()));
+        Ok(acting)
     }
 
     /// Checks that `account` may get, list and watch every kind in `kinds` in `namespace`

@@ -12,7 +12,10 @@ mod reads;
 mod runner;
 mod state;
 
-pub use access::{AccessReviews, Asked, MissingReads, READ_VERBS, ReviewFailed, ServiceAccount};
+pub use access::{
+    AccessReviews, Acting, Asked, MissingReads, READ_VERBS, ReviewFailed, SERVICE_ACCOUNT_OPT_IN,
+    ServiceAccount,
+};
 pub use actions::{ActionError, ChildKind, Executor};
 pub use cache::{CacheSource, to_json};
 pub use finalizer::Finalizer;

@@ -11,8 +11,8 @@ use kubewasm_guest_sdk::selector::Selector;
 use crate::api::{Reason, Verb, WasmControllerSpec};
 use crate::controller::{Kind, ResolveError, TokenBucket};
 use crate::host::{
-    CacheSource, ChildKind, ControllerSetup, DeclaredKinds, Finalizer, GuestState, Permissions,
-    ServiceAccount,
+    Acting, CacheSource, ChildKind, ControllerSetup, DeclaredKinds, Finalizer, GuestState,
+    Permissions, SERVICE_ACCOUNT_OPT_IN, ServiceAccount,
 };
 
 use super::{ControllerId, Manager, Problem};
@@ -190,16 +190,23 @@ impl Manager {
     /// opted in), and the ServiceAccount may still read what it is handed.
     async fn check_access(&self, id: &ControllerId, access: &ReadAccess) -> Result<(), Problem> {
         let account = &access.account;
+        let (ns, name) = (&account.namespace, &account.name);
+        let refused = |why: String| Err(Problem::new(Reason::Forbidden, why));
         match self.access.may_act_as(account).await {
-            Ok(true) => {}
-            Ok(false) => {
-                return Err(Problem::new(
-                    Reason::Forbidden,
-                    format!(
-                        "this runtime may not act as ServiceAccount {ns}/{name}: namespace {ns} is not opted in to WasmControllers; a cluster admin opts it in with `kubectl -n {ns} apply -f deploy/runtime/tenant.yaml` (a RoleBinding of the runtime's ServiceAccount to ClusterRole kubewasm-runtime-tenant)",
-                        ns = account.namespace,
-                        name = account.name
-                    ),
+            Ok(Acting::Allowed) => {}
+            Ok(Acting::NamespaceNotOptedIn) => {
+                return refused(format!(
+                    "this runtime may not act as ServiceAccount {ns}/{name}: namespace {ns} is not opted in to WasmControllers; a cluster admin opts it in with `kubectl -n {ns} apply -f deploy/runtime/tenant.yaml` (a RoleBinding of the runtime's ServiceAccount to ClusterRole kubewasm-runtime-tenant)"
+                ));
+            }
+            Ok(Acting::NoServiceAccount) => {
+                return refused(format!(
+                    "ServiceAccount {ns}/{name} (spec.serviceAccountName) does not exist: create it (`kubectl -n {ns} create serviceaccount {name}`), give it the Role the controller needs, and annotate it `{SERVICE_ACCOUNT_OPT_IN}=allowed`"
+                ));
+            }
+            Ok(Acting::AccountNotOptedIn) => {
+                return refused(format!(
+                    "ServiceAccount {ns}/{name} has not opted in to being used by WasmControllers: its owner allows it with `kubectl -n {ns} annotate serviceaccount {name} {SERVICE_ACCOUNT_OPT_IN}=allowed`"
                 ));
             }
             Err(failed) => {

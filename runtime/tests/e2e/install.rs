@@ -255,6 +255,8 @@ async fn only_what_deploy_grants(cluster: &NodeCluster) -> Result<()> {
             &["impersonate", "serviceaccounts", "-n", "kube-system"],
             false,
         ),
+        (&["get", "serviceaccounts", "-n", "hello"], true),
+        (&["get", "serviceaccounts", "-n", "kube-system"], false),
         (&["impersonate", "serviceaccounts", "-A"], false),
         (
             &["update", "leases.coordination.k8s.io", "-n", SYSTEM],

@@ -55,7 +55,8 @@ async fn children(client: &Client, ns: &str, runtime: &RuntimeProcess) -> Result
     apply_all(
         client,
         &[
-            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "composer", "namespace": ns}}),
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "composer", "namespace": ns,
+                "annotations": {"kubewasm.dev/wasm-controllers": "allowed"}}}),
             rbac("Role", json!({"rules": [
                 {"apiGroups": [group], "resources": ["probes"], "verbs": ["get", "list", "watch"]},
                 {"apiGroups": [group], "resources": ["probes/status"], "verbs": ["get", "patch", "update"]},

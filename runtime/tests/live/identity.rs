@@ -42,6 +42,8 @@ async fn least_privilege(control_plane: &ControlPlane, admin: &Client, ns: &str)
         ("watch", "", "configmaps", ""),
         ("create", "authorization.k8s.io", "subjectaccessreviews", ""),
         ("impersonate", "", "serviceaccounts", ns),
+        // Each ServiceAccount's own opt-in (an annotation), in opted-in namespaces.
+        ("get", "", "serviceaccounts", ns),
         ("get", "coordination.k8s.io", "leases", RUNTIME_NAMESPACE),
         ("create", "coordination.k8s.io", "leases", RUNTIME_NAMESPACE),
         ("update", "coordination.k8s.io", "leases", RUNTIME_NAMESPACE),
@@ -59,6 +61,7 @@ async fn least_privilege(control_plane: &ControlPlane, admin: &Client, ns: &str)
         // Only in namespaces a cluster admin opted in (deploy/runtime/tenant.yaml), as `ns`.
         ("impersonate", "", "serviceaccounts", "kube-system"),
         ("impersonate", "", "serviceaccounts", ""),
+        ("get", "", "serviceaccounts", "kube-system"),
         ("get", "", "secrets", ns),
         ("list", "", "secrets", ""),
         ("watch", "", "secrets", ""),

@@ -145,7 +145,8 @@ pub(crate) async fn install_tenant(
     apply_all(
         client,
         &[
-            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "prober", "namespace": ns}}),
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "prober", "namespace": ns,
+                "annotations": {"kubewasm.dev/wasm-controllers": "allowed"}}}),
             rbac("Role", json!({"rules": [
                 {"apiGroups": [GROUP], "resources": ["probes"], "verbs": ["get", "list", "watch", "patch", "update"]},
                 {"apiGroups": [GROUP], "resources": ["probes/status"], "verbs": ["get", "patch", "update"]},
@@ -616,9 +617,11 @@ pub(crate) fn resident_bytes(pid: u32) -> Result<u64> {
     Ok(kib << 10)
 }
 
-/// The runtime acts only in namespaces a cluster admin opted in (deploy/runtime/tenant.yaml):
-/// with the namespace's binding withdrawn, its controller is refused with the command that
-/// opts it in, and nothing of its guest runs; opted in again, it starts by itself.
+/// The runtime acts only in namespaces a cluster admin opted in (deploy/runtime/tenant.yaml)
+/// and only as ServiceAccounts whose owner opted in (an annotation): with the namespace's
+/// binding withdrawn, and then with the account's annotation, its controller is refused with
+/// the command that opts it in, and nothing of its guest runs; opted in again, it starts by
+/// itself.
 #[tokio::test]
 async fn a_namespace_not_opted_in_runs_no_controller() {
     let control_plane = crate::support::ControlPlane::shared();
@@ -666,12 +669,44 @@ async fn not_opted_in(client: &Client, ns: &str) -> Result<()> {
         },
     )
     .await?;
+    // The namespace opted in, the account not (its owner removed the annotation).
+    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(client.clone(), ns);
+    let annotation = |value: Value| {
+        merge(json!({"metadata": {"annotations": {"kubewasm.dev/wasm-controllers": value}}}))
+    };
+    accounts
+        .patch("prober", &Default::default(), &annotation(Value::Null))
+        .await?;
+    apply(client, &crate::support::tenant_binding(ns)?).await?;
+    wait_status(
+        client,
+        ns,
+        "steady",
+        "the controller refused: its ServiceAccount is not opted in",
+        |s| {
+            let ready = ensure_condition(s, "Ready", "False")?;
+            ensure!(
+                ready.reason == "Forbidden"
+                    && ready.message.contains(&format!(
+                        "kubectl -n {ns} annotate serviceaccount prober kubewasm.dev/wasm-controllers=allowed"
+                    )),
+                "Ready says {}: {}",
+                ready.reason,
+                ready.message
+            );
+            Ok(())
+        },
+    )
+    .await?;
     let echoed = probes(client, ns).get("steady").await?;
     ensure!(
         echoed.data.pointer("/status/echo").is_none(),
-        "the guest ran for a namespace that is not opted in: {:?}",
+        "the guest ran before its namespace and ServiceAccount opted in: {:?}",
         echoed.data.get("status")
     );
-    apply(client, &crate::support::tenant_binding(ns)?).await?;
+    accounts
+        .patch("prober", &Default::default(), &annotation(json!("allowed")))
+        .await?;
     wait_echo(client, ns, "steady", "1").await
 }
