@@ -28,6 +28,8 @@ mod identity;
 mod isolation;
 #[path = "live/pods.rs"]
 mod pods;
+#[path = "live/quarantine.rs"]
+mod quarantine;
 #[path = "live/reload.rs"]
 mod reload;
 #[path = "live/restarter.rs"]

@@ -19,6 +19,8 @@ pub enum Reason {
     DigestMismatch,
     /// The namespace already runs as many distinct modules as the operator allows.
     TooManyModules,
+    /// A runtime stopped while compiling this module: it is not compiled again.
+    Quarantined,
     // `Ready`
     /// Reconciling.
     Running,
@@ -79,6 +81,7 @@ impl Reason {
             Reason::ModuleInvalid => "ModuleInvalid",
             Reason::DigestMismatch => "DigestMismatch",
             Reason::TooManyModules => "TooManyModules",
+            Reason::Quarantined => "Quarantined",
             Reason::Running => "Running",
             Reason::Starting => "Starting",
             Reason::WaitingForCaches => "WaitingForCaches",

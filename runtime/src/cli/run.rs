@@ -76,6 +76,12 @@ pub struct Args {
     /// memory while a controller runs it; controllers running the same module share it).
     #[arg(long, default_value_t = 8)]
     max_modules_per_namespace: usize,
+    /// Keep a journal of the module being compiled in ConfigMap `kubewasm-quarantine` of this
+    /// namespace (the runtime's own): a module whose compile ended a runtime (a crash, an OOM
+    /// kill) is not compiled again by the next start, of this replica or another. Unset: no
+    /// journal.
+    #[arg(long, env = "KUBEWASM_QUARANTINE_NAMESPACE")]
+    quarantine_namespace: Option<String>,
     /// Guest log lines a tenant may log at once after a quiet spell.
     #[arg(long, default_value_t = 1000)]
     log_line_burst: u32,
@@ -132,6 +138,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config.write_burst = args.write_burst;
         config.max_controllers_per_namespace = args.max_controllers_per_namespace.max(1);
         config.max_modules_per_namespace = args.max_modules_per_namespace.max(1);
+        config.quarantine_namespace = args.quarantine_namespace;
         let manager = Manager::new(kube_config.clone(), config)?;
         if let Some(addr) = args.metrics_addr {
             let bound = kubewasm::metrics::serve(addr, manager.metrics())

@@ -18,6 +18,7 @@
 mod caps;
 mod lifecycle;
 mod modules;
+mod quarantine;
 mod setup;
 mod status;
 
@@ -42,6 +43,7 @@ use crate::sandbox::{GuestPre, Sandbox, SandboxConfig};
 use setup::ReadAccess;
 
 pub use caps::LimitCaps;
+pub use quarantine::QUARANTINE_CONFIG_MAP;
 pub use status::Problem;
 
 /// Settings of the live runtime.
@@ -77,6 +79,9 @@ pub struct ManagerConfig {
     pub max_controllers_per_namespace: usize,
     /// Distinct modules one namespace's WasmControllers may run.
     pub max_modules_per_namespace: usize,
+    /// The namespace of the journal of modules being compiled (see [`quarantine`]); `None`:
+    /// no journal, and nothing quarantined.
+    pub quarantine_namespace: Option<String>,
 }
 
 impl Default for ManagerConfig {
@@ -96,6 +101,7 @@ impl Default for ManagerConfig {
             write_burst: 50,
             max_controllers_per_namespace: 64,
             max_modules_per_namespace: 8,
+            quarantine_namespace: None,
         }
     }
 }
@@ -212,6 +218,8 @@ pub struct Manager {
     access: AccessReviews,
     fence: Fence,
     controllers: HashMap<ControllerId, Managed>,
+    /// Modules that took a runtime down while compiling, and the journal of the one compiling.
+    quarantine: quarantine::Quarantine,
     /// The runtime's own status writes, per namespace ([`status::STATUS_WRITES_PER_SECOND`]).
     status_rate: crate::sandbox::TenantRate,
     /// Metadata of the ConfigMaps modules may come from (see [`modules`]).
@@ -259,6 +267,7 @@ impl Manager {
             sandbox,
             metrics: Arc::default(),
             controllers: HashMap::new(),
+            quarantine: quarantine::Quarantine::off(),
             status_rate: crate::sandbox::TenantRate::new(
                 status::STATUS_WRITES_PER_SECOND,
                 status::STATUS_WRITE_BURST,
@@ -294,6 +303,9 @@ impl Manager {
             format!("cannot reach the Kubernetes API server at {server}; check KUBECONFIG and that the cluster is up")
         })?;
         let discovered = connecting.elapsed();
+        if let Some(ns) = &self.config.quarantine_namespace {
+            self.quarantine = quarantine::Quarantine::load(self.client.clone(), ns).await;
+        }
         let (module_config_maps, cm_changes) = self.watch_config_map_metadata();
         module_config_maps
             .wait_until_ready()

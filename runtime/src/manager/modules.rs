@@ -274,9 +274,21 @@ impl Manager {
                     Problem::new(reason, e.to_string())
                 })?;
         // Compiled beside the manager loop (a compile takes as long as the tenant's module
-        // makes it, up to the size bound), once per digest.
+        // makes it, up to the size bound), once per digest, and journaled while it runs: a
+        // module whose compile ended a runtime is not compiled again (see `quarantine`).
+        let digest = Digest::of(&bytes);
+        if let Some(guest) = self.sandbox.loaded(&digest) {
+            return Ok(Fetched::Compiled(Ok(guest), version));
+        }
+        let hex = digest.hex();
+        if let Some(why) = self.quarantine.why(&hex) {
+            return Err(Problem::new(Reason::Quarantined, why.to_owned()));
+        }
         let sandbox = self.sandbox.clone();
-        let compiled = tokio::task::spawn_blocking(move || sandbox.load(&bytes))
+        let compile = move || tokio::task::spawn_blocking(move || sandbox.load(&bytes));
+        let compiled = self
+            .quarantine
+            .compiling(&hex, compile)
             .await
             .map_err(|e| Problem::new(Reason::ModuleInvalid, e.to_string()))?;
         Ok(Fetched::Compiled(compiled, version))

@@ -260,6 +260,11 @@ impl Sandbox {
         Ok(guest)
     }
 
+    /// The compiled module of this digest, if it is loaded.
+    pub fn loaded(&self, digest: &Digest) -> Option<Arc<GuestPre>> {
+        self.lock_modules().get(digest).cloned()
+    }
+
     /// Drops compiled modules no longer in `keep` (e.g. after a hot reload).
     pub fn retain(&self, keep: &[Digest]) {
         self.lock_modules().retain(|d, _| keep.contains(d));

@@ -47,6 +47,8 @@ async fn least_privilege(control_plane: &ControlPlane, admin: &Client, ns: &str)
         ("get", "coordination.k8s.io", "leases", RUNTIME_NAMESPACE),
         ("create", "coordination.k8s.io", "leases", RUNTIME_NAMESPACE),
         ("update", "coordination.k8s.io", "leases", RUNTIME_NAMESPACE),
+        // The journal of the module being compiled (ConfigMap kubewasm-quarantine).
+        ("create", "", "configmaps", RUNTIME_NAMESPACE),
         // Aggregated into kubewasm-runtime-watch: kinds controllers may make it watch.
         ("list", "", "pods", ""),
         ("watch", "", "pods", ""),
