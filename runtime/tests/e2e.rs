@@ -19,7 +19,11 @@
 //! 6. a guest from a file: ConfigMap kubewasm-modules mounted at `--module-dir`, a
 //!    ClusterWasmController naming the file; the ConfigMap changed, the runtime reloads the
 //!    module without restarting;
-//! 7. `cluster.sh down` (also when a step failed; the watchdog does it if the process dies).
+//! 7. a hostile tenant (`e2e/hostile.rs`): URL-as-apiVersion specs refused, a guest that logs a
+//!    million empty lines, forges log lines, floods, loops and allocates; the HelloWorld
+//!    tutorial served meanwhile, no runtime Pod restarted, every leader log line one JSON
+//!    object, the tenant's guest lines within its log rate;
+//! 8. `cluster.sh down` (also when a step failed; the watchdog does it if the process dies).
 //!
 //! Each step's time is printed as it ends, and all of them at the end. On a failure,
 //! `<state dir>/e2e-diagnostics.txt` has the Pods, the runtime's logs, the controllers and
@@ -34,6 +38,8 @@ mod support;
 mod cluster;
 #[path = "e2e/failover.rs"]
 mod failover;
+#[path = "e2e/hostile.rs"]
+mod hostile;
 #[path = "e2e/install.rs"]
 mod install;
 #[path = "e2e/module_file.rs"]
@@ -66,7 +72,7 @@ async fn kubewasm_installed_into_a_cluster_with_a_node() {
         timings.fail();
         cluster.diagnostics().await;
     }
-    timings.step("7. cluster down");
+    timings.step("8. cluster down");
     let down = cluster.stop().await;
     if down.is_err() {
         timings.fail();
@@ -106,6 +112,9 @@ async fn steps(cluster: &NodeCluster, inputs: &Inputs, timings: &mut Timings) ->
 
     timings.step("6. guest from a module file (ConfigMap volume), reloaded in place");
     module_file::module_file(cluster, inputs, &pods, timings).await?;
+
+    timings.step("7. a hostile tenant against the installed runtime");
+    hostile::hostile_tenant(cluster, &inputs.hostile_wasm, timings).await?;
     timings.end();
     Ok(())
 }

@@ -61,6 +61,8 @@ pub struct Inputs {
     pub hello_wasm: PathBuf,
     /// `configmap_restarter.wasm`.
     pub restarter_wasm: PathBuf,
+    /// `hostile.wasm`, the hostile tenant's guest.
+    pub hostile_wasm: PathBuf,
 }
 
 impl Inputs {
@@ -90,7 +92,8 @@ impl Inputs {
         };
         let hello_wasm = guests.join("hello_world.wasm");
         let restarter_wasm = guests.join("configmap_restarter.wasm");
-        for guest in [&hello_wasm, &restarter_wasm] {
+        let hostile_wasm = guests.join("hostile.wasm");
+        for guest in [&hello_wasm, &restarter_wasm, &hostile_wasm] {
             ensure!(
                 guest.is_file(),
                 "no guest {}: run `make guests` (or `make install-files`) first",
@@ -102,6 +105,7 @@ impl Inputs {
             image_tar,
             hello_wasm,
             restarter_wasm,
+            hostile_wasm,
         })
     }
 }

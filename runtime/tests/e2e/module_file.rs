@@ -142,7 +142,7 @@ async fn modules_config_map(cluster: &NodeCluster, wasm: PathBuf) -> Result<Stri
 }
 
 /// Runtime Pods: name -> (uid, restarts of its containers).
-async fn restarts(cluster: &NodeCluster) -> Result<BTreeMap<String, (String, i32)>> {
+pub(crate) async fn restarts(cluster: &NodeCluster) -> Result<BTreeMap<String, (String, i32)>> {
     let pods = live_pods(&cluster.client, SYSTEM, RUNTIME_SELECTOR).await?;
     Ok(pods
         .iter()
