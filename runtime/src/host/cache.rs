@@ -38,6 +38,14 @@ impl CacheSource {
     fn watch(&self, api_version: &str, kind: &str) -> Option<&Arc<Watch>> {
         self.watches.get(&(api_version.to_owned(), kind.to_owned()))
     }
+
+    /// Waits until every cache a guest may read from has listed once: before that, a read
+    /// would answer "not found" for an object that exists.
+    pub async fn ready(&self) {
+        for watch in self.watches.values() {
+            watch.ready().await;
+        }
+    }
 }
 
 /// The object as JSON, with `apiVersion` and `kind` set (list responses leave them out).

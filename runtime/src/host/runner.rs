@@ -208,11 +208,13 @@ impl Runner {
             .iter()
             .map(|(_, w)| w.subscribe())
             .collect();
+        // Parent, children and read grants: a first reconcile must not read an empty cache.
         let synced = async {
             self.setup.parent.ready().await;
             for (_, w) in &self.setup.children {
                 w.ready().await;
             }
+            self.setup.reads.ready().await;
         };
         tokio::select! {
             _ = synced => {}
