@@ -210,11 +210,7 @@ impl<'a> GroupVersion<'a> {
             return Err(refuse());
         }
         let (group, version, group_ok) = match api_version.split_once('/') {
-            Some((group, version)) => (
-                group,
-                version,
-                group.len() <= MAX_NAME_BYTES && group.split('.').all(is_dns_label),
-            ),
+            Some((group, version)) => (group, version, is_dns_subdomain(group)),
             None => ("", api_version, true),
         };
         if group_ok && is_dns_label(version) {
@@ -250,6 +246,23 @@ pub fn validate_kind(kind: &str) -> Result<(), QueryError> {
             printable(truncate(kind, 128))
         )))
     }
+}
+
+/// A DNS subdomain (an API group; the names of ServiceAccounts, ConfigMaps and most kinds):
+/// at most 253 bytes of DNS labels joined by `.`.
+pub fn validate_dns_subdomain(name: &str) -> Result<(), QueryError> {
+    if is_dns_subdomain(name) {
+        Ok(())
+    } else {
+        Err(QueryError(format!(
+            "invalid name `{}`: a name is at most {MAX_NAME_BYTES} characters of `a-z`, `0-9`, `-` and `.`, each part between dots starting and ending with a letter or digit",
+            printable(truncate(name, 128))
+        )))
+    }
+}
+
+fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= MAX_NAME_BYTES && s.split('.').all(is_dns_label)
 }
 
 /// A DNS label: 1 to 63 of `a-z 0-9 -`, starting and ending alphanumeric.

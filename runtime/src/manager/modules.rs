@@ -184,7 +184,7 @@ impl Manager {
             }
             (Some(cm), None) => {
                 // The name becomes a field selector: parsed before it is sent.
-                super::setup::validate_dns_subdomain(&cm.name).map_err(|e| {
+                kubewasm_guest_sdk::query::validate_dns_subdomain(&cm.name).map_err(|e| {
                     Problem::new(
                         Reason::InvalidSpec,
                         format!("spec.module.configMap.name: {e}"),

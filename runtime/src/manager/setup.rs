@@ -313,32 +313,17 @@ pub(super) fn validate_declarations(spec: &WasmControllerSpec) -> Result<(), Pro
         query::validate_kind(kind).map_err(|e| invalid(field, &e))?;
     }
     if let Some(name) = &spec.service_account_name {
-        validate_dns_subdomain(name).map_err(|e| invalid("spec.serviceAccountName", &e))?;
+        query::validate_dns_subdomain(name).map_err(|e| invalid("spec.serviceAccountName", &e))?;
     }
     if let Some(cm) = &spec.module.config_map {
-        validate_dns_subdomain(&cm.name).map_err(|e| invalid("spec.module.configMap.name", &e))?;
+        query::validate_dns_subdomain(&cm.name)
+            .map_err(|e| invalid("spec.module.configMap.name", &e))?;
         if let Some(ns) = &cm.namespace {
             query::validate_namespace(ns)
                 .map_err(|e| invalid("spec.module.configMap.namespace", &e))?;
         }
     }
     Ok(())
-}
-
-/// A DNS subdomain (ServiceAccount and ConfigMap names): at most 253 bytes of DNS labels
-/// joined by `.`.
-pub(super) fn validate_dns_subdomain(name: &str) -> Result<(), String> {
-    // The group of an apiVersion is exactly a DNS subdomain: one parser for both.
-    match GroupVersion::parse(&format!("{name}/v1")) {
-        Ok(gv) if gv.group == name => Ok(()),
-        _ => Err(format!(
-            "invalid name `{}`: a name is at most 253 characters of `a-z`, `0-9`, `-` and `.`, each part between dots starting and ending with a letter or digit",
-            name.chars()
-                .take(128)
-                .flat_map(char::escape_debug)
-                .collect::<String>()
-        )),
-    }
 }
 
 /// The ServiceAccount a controller acts as: in its own namespace (a ClusterWasmController:
