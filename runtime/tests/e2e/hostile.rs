@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 use crate::cluster::{NodeCluster, SYSTEM, WAIT, lease_holder, live_pods, wait_greeting};
 use crate::module_file::restarts;
-use crate::support::{apply, apply_all, eventually, tenant_binding};
+use crate::support::{LogLines, apply, apply_all, eventually, json_log_lines, tenant_binding};
 use crate::timings::{Timings, secs};
 
 const NS: &str = "e2e-hostile";
@@ -121,7 +121,7 @@ pub async fn hostile_tenant(
         .kubectl
         .run(&["-n", SYSTEM, "logs", &leader])
         .await?;
-    let (lines, guest) = count_lines(&log)?;
+    let LogLines { lines, guest } = json_log_lines(&log, &format!("{NS}/storm"))?;
     let running = started.elapsed();
     let bound = LOG_LINE_BURST + LOG_LINES_PER_SECOND * (running.as_secs() + 1);
     timings.note(format!(
@@ -141,33 +141,6 @@ pub async fn hostile_tenant(
         .run(&["delete", "namespace", NS, "--wait=false"])
         .await?;
     Ok(())
-}
-
-/// Every line is one JSON object and none carries an unescaped line break of a guest's;
-/// returns the lines and those of `e2e-hostile`'s guests.
-fn count_lines(log: &str) -> Result<(u64, u64)> {
-    let (mut lines, mut guest) = (0, 0);
-    for line in log.lines() {
-        lines += 1;
-        let event: Value = serde_json::from_str(line)
-            .with_context(|| format!("a runtime log line that is not one JSON object: {line}"))?;
-        let message = event
-            .pointer("/fields/message")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        ensure!(
-            !message.contains("FORGED by a guest\n") && !message.contains('\r'),
-            "a guest's line break reached the log: {line}"
-        );
-        let controller = event.pointer("/fields/controller").and_then(Value::as_str);
-        if event["target"] == "kubewasm::sandbox::call"
-            && controller == Some(&format!("{NS}/storm")[..])
-            && !message.contains(" dropped")
-        {
-            guest += 1;
-        }
-    }
-    Ok((lines, guest))
 }
 
 fn controller(name: &str) -> Value {

@@ -29,6 +29,7 @@ use crate::isolation::{
     controller, install_probe_crd, install_tenant, probe, probes, resident_bytes, wait_echo,
 };
 use crate::runtime::{RuntimeProcess, finish};
+use crate::support::{LogLines, json_log_lines};
 use crate::{StopOnDrop, merge};
 
 /// The operator's maxima the runtime runs with: team-a asks for far more.
@@ -313,25 +314,7 @@ async fn refused(client: &Client, ns: &str, name: &str, type_: &str, reason: &st
 /// Every line of the runtime's log (JSON) is one object, none forged by a guest; the lines
 /// team-a's guests made (host `log`, stdout, stderr) are within its log rate.
 fn guest_log_lines(log: &str, controller: &str, running: Duration) -> Result<()> {
-    let (mut lines, mut guest) = (0u64, 0u64);
-    // The test's own markers (`=== test: started kubewasm run ...`) are not the runtime's.
-    for line in log.lines().filter(|l| !l.starts_with("=== test")) {
-        lines += 1;
-        let event: Value = serde_json::from_str(line)
-            .with_context(|| format!("a runtime log line that is not one JSON object: {line}"))?;
-        let message = event
-            .pointer("/fields/message")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        ensure!(
-            !message.contains("FORGED by a guest\n") && !message.contains('\r'),
-            "a guest's line break reached the log: {line}"
-        );
-        let from_guest = event["target"] == "kubewasm::sandbox::call"
-            && event.pointer("/fields/controller").and_then(Value::as_str) == Some(controller)
-            && !message.contains(" dropped");
-        guest += u64::from(from_guest);
-    }
+    let LogLines { lines, guest } = json_log_lines(log, controller)?;
     ensure!(
         log.contains("FORGED by a guest"),
         "forge-log's lines are not in the log at all (escaped, they should be)"

@@ -14,6 +14,7 @@
 
 mod identity;
 mod kubectl;
+mod logs;
 mod manifest;
 mod wait;
 
@@ -43,6 +44,8 @@ pub use identity::{
 };
 #[allow(unused_imports)]
 pub use kubectl::Kubectl;
+#[allow(unused_imports)]
+pub use logs::{LogLines, json_log_lines};
 #[allow(unused_imports)]
 pub use manifest::{FIELD_MANAGER, apply, apply_all, documents};
 #[allow(unused_imports)]
