@@ -39,6 +39,17 @@ impl CacheSource {
         self.watches.get(&(api_version.to_owned(), kind.to_owned()))
     }
 
+    /// The kinds read from, sorted.
+    pub fn kinds(&self) -> Vec<String> {
+        let mut kinds: Vec<String> = self
+            .watches
+            .values()
+            .map(|w| w.kind().resource.kind.clone())
+            .collect();
+        kinds.sort();
+        kinds
+    }
+
     /// Waits until every cache a guest may read from has listed once: before that, a read
     /// would answer "not found" for an object that exists.
     pub async fn ready(&self) {

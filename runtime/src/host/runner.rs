@@ -140,10 +140,8 @@ impl Runner {
 
     /// The kinds whose caches this controller waits for, for messages.
     pub fn watched_kinds(&self) -> Vec<String> {
-        std::iter::once(&self.setup.parent)
-            .chain(self.setup.children.iter().map(|(_, w)| w))
-            .map(|w| w.kind().resource.kind.clone())
-            .collect()
+        // Parent, children and read grants: the runner waits for all of them.
+        self.setup.reads.kinds()
     }
 
     /// The module now running.
