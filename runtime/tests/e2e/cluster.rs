@@ -461,6 +461,24 @@ pub async fn wait_greeting(
     .await
 }
 
+/// `kubectl -n hello patch helloworld your-name` to greet `who` (the tutorial's own step).
+pub async fn patch_who(kubectl: &Kubectl, who: &str) -> Result<()> {
+    let patch = serde_json::json!({"spec": {"who": who}}).to_string();
+    kubectl
+        .run(&[
+            "-n",
+            "hello",
+            "patch",
+            "helloworld",
+            "your-name",
+            "--type=merge",
+            "-p",
+            &patch,
+        ])
+        .await
+        .map(drop)
+}
+
 /// Waits until `kubectl -n <namespace> logs <pod>` prints exactly `line`.
 pub async fn wait_logs(kubectl: &Kubectl, namespace: &str, pod: &str, line: &str) -> Result<()> {
     eventually(

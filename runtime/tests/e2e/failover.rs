@@ -20,7 +20,7 @@ use kube::{Api, ResourceExt};
 
 use crate::cluster::{
     NodeCluster, QUIET, RUNTIME_SELECTOR, SYSTEM, WAIT, holder_pod, lease_holder, live_pods,
-    wait_greeting, wait_logs, wait_running,
+    patch_who, wait_greeting, wait_logs, wait_running,
 };
 use crate::install::RuntimePods;
 use crate::support::eventually;
@@ -120,18 +120,7 @@ async fn kill_and_change(
         timings.note(format!("SIGKILL: {error:#}"));
     }
     let changed = Instant::now();
-    kubectl
-        .run(&[
-            "-n",
-            "hello",
-            "patch",
-            "helloworld",
-            "your-name",
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"who":"Failover"}}"#,
-        ])
-        .await?;
+    patch_who(kubectl, "Failover").await?;
     timings.note(format!(
         "leader {leader} stopped, force-deleted and killed; who patched {} after the stop",
         secs(changed.duration_since(killed))

@@ -14,7 +14,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
-use crate::cluster::{NodeCluster, SYSTEM, WAIT, lease_holder, live_pods, wait_greeting};
+use crate::cluster::{
+    NodeCluster, SYSTEM, WAIT, lease_holder, live_pods, patch_who, wait_greeting,
+};
 use crate::module_file::restarts;
 use crate::support::{LogLines, apply, apply_all, eventually, json_log_lines, tenant_binding};
 use crate::timings::{Timings, secs};
@@ -75,19 +77,7 @@ pub async fn hostile_tenant(
     let pods: Api<Pod> = Api::namespaced(client.clone(), "hello");
     let old = pods.get("your-name").await?.uid().unwrap_or_default();
     let patched = Instant::now();
-    cluster
-        .kubectl
-        .run(&[
-            "-n",
-            "hello",
-            "patch",
-            "helloworld",
-            "your-name",
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"who":"Storm"}}"#,
-        ])
-        .await?;
+    patch_who(&cluster.kubectl, "Storm").await?;
     wait_greeting(
         client,
         "hello",

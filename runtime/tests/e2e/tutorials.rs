@@ -10,8 +10,8 @@ use kube::{Api, ResourceExt};
 use kubewasm::api::WasmController;
 
 use crate::cluster::{
-    NodeCluster, QUIET, WAIT, live_pods, running_and_ready, wait_greeting, wait_logs, wait_running,
-    workspace,
+    NodeCluster, QUIET, WAIT, live_pods, patch_who, running_and_ready, wait_greeting, wait_logs,
+    wait_running, workspace,
 };
 use crate::support::eventually;
 use crate::timings::{Timings, secs};
@@ -50,18 +50,7 @@ pub async fn hello_world(cluster: &NodeCluster, timings: &mut Timings) -> Result
     wait_logs(kubectl, "hello", "your-name", "Hello, Your Name!").await?;
 
     let patched = Instant::now();
-    kubectl
-        .run(&[
-            "-n",
-            "hello",
-            "patch",
-            "helloworld",
-            "your-name",
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"who":"My Name"}}"#,
-        ])
-        .await?;
+    patch_who(kubectl, "My Name").await?;
     let first_uid = first.uid().unwrap_or_default();
     let second = wait_greeting(
         &cluster.client,

@@ -4,13 +4,13 @@
 //! controller of that module is `ModuleReady=False`, `Quarantined`, without its guest ever
 //! running; another module (a spec change) runs, and its compile leaves the journal clean.
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Result, ensure};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
-use crate::cluster::{apply, guest, module_config_map, prepare, sha256, wait_status};
+use crate::cluster::{apply, condition, guest, module_config_map, prepare, sha256, wait_status};
 use crate::isolation::{controller, install_probe_crd, install_tenant, probe, probes};
 use crate::runtime::{RuntimeProcess, finish};
 use crate::support::{ControlPlane, RUNTIME_NAMESPACE};
@@ -57,11 +57,7 @@ async fn quarantined(
     apply(client, &controller(ns, "steady", json!({}))).await?;
     apply(client, &probe(ns, "steady", "steady", json!({"echo": "1"}))).await?;
     wait_status(client, ns, "steady", "the module quarantined", |s| {
-        let module = s
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "ModuleReady")
-            .context("no ModuleReady")?;
+        let module = condition(s, "ModuleReady")?;
         ensure!(
             module.status == "False"
                 && module.reason == "Quarantined"
@@ -95,11 +91,7 @@ async fn quarantined(
     let hello = json!({"module": {"configMap": {"name": "hello", "key": "hello_world.wasm"}}});
     apply(client, &controller(ns, "steady", hello)).await?;
     wait_status(client, ns, "steady", "another module loaded", |s| {
-        let module = s
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "ModuleReady")
-            .context("no ModuleReady")?;
+        let module = condition(s, "ModuleReady")?;
         ensure!(
             module.status == "True",
             "ModuleReady is {}: {}",
