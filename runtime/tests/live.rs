@@ -12,6 +12,8 @@ mod support;
 
 #[path = "live/apiserver.rs"]
 mod apiserver;
+#[path = "live/cache_budget.rs"]
+mod cache_budget;
 #[path = "live/children.rs"]
 mod children;
 #[path = "live/cluster.rs"]

@@ -1,17 +1,20 @@
 //! The shared watch cache against the local control plane: controllers started together on a
 //! new watch all see it ready, a cache filled from the API server's watch cache
-//! (`resourceVersion=0`) still sees every change after its first list, and each cached
-//! version is serialized for guests once.
+//! (`resourceVersion=0`) still sees every change after its first list, each cached
+//! version is serialized for guests once, and a namespace over its cache cap is dropped from
+//! every watch and taken back in once under it.
 
 mod support;
 
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
 use kube::api::PostParams;
-use kubewasm::controller::{ObjectKey, Resolver, SharedWatches};
+use kubewasm::controller::{
+    CacheAccounts, CacheCaps, ObjectKey, Resolver, SharedWatches, Withheld,
+};
 use support::{ControlPlane, eventually};
 
 /// Long enough for a busy 2-core machine.
@@ -42,7 +45,7 @@ async fn every_waiter_sees_a_new_watch_ready_and_later_changes_arrive() -> Resul
     let kind = Resolver::new(client.clone())
         .resolve("v1", "ConfigMap")
         .await?;
-    let watches = SharedWatches::new(client, Some(namespace.clone()));
+    let watches = SharedWatches::new(client, Some(namespace.clone()), Default::default());
     let watch = watches.watch(&kind);
     // kube-runtime's `Store::wait_until_ready` wakes only the waiter that polled it last: before
     // `Watch::ready` handed the wait to a `OnceCell`, 2 of 3 controllers started together
@@ -116,4 +119,161 @@ async fn every_waiter_sees_a_new_watch_ready_and_later_changes_arrive() -> Resul
         "not made again for the new version"
     );
     control_plane.delete_namespace(&namespace).await
+}
+
+/// The cap per namespace of the cache test: two of its large ConfigMaps fit, three do not.
+const NAMESPACE_CAP: u64 = 80 << 10;
+const LARGE_VALUE: usize = 30 << 10;
+
+#[tokio::test]
+async fn a_namespace_over_its_cache_cap_is_dropped_from_every_watch_and_taken_back_under_it()
+-> Result<()> {
+    let control_plane = ControlPlane::shared();
+    let client = control_plane.client().await?;
+    let (large, small) = (
+        control_plane.namespace("cache-large").await?,
+        control_plane.namespace("cache-small").await?,
+    );
+    let resolver = Resolver::new(client.clone());
+    let (cm_kind, secret_kind) = (
+        resolver.resolve("v1", "ConfigMap").await?,
+        resolver.resolve("v1", "Secret").await?,
+    );
+    let accounts = CacheAccounts::new(CacheCaps {
+        per_namespace: NAMESPACE_CAP,
+        total: u64::MAX,
+    })
+    .with_relist_floor(Duration::from_secs(1));
+    // Cluster-wide, as the runtime watches: other tests' namespaces come and go meanwhile.
+    let watches = SharedWatches::new(client.clone(), None, std::sync::Arc::new(accounts));
+    let (config_maps, secrets) = (watches.watch(&cm_kind), watches.watch(&secret_kind));
+    let large_cms: Api<ConfigMap> = Api::namespaced(client.clone(), &large);
+    let small_cms: Api<ConfigMap> = Api::namespaced(client.clone(), &small);
+    let large_secrets: Api<Secret> = Api::namespaced(client.clone(), &large);
+    let post = PostParams::default();
+    large_secrets
+        .create(
+            &post,
+            &serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "small-secret"}, "stringData": {"k": "v"},
+            }))?,
+        )
+        .await?;
+    create_config_map(&small_cms, "neighbour").await?;
+    let create_large = |name: &'static str| {
+        let api = large_cms.clone();
+        async move {
+            let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name},
+                "data": {"blob": "x".repeat(LARGE_VALUE)},
+            }))?;
+            api.create(&PostParams::default(), &cm).await?;
+            anyhow::Ok(())
+        }
+    };
+    for name in ["large-1", "large-2"] {
+        create_large(name).await?;
+    }
+    config_maps.ready().await;
+    secrets.ready().await;
+    let key = |ns: &str, name: &str| ObjectKey {
+        namespace: Some(ns.to_owned()),
+        name: name.to_owned(),
+    };
+    eventually(
+        "both large ConfigMaps cached (under the cap)",
+        WAIT,
+        || async {
+            Ok((config_maps.get(&key(&large, "large-2")).is_some()
+                && secrets.get(&key(&large, "small-secret")).is_some())
+            .then_some(()))
+        },
+    )
+    .await?;
+    ensure!(
+        config_maps.withheld(&large).is_none(),
+        "held back under the cap"
+    );
+
+    // A third: over the cap. Every watch drops the namespace's objects, the Secret included.
+    create_large("large-3").await?;
+    eventually("the namespace held back", WAIT, || async {
+        Ok(matches!(
+            config_maps.withheld(&large),
+            Some(Withheld::OverNamespaceCap { bytes, cap }) if bytes > cap && cap == NAMESPACE_CAP
+        )
+        .then_some(()))
+    })
+    .await?;
+    eventually(
+        "the namespace's objects dropped from both caches",
+        WAIT,
+        || async {
+            let left = ["large-1", "large-2", "large-3"]
+                .iter()
+                .filter(|n| config_maps.get(&key(&large, n)).is_some())
+                .count()
+                + usize::from(secrets.get(&key(&large, "small-secret")).is_some());
+            Ok((left == 0).then_some(()))
+        },
+    )
+    .await?;
+    ensure!(
+        config_maps.get(&key(&small, "neighbour")).is_some()
+            && config_maps.withheld(&small).is_none(),
+        "another namespace's objects were dropped too"
+    );
+    ensure!(
+        watches.accounts().stored_bytes() < watches.accounts().namespace_bytes(&large),
+        "the held-back namespace's bytes are still counted as stored"
+    );
+    // Changes while held back are weighed, never stored.
+    large_secrets
+        .patch(
+            "small-secret",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"stringData": {"k": "changed"}})),
+        )
+        .await?;
+
+    // Back under 90% of the cap: the watches list again and the namespace is served again,
+    // with what changed meanwhile.
+    let mut changes = secrets.subscribe();
+    for name in ["large-2", "large-3"] {
+        large_cms.delete(name, &Default::default()).await?;
+    }
+    eventually("the namespace served again", WAIT, || async {
+        Ok(config_maps.withheld(&large).is_none().then_some(()))
+    })
+    .await?;
+    let secret = secrets
+        .get(&key(&large, "small-secret"))
+        .context("the Secret is not back in the cache")?;
+    ensure!(
+        secret.data["data"]["k"] == serde_json::json!("Y2hhbmdlZA=="),
+        "the Secret's change while held back is missing: {:?}",
+        secret.data
+    );
+    ensure!(
+        config_maps.get(&key(&large, "large-1")).is_some(),
+        "large-1 is not back in the cache"
+    );
+    ensure!(
+        config_maps.get(&key(&large, "large-2")).is_none(),
+        "a deleted ConfigMap came back"
+    );
+    let announced = tokio::time::timeout(WAIT, async {
+        loop {
+            match changes.recv().await {
+                Ok(change) if change.key == key(&large, "small-secret") => return Ok(()),
+                Ok(_) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    })
+    .await
+    .context("the Secret taken back in was not announced")?;
+    announced?;
+    control_plane.delete_namespace(&large).await?;
+    control_plane.delete_namespace(&small).await
 }

@@ -46,6 +46,9 @@ pub enum Reason {
     SetupTimedOut,
     /// The namespace already has as many controllers as the operator allows.
     TooManyControllers,
+    /// The namespace's objects take more of the runtime's caches than the operator allows:
+    /// they are held back from every controller.
+    CacheBudgetExceeded,
     // `Degraded`
     /// The last reconciles succeeded.
     ReconcilesSucceeding,
@@ -94,6 +97,7 @@ impl Reason {
             Reason::ModuleNotReady => "ModuleNotReady",
             Reason::SetupTimedOut => "SetupTimedOut",
             Reason::TooManyControllers => "TooManyControllers",
+            Reason::CacheBudgetExceeded => "CacheBudgetExceeded",
             Reason::ReconcilesSucceeding => "ReconcilesSucceeding",
             Reason::Timeout => "Timeout",
             Reason::MemoryLimitExceeded => "MemoryLimitExceeded",

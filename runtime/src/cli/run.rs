@@ -76,6 +76,17 @@ pub struct Args {
     /// memory while a controller runs it; controllers running the same module share it).
     #[arg(long, default_value_t = 8)]
     max_modules_per_namespace: usize,
+    /// The most bytes (their JSON) of one namespace's objects the shared caches hold, a
+    /// quantity: a namespace over it is held back — its objects are dropped from the caches and
+    /// handed to no controller, and its WasmControllers' Ready condition says why — until it
+    /// is under 90% of it again. `0`: no cap.
+    #[arg(long, default_value = "64Mi")]
+    max_cached_bytes_per_namespace: String,
+    /// The most bytes (their JSON) the shared caches hold in all, a quantity: while over it,
+    /// the namespace holding the most is held back, then the next. Cluster-scoped objects are
+    /// never held back. `0`: no cap.
+    #[arg(long, default_value = "1Gi")]
+    max_cached_bytes: String,
     /// Keep a journal of the module being compiled in ConfigMap `kubewasm-quarantine` of this
     /// namespace (the runtime's own): a module whose compile ended a runtime (a crash, an OOM
     /// kill) is not compiled again by the next start, of this replica or another. Unset: no
@@ -139,6 +150,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config.max_controllers_per_namespace = args.max_controllers_per_namespace.max(1);
         config.max_modules_per_namespace = args.max_modules_per_namespace.max(1);
         config.quarantine_namespace = args.quarantine_namespace;
+        let cap = |flag: &str, value: &str| -> anyhow::Result<u64> {
+            let bytes = kubewasm::api::parse_bytes(value)
+                .map_err(|e| anyhow::anyhow!("--{flag} {value}: {e}"))?;
+            Ok(if bytes == 0 { u64::MAX } else { bytes as u64 })
+        };
+        config.cache_caps = kubewasm::controller::CacheCaps {
+            per_namespace: cap(
+                "max-cached-bytes-per-namespace",
+                &args.max_cached_bytes_per_namespace,
+            )?,
+            total: cap("max-cached-bytes", &args.max_cached_bytes)?,
+        };
         let manager = Manager::new(kube_config.clone(), config)?;
         if let Some(addr) = args.metrics_addr {
             let bound = kubewasm::metrics::serve(addr, manager.metrics())

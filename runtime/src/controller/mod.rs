@@ -1,6 +1,7 @@
 //! Kubernetes machinery, kube-rs only: kind discovery, shared watches, the work queue,
 //! leader election, and which kinds may be watched at all.
 
+mod accounts;
 mod budget;
 mod discovery;
 mod leader;
@@ -8,6 +9,7 @@ mod queue;
 mod watchable;
 mod watches;
 
+pub use accounts::{CacheAccounts, CacheCaps, READMIT_PERCENT, RELIST_FLOOR, Withheld};
 pub use budget::TokenBucket;
 pub use discovery::{DISCOVERY_TIMEOUT, Kind, ResolveError, Resolver};
 pub use leader::{Fence, LeaderElector};

@@ -96,6 +96,9 @@ pub struct ControllerSetup {
 /// guest does not say.
 const FINALIZE_RETRY: Duration = Duration::from_secs(10);
 
+/// How soon an object is looked at again while the caches list its namespace again.
+const WITHHELD_RETRY: Duration = Duration::from_secs(1);
+
 /// Most parents listed in the status as waiting for clean-up.
 pub const MAX_LISTED_FINALIZING: usize = 16;
 
@@ -142,6 +145,15 @@ impl Runner {
     pub fn watched_kinds(&self) -> Vec<String> {
         // Parent, children and read grants: the runner waits for all of them.
         self.setup.reads.kinds()
+    }
+
+    /// Why the objects of this controller's namespace are held back from it, if they are (a
+    /// WasmController; a ClusterWasmController is only not handed those of such namespaces).
+    pub fn withheld(&self) -> Option<crate::controller::Withheld> {
+        self.setup
+            .namespace
+            .as_deref()
+            .and_then(|ns| self.setup.parent.withheld(ns))
     }
 
     /// The module now running.
@@ -296,6 +308,19 @@ impl Runner {
     async fn reconcile(&self, key: &ObjectKey) {
         if !self.setup.fence.is_open() {
             return; // leadership lost: the process is stopping, nothing starts any more
+        }
+        // A namespace held back from the caches: its objects are not handed to any controller
+        // (the cache lacks them, and a guest would take that for deletions). The watch of the
+        // parent kind announces every object again when it has listed them again; the other
+        // watches may still be listing then, so the key is looked at again soon.
+        if let Some(ns) = &key.namespace
+            && let Some(why) = self.setup.parent.withheld(ns)
+        {
+            tracing::debug!(controller = self.setup.id.as_str(), object = %key, "not reconciled: {why}");
+            if why == crate::controller::Withheld::Relisting {
+                self.queue.add_after(key.clone(), WITHHELD_RETRY);
+            }
+            return;
         }
         let span =
             tracing::info_span!("reconcile", controller = self.setup.id.as_str(), object = %key);

@@ -82,6 +82,9 @@ pub struct ManagerConfig {
     /// The namespace of the journal of modules being compiled (see [`quarantine`]); `None`:
     /// no journal, and nothing quarantined.
     pub quarantine_namespace: Option<String>,
+    /// The most bytes of objects the caches hold for one namespace, and in all (see
+    /// [`crate::controller::CacheAccounts`]).
+    pub cache_caps: crate::controller::CacheCaps,
 }
 
 impl Default for ManagerConfig {
@@ -102,6 +105,7 @@ impl Default for ManagerConfig {
             max_controllers_per_namespace: 64,
             max_modules_per_namespace: 8,
             quarantine_namespace: None,
+            cache_caps: crate::controller::CacheCaps::default(),
         }
     }
 }
@@ -256,7 +260,11 @@ impl Manager {
         let client = Client::try_from(base_config.clone())?;
         let sandbox = Sandbox::new(config.sandbox.clone())?;
         Ok(Manager {
-            watches: SharedWatches::new(watch_client.clone(), config.namespace.clone()),
+            watches: SharedWatches::new(
+                watch_client.clone(),
+                config.namespace.clone(),
+                Arc::new(crate::controller::CacheAccounts::new(config.cache_caps)),
+            ),
             watch_client,
             resolver: Resolver::new(client.clone()),
             access: AccessReviews::new(client.clone(), config.access_review_ttl),

@@ -92,6 +92,13 @@ fn desired(m: &Managed) -> WasmControllerStatus {
             ),
             g,
         ),
+        (Some((runner, _)), _, _) if let Some(why) = runner.withheld() => condition(
+            "Ready",
+            false,
+            Reason::CacheBudgetExceeded,
+            why.to_string(),
+            g,
+        ),
         (Some(_), _, _) => {
             let clamped = m
                 .access
@@ -199,6 +206,9 @@ impl Manager {
             .filter(|m| m.runner.is_some())
             .count();
         self.metrics.set_controllers(running);
+        let accounts = self.watches.accounts();
+        self.metrics
+            .set_cache(accounts.stored_bytes(), accounts.held_namespaces().len());
         let changed: Vec<(ControllerId, WasmControllerStatus)> = if self.fence.is_open() {
             self.controllers
                 .iter()

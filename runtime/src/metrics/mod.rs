@@ -44,6 +44,8 @@ pub struct Metrics {
     api_requests: Family<ControllerLabels, Counter>,
     in_flight: Gauge,
     controllers: Gauge,
+    cache_bytes: Gauge,
+    namespaces_held: Gauge,
     ready: AtomicBool,
     /// When the manager loop last made progress (`None`: not running), for `/healthz`.
     manager_beat: std::sync::Mutex<Option<std::time::Instant>>,
@@ -108,6 +110,18 @@ impl Default for Metrics {
             "Controllers running now",
             controllers.clone(),
         );
+        let cache_bytes = Gauge::default();
+        registry.register(
+            "cache_bytes",
+            "Bytes (JSON) of the objects held in the shared caches",
+            cache_bytes.clone(),
+        );
+        let namespaces_held = Gauge::default();
+        registry.register(
+            "cache_namespaces_held_back",
+            "Namespaces whose objects are held back from the caches (over --max-cached-bytes-per-namespace, or the largest while over --max-cached-bytes)",
+            namespaces_held.clone(),
+        );
         Metrics {
             registry,
             reconciles,
@@ -116,6 +130,8 @@ impl Default for Metrics {
             api_requests,
             in_flight,
             controllers,
+            cache_bytes,
+            namespaces_held,
             ready: AtomicBool::new(false),
             manager_beat: std::sync::Mutex::new(None),
             results: std::sync::Mutex::default(),
@@ -199,6 +215,14 @@ impl Metrics {
     pub fn set_controllers(&self, running: usize) {
         self.controllers
             .set(i64::try_from(running).unwrap_or(i64::MAX));
+    }
+
+    /// Sets the bytes held in the caches and how many namespaces are held back.
+    pub fn set_cache(&self, stored_bytes: u64, namespaces_held: usize) {
+        self.cache_bytes
+            .set(i64::try_from(stored_bytes).unwrap_or(i64::MAX));
+        self.namespaces_held
+            .set(i64::try_from(namespaces_held).unwrap_or(i64::MAX));
     }
 
     /// Marks the runtime ready (caches synced) for `/readyz`.

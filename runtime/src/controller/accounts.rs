@@ -1,0 +1,543 @@
+//! What each namespace holds in the shared caches, against the operator's caps.
+//!
+//! The caches are shared (one watch per kind), so without accounts one tenant's objects would
+//! size the runtime: a namespace full of large ConfigMaps is held in memory for every tenant
+//! that watches ConfigMaps. Every object a watch brings is weighed (the length of its JSON,
+//! which is also the text a guest is handed) and charged to its namespace, whether it is
+//! stored or not. A namespace over `--max-cached-bytes-per-namespace`, or the largest one
+//! while everything stored is over `--max-cached-bytes`, is **held back**: every watch drops
+//! its objects from the cache and stores none of them, so the memory is given back, and no
+//! controller is handed any of them (a WasmController of that namespace says so in its
+//! status). Its objects keep being weighed as they change, so once it is under
+//! [`READMIT_PERCENT`] of the cap again it is let back in: each watch that dropped some of its
+//! objects lists again (at most once per [`RELIST_FLOOR`]), and only when all of them have are
+//! its objects handed out again — never a partial view, which a guest would take for deletions.
+//!
+//! Cluster-scoped objects are charged to no namespace and never held back (only an admin
+//! creates them); they count towards the total.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::fmt;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{broadcast, watch};
+
+/// A held-back namespace is let back in once its bytes (and the total with it) are under this
+/// percentage of the cap: a namespace at the cap does not flap in and out with every change.
+pub const READMIT_PERCENT: u64 = 90;
+
+/// A watch lists again to take a namespace back in at most this often: a tenant that grows
+/// and shrinks around its cap costs each watch one list per period, not one per change.
+pub const RELIST_FLOOR: Duration = Duration::from_secs(30);
+
+/// The operator's caps on cached bytes (`u64::MAX`: none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheCaps {
+    /// The most bytes of one namespace's objects held in the caches.
+    pub per_namespace: u64,
+    /// The most bytes held in the caches in all.
+    pub total: u64,
+}
+
+impl Default for CacheCaps {
+    fn default() -> Self {
+        CacheCaps {
+            per_namespace: u64::MAX,
+            total: u64::MAX,
+        }
+    }
+}
+
+impl Default for CacheAccounts {
+    /// No caps.
+    fn default() -> Self {
+        CacheAccounts::new(CacheCaps::default())
+    }
+}
+
+/// Why a namespace's objects are not handed to controllers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Withheld {
+    /// The namespace holds more than the cap per namespace.
+    OverNamespaceCap {
+        /// Bytes of its objects.
+        bytes: u64,
+        /// `--max-cached-bytes-per-namespace`.
+        cap: u64,
+    },
+    /// Everything cached is over the total cap, and this namespace held the most.
+    OverTotalCap {
+        /// Bytes of its objects.
+        bytes: u64,
+        /// `--max-cached-bytes`.
+        cap: u64,
+    },
+    /// Under the caps again; the watches that dropped its objects are listing them again.
+    Relisting,
+}
+
+impl fmt::Display for Withheld {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Withheld::OverNamespaceCap { bytes, cap } => write!(
+                f,
+                "the namespace's objects of the kinds this runtime watches take {} in its caches, over the operator's cap of {} per namespace (--max-cached-bytes-per-namespace): none of them is handed to any controller until they take less than {}; delete or shrink objects of the watched kinds in this namespace, or ask the operator to raise the cap",
+                mib(bytes),
+                mib(cap),
+                mib(readmit_at(cap)),
+            ),
+            Withheld::OverTotalCap { bytes, cap } => write!(
+                f,
+                "the runtime's caches are over the operator's total cap of {} (--max-cached-bytes) and this namespace holds the most of them ({}): none of its objects is handed to any controller until the caches are under {} with them; delete or shrink objects of the watched kinds in this namespace, or ask the operator to raise the cap",
+                mib(cap),
+                mib(bytes),
+                mib(readmit_at(cap)),
+            ),
+            Withheld::Relisting => f.write_str(
+                "the namespace is under the cache caps again; its objects are handed out once the runtime has listed them again (within a minute)",
+            ),
+        }
+    }
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1u32 << 20))
+}
+
+fn readmit_at(cap: u64) -> u64 {
+    cap.saturating_mul(READMIT_PERCENT) / 100
+}
+
+/// Which watch, for the accounts (a number given by [`CacheAccounts::register`]).
+pub type WatchId = u64;
+
+/// The bytes every namespace holds in the caches, and which namespaces are held back.
+pub struct CacheAccounts {
+    caps: CacheCaps,
+    relist_floor: Duration,
+    ledger: Mutex<Ledger>,
+    /// Namespaces just held back: every watch drops their objects.
+    held: broadcast::Sender<String>,
+    /// Bumped when a namespace is let back in: watches that dropped its objects list again.
+    readmitted: watch::Sender<u64>,
+    next_watch: AtomicU64,
+}
+
+#[derive(Default)]
+struct Ledger {
+    namespaces: HashMap<String, Account>,
+    /// Namespaces held back.
+    held: BTreeSet<String>,
+    /// Bytes of the objects stored: those of every namespace not held back, and the
+    /// cluster-scoped ones.
+    stored: u64,
+    /// Bytes of cluster-scoped objects.
+    cluster: u64,
+}
+
+#[derive(Default)]
+struct Account {
+    bytes: u64,
+    /// Why held back, if it is.
+    hold: Option<Hold>,
+    /// Watches that dropped some of its objects and have not listed them again since.
+    dropped_by: HashSet<WatchId>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hold {
+    Namespace,
+    Total,
+}
+
+/// Whether a watch stores an object it was brought.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// Store it.
+    Store,
+    /// Its namespace is held back: drop it (and any older version stored).
+    Drop,
+}
+
+impl CacheAccounts {
+    /// Accounts under `caps`.
+    pub fn new(caps: CacheCaps) -> Self {
+        CacheAccounts {
+            caps,
+            relist_floor: RELIST_FLOOR,
+            ledger: Mutex::default(),
+            held: broadcast::channel(256).0,
+            readmitted: watch::channel(0).0,
+            next_watch: AtomicU64::new(0),
+        }
+    }
+
+    /// The same with another floor between two lists of a watch to take namespaces back in
+    /// (tests: [`RELIST_FLOOR`] is for production).
+    #[must_use]
+    pub fn with_relist_floor(mut self, floor: Duration) -> Self {
+        self.relist_floor = floor;
+        self
+    }
+
+    /// The caps.
+    pub fn caps(&self) -> CacheCaps {
+        self.caps
+    }
+
+    /// The shortest time between two lists of a watch to take namespaces back in.
+    pub fn relist_floor(&self) -> Duration {
+        self.relist_floor
+    }
+
+    /// A number for a new watch, and what it listens to: namespaces held back (drop their
+    /// objects) and namespaces let back in (list again if [`CacheAccounts::wants_relist`]).
+    pub fn register(&self) -> (WatchId, broadcast::Receiver<String>, watch::Receiver<u64>) {
+        (
+            self.next_watch.fetch_add(1, Ordering::Relaxed),
+            self.held.subscribe(),
+            self.readmitted.subscribe(),
+        )
+    }
+
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// An object of `namespace` (`None`: cluster-scoped) that weighed `old` bytes (0: new)
+    /// now weighs `new` (0: gone). Says whether watch `by` may store it; when not, `by` is
+    /// noted as having dropped some of the namespace's objects.
+    pub fn charge(&self, by: WatchId, namespace: Option<&str>, old: u64, new: u64) -> Admit {
+        let mut ledger = self.ledger();
+        let Some(ns) = namespace else {
+            ledger.cluster = ledger.cluster.saturating_sub(old).saturating_add(new);
+            ledger.stored = ledger.stored.saturating_sub(old).saturating_add(new);
+            drop(ledger);
+            self.balance(None);
+            return Admit::Store;
+        };
+        let account = ledger.namespaces.entry(ns.to_owned()).or_default();
+        account.bytes = account.bytes.saturating_sub(old).saturating_add(new);
+        let held = account.hold.is_some();
+        if !held {
+            ledger.stored = ledger.stored.saturating_sub(old).saturating_add(new);
+        }
+        drop(ledger);
+        self.balance(Some(ns));
+        let mut ledger = self.ledger();
+        let admit = match ledger.namespaces.get_mut(ns) {
+            Some(a) if a.hold.is_some() => {
+                if new > 0 {
+                    a.dropped_by.insert(by);
+                }
+                Admit::Drop
+            }
+            _ => Admit::Store,
+        };
+        ledger.forget_if_empty(ns);
+        admit
+    }
+
+    /// Holds back what is over a cap and lets back in what is under again; `changed` is the
+    /// namespace just charged.
+    fn balance(&self, changed: Option<&str>) {
+        let caps = self.caps;
+        let mut newly_held = Vec::new();
+        let mut readmitted = false;
+        {
+            let mut ledger = self.ledger();
+            if let Some(ns) = changed
+                && let Some(a) = ledger.namespaces.get(ns)
+                && a.hold.is_none()
+                && a.bytes > caps.per_namespace
+            {
+                ledger.hold(ns, Hold::Namespace);
+                newly_held.push(ns.to_owned());
+            }
+            while ledger.stored > caps.total {
+                // The largest namespace not held back yet; cluster-scoped objects never are.
+                let Some(largest) = ledger
+                    .namespaces
+                    .iter()
+                    .filter(|(_, a)| a.hold.is_none() && a.bytes > 0)
+                    .max_by_key(|(_, a)| a.bytes)
+                    .map(|(ns, _)| ns.clone())
+                else {
+                    break;
+                };
+                ledger.hold(&largest, Hold::Total);
+                newly_held.push(largest);
+            }
+            let held: Vec<String> = ledger.held.iter().cloned().collect();
+            for ns in held {
+                let Some(a) = ledger.namespaces.get(&ns) else {
+                    continue;
+                };
+                let fits = a.bytes <= readmit_at(caps.per_namespace)
+                    && ledger.stored.saturating_add(a.bytes) <= readmit_at(caps.total);
+                if fits && !newly_held.contains(&ns) {
+                    ledger.readmit(&ns);
+                    readmitted = true;
+                }
+            }
+        }
+        for ns in newly_held {
+            tracing::warn!(
+                namespace = ns.as_str(),
+                "holding back the namespace's objects: {}",
+                self.withheld(&ns)
+                    .map(|w| w.to_string())
+                    .unwrap_or_default()
+            );
+            let _ = self.held.send(ns);
+        }
+        if readmitted {
+            self.readmitted.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    /// Watch `by` dropped objects of `namespace` it had stored (the namespace was held back).
+    pub fn dropped(&self, by: WatchId, namespace: &str) {
+        if let Some(a) = self.ledger().namespaces.get_mut(namespace) {
+            a.dropped_by.insert(by);
+        }
+    }
+
+    /// Whether watch `by` dropped objects of a namespace that has been let back in since, and
+    /// so must list again.
+    pub fn wants_relist(&self, by: WatchId) -> bool {
+        self.ledger()
+            .namespaces
+            .values()
+            .any(|a| a.hold.is_none() && a.dropped_by.contains(&by))
+    }
+
+    /// Watch `by` has listed again: it now holds every object of every namespace not held
+    /// back, except the ones in `dropped` (held back while it listed).
+    pub fn relisted(&self, by: WatchId, dropped: &HashSet<String>) {
+        let mut ledger = self.ledger();
+        let mut empty = Vec::new();
+        for (ns, a) in ledger.namespaces.iter_mut() {
+            if a.hold.is_none() && !dropped.contains(ns) {
+                a.dropped_by.remove(&by);
+                if a.bytes == 0 && a.dropped_by.is_empty() {
+                    empty.push(ns.clone());
+                }
+            }
+        }
+        for ns in empty {
+            ledger.forget_if_empty(&ns);
+        }
+    }
+
+    /// The namespaces held back now.
+    pub fn held_namespaces(&self) -> Vec<String> {
+        self.ledger().held.iter().cloned().collect()
+    }
+
+    /// Whether the namespace's objects are handed to controllers, and if not, why.
+    pub fn withheld(&self, namespace: &str) -> Option<Withheld> {
+        let ledger = self.ledger();
+        let a = ledger.namespaces.get(namespace)?;
+        match a.hold {
+            Some(Hold::Namespace) => Some(Withheld::OverNamespaceCap {
+                bytes: a.bytes,
+                cap: self.caps.per_namespace,
+            }),
+            Some(Hold::Total) => Some(Withheld::OverTotalCap {
+                bytes: a.bytes,
+                cap: self.caps.total,
+            }),
+            None if !a.dropped_by.is_empty() => Some(Withheld::Relisting),
+            None => None,
+        }
+    }
+
+    /// Bytes stored in the caches now (objects of namespaces not held back, and
+    /// cluster-scoped ones).
+    pub fn stored_bytes(&self) -> u64 {
+        self.ledger().stored
+    }
+
+    /// Bytes of one namespace's objects, stored or not.
+    pub fn namespace_bytes(&self, namespace: &str) -> u64 {
+        self.ledger()
+            .namespaces
+            .get(namespace)
+            .map_or(0, |a| a.bytes)
+    }
+}
+
+impl Ledger {
+    fn hold(&mut self, ns: &str, why: Hold) {
+        if let Some(a) = self.namespaces.get_mut(ns)
+            && a.hold.is_none()
+        {
+            a.hold = Some(why);
+            self.stored = self.stored.saturating_sub(a.bytes);
+            self.held.insert(ns.to_owned());
+        }
+    }
+
+    fn readmit(&mut self, ns: &str) {
+        if let Some(a) = self.namespaces.get_mut(ns)
+            && a.hold.take().is_some()
+        {
+            self.stored = self.stored.saturating_add(a.bytes);
+            self.held.remove(ns);
+            tracing::info!(
+                namespace = ns,
+                bytes = a.bytes,
+                "letting the namespace's objects back into the caches"
+            );
+        }
+        self.forget_if_empty(ns);
+    }
+
+    /// Drops the account of a namespace with nothing cached and nothing pending.
+    fn forget_if_empty(&mut self, ns: &str) {
+        if self
+            .namespaces
+            .get(ns)
+            .is_some_and(|a| a.bytes == 0 && a.hold.is_none() && a.dropped_by.is_empty())
+        {
+            self.namespaces.remove(ns);
+        }
+    }
+}
+
+/// The weight of an object: the length of its JSON.
+pub fn weigh(object: &impl serde::Serialize) -> u64 {
+    struct Count(u64);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 = self.0.saturating_add(buf.len() as u64);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Serializing into a counter cannot fail for a value that was just deserialized.
+    let _ = serde_json::to_writer(&mut count, object);
+    count.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn accounts(per_namespace: u64, total: u64) -> CacheAccounts {
+        CacheAccounts::new(CacheCaps {
+            per_namespace,
+            total,
+        })
+    }
+
+    #[test]
+    fn a_namespace_over_its_cap_is_held_back_and_let_in_again_under_ninety_percent() {
+        let a = accounts(1000, u64::MAX);
+        let (w, mut held, readmitted) = a.register();
+        assert_eq!(a.charge(w, Some("team-a"), 0, 600), Admit::Store);
+        assert_eq!(a.charge(w, Some("team-b"), 0, 900), Admit::Store);
+        assert_eq!(a.withheld("team-a"), None);
+        // Over: this object and every later one of team-a are dropped; team-b is untouched.
+        assert_eq!(a.charge(w, Some("team-a"), 0, 500), Admit::Drop);
+        assert_eq!(held.try_recv().ok().as_deref(), Some("team-a"));
+        assert_eq!(
+            a.withheld("team-a"),
+            Some(Withheld::OverNamespaceCap {
+                bytes: 1100,
+                cap: 1000
+            })
+        );
+        assert_eq!(a.stored_bytes(), 900, "team-a's bytes are given back");
+        assert_eq!(a.charge(w, Some("team-a"), 0, 10), Admit::Drop);
+        assert_eq!(a.charge(w, Some("team-b"), 0, 50), Admit::Store);
+        // Shrinking to 920 (over 90%) is not enough; to 820 is.
+        assert_eq!(a.charge(w, Some("team-a"), 600, 410), Admit::Drop);
+        assert!(a.withheld("team-a").is_some());
+        assert!(!readmitted.has_changed().unwrap_or(true));
+        a.charge(w, Some("team-a"), 410, 310);
+        assert!(readmitted.has_changed().unwrap_or(false));
+        // Let back in, but not handed out until the watch that dropped objects has listed.
+        assert_eq!(a.withheld("team-a"), Some(Withheld::Relisting));
+        assert!(a.wants_relist(w));
+        a.relisted(w, &HashSet::new());
+        assert_eq!(a.withheld("team-a"), None);
+        assert!(!a.wants_relist(w));
+        assert_eq!(a.stored_bytes(), 820 + 950);
+    }
+
+    #[test]
+    fn over_the_total_the_largest_namespace_is_held_back_and_cluster_objects_never() {
+        let a = accounts(u64::MAX, 1000);
+        let (w, _held, _) = a.register();
+        a.charge(w, None, 0, 300);
+        a.charge(w, Some("small"), 0, 200);
+        a.charge(w, Some("large"), 0, 400);
+        assert_eq!(a.charge(w, Some("small"), 0, 150), Admit::Store);
+        // 1050 stored: the largest namespace goes, not the one that tipped it over.
+        assert_eq!(
+            a.withheld("large"),
+            Some(Withheld::OverTotalCap {
+                bytes: 400,
+                cap: 1000
+            })
+        );
+        assert_eq!(a.withheld("small"), None);
+        assert_eq!(a.stored_bytes(), 650);
+        // Cluster-scoped objects alone over the total: nothing left to hold back.
+        assert_eq!(a.charge(w, None, 300, 2000), Admit::Store);
+        assert_eq!(a.withheld("small").map(|_| ()), Some(()));
+        assert_eq!(a.charge(w, None, 0, 1), Admit::Store);
+        // Room again: both namespaces come back once 90% of the total fits them.
+        a.charge(w, None, 2001, 0);
+        assert_eq!(
+            a.withheld("small"),
+            None,
+            "never dropped by a watch: nothing to relist"
+        );
+        assert_eq!(a.withheld("large"), None);
+    }
+
+    #[test]
+    fn a_relist_that_dropped_a_namespace_again_keeps_it_pending() {
+        let a = accounts(1000, u64::MAX);
+        let (w1, ..) = a.register();
+        let (w2, ..) = a.register();
+        a.charge(w1, Some("t"), 0, 800);
+        assert_eq!(a.charge(w2, Some("t"), 0, 800), Admit::Drop);
+        a.dropped(w1, "t");
+        a.charge(w2, Some("t"), 800, 0);
+        assert_eq!(a.withheld("t"), Some(Withheld::Relisting));
+        a.relisted(w1, &HashSet::new());
+        assert_eq!(a.withheld("t"), Some(Withheld::Relisting), "w2 still lists");
+        a.relisted(w2, &HashSet::from(["t".to_owned()]));
+        assert_eq!(
+            a.withheld("t"),
+            Some(Withheld::Relisting),
+            "dropped again by w2"
+        );
+        a.relisted(w2, &HashSet::new());
+        assert_eq!(a.withheld("t"), None);
+    }
+
+    #[test]
+    fn empty_accounts_are_forgotten() {
+        let a = accounts(1000, u64::MAX);
+        let (w, ..) = a.register();
+        a.charge(w, Some("t"), 0, 10);
+        a.charge(w, Some("t"), 10, 0);
+        assert!(a.ledger().namespaces.is_empty());
+    }
+
+    #[test]
+    fn weight_is_the_json_length() {
+        let v = serde_json::json!({"a": "bc", "d": [1, 2]});
+        assert_eq!(weigh(&v), v.to_string().len() as u64);
+    }
+}
