@@ -5,12 +5,17 @@
 //! allocates. Meanwhile the HelloWorld tutorial keeps being served: `who` patched, its new Pod
 //! prints the new greeting. No runtime Pod restarts (no crash, no OOM kill), every line the
 //! leader logged is one JSON object, none forged, and the tenant's guest lines stay within its
-//! log rate (the Deployment's defaults: 100 lines/s, burst 1000).
+//! log rate (the Deployment's defaults: 100 lines/s, burst 1000). Then 20 busy controllers are
+//! deleted at once and the tutorial is served right after; then the tenant stores 24 MiB of
+//! ConfigMaps with large annotations while one of its controllers may read ConfigMaps: the
+//! namespace is held back from the caches (`CacheBudgetExceeded`), the tutorial is still
+//! served, and the leader's peak memory stays under its container's limit.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
@@ -126,11 +131,231 @@ pub async fn hostile_tenant(
         guest > 0,
         "no line of the hostile tenant's guests at all: is it running?"
     );
+    let leader_pod = Api::<Pod>::namespaced(client.clone(), SYSTEM)
+        .get(&leader)
+        .await?;
+
+    many_stopped_at_once(cluster, timings).await?;
+    hoarded(cluster, &leader_pod, timings).await?;
+    let after = restarts(cluster).await?;
+    ensure!(
+        after == before,
+        "runtime Pods restarted: before {before:?}, after {after:?}"
+    );
     cluster
         .kubectl
         .run(&["delete", "namespace", NS, "--wait=false"])
         .await?;
     Ok(())
+}
+
+/// Controllers stopped together: busy ones (their guests loop until the operator's time limit)
+/// deleted at once.
+const MANY: usize = 20;
+
+/// `MANY` controllers whose guests loop are deleted at once; the tutorial is served right
+/// after (stops run beside the manager, each bounded by its grace period, not one by one).
+async fn many_stopped_at_once(cluster: &NodeCluster, timings: &mut Timings) -> Result<()> {
+    let client = &cluster.client;
+    let probe = json!({"apiVersion": format!("{GROUP}/v1"), "kind": "Probe",
+        "metadata": {"name": "busy", "namespace": NS, "labels": {"role": "busy"}},
+        "spec": {"mode": "loop"}});
+    apply(client, &probe).await?;
+    let names: Vec<String> = (0..MANY).map(|i| format!("busy-{i}")).collect();
+    for name in &names {
+        let mut spec = controller(name);
+        spec["spec"]["parent"]["labelSelector"] = json!("role=busy");
+        apply(client, &spec).await?;
+    }
+    let wcs: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        NS,
+        &ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "kubewasm.dev",
+            "v1alpha1",
+            "WasmController",
+        )),
+    );
+    eventually(
+        "the busy controllers running their guests",
+        WAIT,
+        || async {
+            let mut running = 0;
+            for name in &names {
+                let wc = wcs.get(name).await?;
+                if wc
+                    .data
+                    .pointer("/status/reconciles")
+                    .and_then(Value::as_u64)
+                    > Some(0)
+                {
+                    running += 1;
+                }
+            }
+            Ok((running >= MANY / 2).then_some(()))
+        },
+    )
+    .await?;
+    let stopping = Instant::now();
+    for name in &names {
+        wcs.delete(name, &Default::default()).await?;
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "hello");
+    let old = pods.get("your-name").await?.uid().unwrap_or_default();
+    patch_who(&cluster.kubectl, "Many").await?;
+    wait_greeting(
+        client,
+        "hello",
+        "your-name",
+        "Hello, Many!",
+        Some(&old),
+        WAIT,
+    )
+    .await?;
+    timings.note(format!(
+        "{MANY} busy controllers deleted at once, then who patched -> new Pod your-name Succeeded: {} after the first delete",
+        secs(stopping.elapsed())
+    ));
+    Ok(())
+}
+
+/// ConfigMaps the tenant stores, each with an annotation of `HOARD_BYTES` (the API server
+/// takes at most 256 KiB of annotations per object): 24 MiB in all, over the Deployment's
+/// `--max-cached-bytes-per-namespace` (16Mi).
+const HOARD: usize = 120;
+const HOARD_BYTES: usize = 200 << 10;
+
+/// The Deployment's container memory limit.
+const MEMORY_LIMIT: u64 = 768 << 20;
+
+/// A controller that may read ConfigMaps makes the runtime cache them; the tenant then stores
+/// more than its cap in ConfigMaps with large annotations. Its controller says
+/// `CacheBudgetExceeded`, the tutorial is still served, and the leader's peak memory stays
+/// under the container's limit.
+async fn hoarded(cluster: &NodeCluster, leader: &Pod, timings: &mut Timings) -> Result<()> {
+    let client = &cluster.client;
+    let pid = leader_host_pid(leader)?;
+    let (rss_before, _) = memory(pid)?;
+    let mut hoarder = controller("hoarder");
+    hoarder["spec"]["parent"]["labelSelector"] = json!("role=hoarder");
+    hoarder["spec"]["grants"] =
+        json!([{"apiVersion": "v1", "kind": "ConfigMap", "verbs": ["get", "list"]}]);
+    apply(client, &hoarder).await?;
+    let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), NS);
+    let hoarding = Instant::now();
+    let annotation = "x".repeat(HOARD_BYTES);
+    for i in 0..HOARD {
+        let cm = serde_json::from_value(json!({
+            "metadata": {"name": format!("hoard-{i}"), "annotations": {"hoard": annotation}},
+        }))?;
+        config_maps.create(&Default::default(), &cm).await?;
+    }
+    let wcs: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        NS,
+        &ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "kubewasm.dev",
+            "v1alpha1",
+            "WasmController",
+        )),
+    );
+    eventually(
+        "the hoarder held back: Ready=False, CacheBudgetExceeded",
+        WAIT,
+        || async {
+            let wc = wcs.get("hoarder").await?;
+            let ready = wc
+                .data
+                .pointer("/status/conditions")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == "Ready")
+                .cloned();
+            match ready {
+                Some(c) if c["reason"] == "CacheBudgetExceeded" && c["status"] == "False" => {
+                    Ok(Some(()))
+                }
+                other => bail!("Ready is {other:?}"),
+            }
+        },
+    )
+    .await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "hello");
+    let old = pods.get("your-name").await?.uid().unwrap_or_default();
+    let patched = Instant::now();
+    patch_who(&cluster.kubectl, "Hoard").await?;
+    wait_greeting(
+        client,
+        "hello",
+        "your-name",
+        "Hello, Hoard!",
+        Some(&old),
+        WAIT,
+    )
+    .await?;
+    let (rss, peak) = memory(pid)?;
+    timings.note(format!(
+        "{} MiB of ConfigMaps stored by the tenant in {}: held back, who patched -> Succeeded in {}; leader memory {} MiB before, {} MiB after, peak {} MiB (limit {} MiB)",
+        (HOARD * HOARD_BYTES) >> 20,
+        secs(hoarding.elapsed()),
+        secs(patched.elapsed()),
+        rss_before >> 20,
+        rss >> 20,
+        peak >> 20,
+        MEMORY_LIMIT >> 20
+    ));
+    ensure!(
+        peak < MEMORY_LIMIT,
+        "the leader's peak memory {peak} B is over the container's limit"
+    );
+    Ok(())
+}
+
+/// The host pid of a Pod's runtime container (the node runs on this machine): the process
+/// whose cgroup names the container's ID.
+fn leader_host_pid(pod: &Pod) -> Result<u32> {
+    let id = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.first())
+        .and_then(|c| c.container_id.as_deref())
+        .and_then(|id| id.split("://").nth(1))
+        .context("the runtime Pod has no container ID")?
+        .to_owned();
+    for entry in std::fs::read_dir("/proc")? {
+        let entry = entry?;
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cgroup) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+            continue;
+        };
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if cgroup.contains(&id) && comm.trim() == "kubewasm" {
+            return Ok(pid);
+        }
+    }
+    bail!("no kubewasm process in the cgroup of container {id}")
+}
+
+/// VmRSS and VmHWM (the peak) of a process, in bytes.
+fn memory(pid: u32) -> Result<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| -> Result<u64> {
+        let kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .with_context(|| format!("no {name} in /proc/{pid}/status"))?
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()?;
+        Ok(kib << 10)
+    };
+    Ok((field("VmRSS:")?, field("VmHWM:")?))
 }
 
 fn controller(name: &str) -> Value {
