@@ -13,7 +13,7 @@ export KUBEWASM_GUEST_DIR := $(CURDIR)/$(GUEST_DIR)
 include deploy/local/cluster.mk
 include deploy/install.mk
 
-.PHONY: all test demo demo-offline up down toolchain guests build lint fmt unit-test integration-test bench bench-reconcile bench-storm bench-cluster bench-cluster-venv bench-density crds guest-sizes
+.PHONY: all test demo demo-offline up down toolchain guests build lint fmt unit-test integration-test bench bench-reconcile bench-storm bench-cluster bench-cluster-venv bench-density bench-cache crds guest-sizes
 
 all: build guests
 
@@ -47,6 +47,7 @@ test: lint guests k8s-binaries image install-files
 	$(CARGO) test -p kubewasm --bench reconcile -- 20 >/dev/null
 	KUBEWASM_DENSITY_ROUNDS=1 $(CARGO) test -p kubewasm --bench density -- 3 >/dev/null
 	$(CARGO) test -p kubewasm --bench cluster -- tiny >/dev/null
+	$(CARGO) test -p kubewasm --bench cache_memory -- 3 >/dev/null
 	@echo "make test: all tests passed"
 
 ## Every benchmark, P1–P5 (BENCHMARKS.md): one reconcile four ways and epoch on/off, density,
@@ -76,6 +77,11 @@ bench-cluster: guests k8s-binaries bench-cluster-venv
 bench-density: guests k8s-binaries
 	$(CARGO) build --release -p kubewasm --bin kubewasm
 	KUBEWASM_DENSITY_BINARY=$(CURDIR)/target/release/kubewasm $(CARGO) test -p kubewasm --bench density
+
+## Memory the runtime holds per byte a namespace's cache account is charged (the README's budget).
+## Allocations are counted, not timed: the dev profile measures the same as a release build.
+bench-cache:
+	$(CARGO) test -p kubewasm --bench cache_memory -- 1000
 
 ## The tutorial's Python controller needs the official `kubernetes` client: a venv in the cache.
 bench-cluster-venv:

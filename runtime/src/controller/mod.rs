@@ -9,7 +9,7 @@ mod queue;
 mod watchable;
 mod watches;
 
-pub use accounts::{CacheAccounts, CacheCaps, READMIT_PERCENT, RELIST_FLOOR, Withheld};
+pub use accounts::{CacheAccounts, CacheCaps, READMIT_PERCENT, RELIST_FLOOR, Withheld, weigh};
 pub use budget::TokenBucket;
 pub use discovery::{DISCOVERY_TIMEOUT, Kind, ResolveError, Resolver};
 pub use leader::{Fence, LeaderElector};
