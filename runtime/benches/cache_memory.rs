@@ -40,9 +40,16 @@ fn shapes(i: usize) -> Vec<(&'static str, Value)> {
     let data: serde_json::Map<String, Value> = (0..100)
         .map(|k| (format!("key-{k}"), Value::String("v".repeat(1000))))
         .collect();
+    let conditions: Vec<Value> = ["Initialized", "Ready", "ContainersReady", "PodScheduled"]
+        .iter()
+        .map(|t| json!({"type": t, "status": "True", "lastTransitionTime": "2026-11-25T10:00:02Z"}))
+        .collect();
+    let env: Vec<Value> = (0..20)
+        .map(|e| json!({"name": format!("ENV_{e}"), "value": format!("value-{e}")}))
+        .collect();
     let pod_spec = json!({"containers": [{"name": "app", "image": "registry.example/app:1.2.3",
         "args": ["--port=8080", "--log-format=json"],
-        "env": (0..20).map(|e| json!({"name": format!("ENV_{e}"), "value": format!("value-{e}")})).collect::<Vec<_>>(),
+        "env": env,
         "ports": [{"containerPort": 8080, "protocol": "TCP", "name": "http"}],
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
         "volumeMounts": [{"name": "kube-api-access", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true}],
@@ -55,8 +62,7 @@ fn shapes(i: usize) -> Vec<(&'static str, Value)> {
             {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]}}]});
     let pod_status = json!({"phase": "Running", "podIP": "10.0.0.12", "hostIP": "192.168.1.10",
         "startTime": "2026-11-25T10:00:01Z", "qosClass": "Burstable",
-        "conditions": ["Initialized", "Ready", "ContainersReady", "PodScheduled"].iter().map(|t|
-            json!({"type": t, "status": "True", "lastTransitionTime": "2026-11-25T10:00:02Z"})).collect::<Vec<_>>(),
+        "conditions": conditions,
         "containerStatuses": [{"name": "app", "ready": true, "restartCount": 0, "started": true,
             "image": "registry.example/app:1.2.3", "imageID": "registry.example/app@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
             "containerID": "containerd://0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",

@@ -122,7 +122,7 @@ async fn every_waiter_sees_a_new_watch_ready_and_later_changes_arrive() -> Resul
 }
 
 /// The cap per namespace of the cache test: two of its large ConfigMaps fit, three do not.
-const NAMESPACE_CAP: u64 = 80 << 10;
+const NAMESPACE_CAP: u64 = 96 << 10;
 const LARGE_VALUE: usize = 30 << 10;
 
 #[tokio::test]

@@ -76,15 +76,15 @@ pub struct Args {
     /// memory while a controller runs it; controllers running the same module share it).
     #[arg(long, default_value_t = 8)]
     max_modules_per_namespace: usize,
-    /// The most bytes (their JSON) of one namespace's objects the shared caches hold, a
-    /// quantity: a namespace over it is held back — its objects are dropped from the caches and
+    /// The most memory one namespace's objects may take in the shared caches (estimated from
+    /// each object's JSON; a guest's text of it takes as much again), a quantity: a namespace over it is held back — its objects are dropped from the caches and
     /// handed to no controller, and its WasmControllers' Ready condition says why — until it
     /// is under 90% of it again. `0`: no cap.
     #[arg(long, default_value = "64Mi")]
     max_cached_bytes_per_namespace: String,
-    /// The most bytes (their JSON) the shared caches hold in all, a quantity: while over it,
-    /// the namespace holding the most is held back, then the next. Cluster-scoped objects are
-    /// never held back. `0`: no cap.
+    /// The most memory the objects in the shared caches may take in all (estimated as for
+    /// the cap per namespace), a quantity: while over it, the namespace holding the most is
+    /// held back, then the next. Cluster-scoped objects are never held back. `0`: no cap.
     #[arg(long, default_value = "1Gi")]
     max_cached_bytes: String,
     /// Keep a journal of the module being compiled in ConfigMap `kubewasm-quarantine` of this

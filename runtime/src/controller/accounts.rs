@@ -2,9 +2,9 @@
 //!
 //! The caches are shared (one watch per kind), so without accounts one tenant's objects would
 //! size the runtime: a namespace full of large ConfigMaps is held in memory for every tenant
-//! that watches ConfigMaps. Every object a watch brings is weighed (the length of its JSON,
-//! which is also the text a guest is handed) and charged to its namespace, whether it is
-//! stored or not. A namespace over `--max-cached-bytes-per-namespace`, or the largest one
+//! that watches ConfigMaps. Every object a watch brings is weighed ([`weigh`]: the memory it
+//! takes decoded, estimated from its JSON) and charged to its namespace, whether it is stored
+//! or not. A namespace over `--max-cached-bytes-per-namespace`, or the largest one
 //! while everything stored is over `--max-cached-bytes`, is **held back**: every watch drops
 //! its objects from the cache and stores none of them, so the memory is given back, and no
 //! controller is handed any of them (a WasmController of that namespace says so in its
@@ -408,22 +408,68 @@ impl Ledger {
     }
 }
 
-/// The weight of an object: the length of its JSON.
+/// What a JSON object (a map) costs in memory beyond its text, decoded: one B-tree node of
+/// eleven key and value slots (`serde_json::Map`), at least.
+const MAP_COST: u64 = 640;
+/// What a string costs beyond its bytes: its header in the slot that holds it, and the
+/// allocator's rounding.
+const STRING_COST: u64 = 32;
+/// What each further element of a map or an array costs: its slot.
+const ELEMENT_COST: u64 = 32;
+
+/// The weight of an object: an estimate of the memory it takes decoded in a cache, from its
+/// JSON — the text's length, plus the overhead of each map, string and element, which is most
+/// of it for objects of many small fields (a Pod takes about twelve times its JSON length;
+/// `make bench-cache` prints how close the estimate is for the shapes a tenant controls).
 pub fn weigh(object: &impl serde::Serialize) -> u64 {
-    struct Count(u64);
+    /// Reads the JSON as it is written, counting bytes, maps, strings and separators
+    /// outside strings.
+    #[derive(Default)]
+    struct Count {
+        bytes: u64,
+        maps: u64,
+        strings: u64,
+        elements: u64,
+        in_string: bool,
+        escaped: bool,
+    }
     impl std::io::Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 = self.0.saturating_add(buf.len() as u64);
+            self.bytes = self.bytes.saturating_add(buf.len() as u64);
+            for &b in buf {
+                if self.in_string {
+                    match (self.escaped, b) {
+                        (true, _) => self.escaped = false,
+                        (false, b'\\') => self.escaped = true,
+                        (false, b'"') => self.in_string = false,
+                        _ => {}
+                    }
+                    continue;
+                }
+                match b {
+                    b'"' => {
+                        self.in_string = true;
+                        self.strings += 1;
+                    }
+                    b'{' => self.maps += 1,
+                    b',' => self.elements += 1,
+                    _ => {}
+                }
+            }
             Ok(buf.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
     }
-    let mut count = Count(0);
+    let mut count = Count::default();
     // Serializing into a counter cannot fail for a value that was just deserialized.
     let _ = serde_json::to_writer(&mut count, object);
-    count.0
+    count
+        .bytes
+        .saturating_add(count.maps.saturating_mul(MAP_COST))
+        .saturating_add(count.strings.saturating_mul(STRING_COST))
+        .saturating_add(count.elements.saturating_mul(ELEMENT_COST))
 }
 
 #[cfg(test)]
@@ -536,8 +582,13 @@ mod tests {
     }
 
     #[test]
-    fn weight_is_the_json_length() {
-        let v = serde_json::json!({"a": "bc", "d": [1, 2]});
-        assert_eq!(weigh(&v), v.to_string().len() as u64);
+    fn weight_is_the_json_length_and_the_cost_of_maps_strings_and_elements() {
+        // 2 maps, 4 strings (keys "a", "d", "e" and value "b,{\"c"), 3 commas outside strings.
+        let v = serde_json::json!({"a": "b,{\"c", "d": [1, 2], "e": {}});
+        let text = v.to_string();
+        assert_eq!(
+            weigh(&v),
+            text.len() as u64 + 2 * MAP_COST + 4 * STRING_COST + 3 * ELEMENT_COST
+        );
     }
 }

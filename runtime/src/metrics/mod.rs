@@ -113,7 +113,7 @@ impl Default for Metrics {
         let cache_bytes = Gauge::default();
         registry.register(
             "cache_bytes",
-            "Bytes (JSON) of the objects held in the shared caches",
+            "Memory the objects held in the shared caches take, estimated (see --max-cached-bytes)",
             cache_bytes.clone(),
         );
         let namespaces_held = Gauge::default();

@@ -226,7 +226,7 @@ const HOARD: usize = 120;
 const HOARD_BYTES: usize = 200 << 10;
 
 /// The Deployment's container memory limit.
-const MEMORY_LIMIT: u64 = 768 << 20;
+const MEMORY_LIMIT: u64 = 896 << 20;
 
 /// A controller that may read ConfigMaps makes the runtime cache them; the tenant then stores
 /// more than its cap in ConfigMaps with large annotations. Its controller says
