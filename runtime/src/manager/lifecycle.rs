@@ -2,7 +2,7 @@
 //! setups run and their statuses written side by side), stopped together within one
 //! timeout, retried with backoff when they cannot start.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -46,37 +46,54 @@ impl Manager {
     }
 
     pub(super) async fn stop(&mut self, id: &ControllerId) {
-        self.stop_all(std::slice::from_ref(id)).await;
+        self.stop_all(std::slice::from_ref(id), HashMap::new());
     }
 
-    /// Stops these controllers at once: each stops taking work, then all finish their
-    /// running reconciles side by side, within one [`STOP_TIMEOUT`]; then the watches no
-    /// controller needs any more are stopped.
-    pub(super) async fn stop_all(&mut self, ids: &[ControllerId]) {
+    /// Stops these controllers without waiting for them: each stops taking work at once, and
+    /// a task of its own lets its running reconciles finish within [`STOP_TIMEOUT`], aborts
+    /// them past it, and then, for those in `releasing`, removes their finalizers from the
+    /// parents (after the stop, so that no reconcile adds one back). Nothing a tenant's guest
+    /// does while it finishes holds the manager; a controller started again meanwhile (a
+    /// changed spec) takes no work from the old runner, whose last reconciles may still end
+    /// beside its first ones.
+    pub(super) fn stop_all(
+        &mut self,
+        ids: &[ControllerId],
+        mut releasing: HashMap<ControllerId, Arc<Runner>>,
+    ) {
+        for id in ids {
+            let Some((runner, task)) = self.controllers.get_mut(id).and_then(|m| m.runner.take())
+            else {
+                continue;
+            };
+            runner.stop();
+            let release = releasing.remove(id);
+            let id = id.clone();
+            tokio::spawn(async move {
+                finish(&id, task).await;
+                drop(runner);
+                if let Some(runner) = release {
+                    release_finalizers(runner).await;
+                }
+            });
+        }
+    }
+
+    /// Stops these controllers and waits until they have (shutting down: the process is
+    /// about to exit).
+    pub(super) async fn stop_all_and_wait(&mut self, ids: &[ControllerId]) {
         let stopping: Vec<_> = ids
             .iter()
-            .filter_map(|id| self.controllers.get_mut(id).and_then(|m| m.runner.take()))
+            .filter_map(|id| {
+                let (runner, task) = self.controllers.get_mut(id)?.runner.take()?;
+                runner.stop();
+                Some((id.clone(), task))
+            })
             .collect();
-        if stopping.is_empty() {
-            return;
-        }
-        for (runner, _) in &stopping {
-            runner.stop();
-        }
-        let mut tasks: Vec<_> = stopping.into_iter().map(|(_, task)| task).collect();
-        let finished =
-            tokio::time::timeout(STOP_TIMEOUT, futures::future::join_all(tasks.iter_mut())).await;
-        if finished.is_err() {
-            // Past its grace a runner is aborted (its reconciles with it, as they are owned by
-            // its task), so that nothing of a removed or revoked controller writes any more.
-            let late = tasks.iter().filter(|t| !t.is_finished()).count();
-            tracing::warn!(
-                "{late} stopping controller(s) still reconciling after {STOP_TIMEOUT:?}: aborted"
-            );
-            for task in &tasks {
-                task.abort();
-            }
-        }
+        futures::future::join_all(stopping.into_iter().map(|(id, task)| async move {
+            finish(&id, task).await;
+        }))
+        .await;
         self.watches.release_unused();
     }
 
@@ -266,17 +283,25 @@ const RELEASE_TIMEOUT: Duration = Duration::from_secs(120);
 /// Removes a gone controller's finalizers from its parents beside the manager loop (the
 /// runner has stopped): as many parents as the tenant has, each a write within its budget,
 /// so the manager never waits for them; bounded by [`RELEASE_TIMEOUT`].
-pub(super) fn release_finalizers(runner: Arc<Runner>) {
-    tokio::spawn(async move {
-        if tokio::time::timeout(RELEASE_TIMEOUT, runner.release_finalizers())
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                "releasing a removed controller's finalizers took more than {RELEASE_TIMEOUT:?}: the rest stay; remove them with kubectl patch (metadata.finalizers)"
-            );
-        }
-    });
+pub(super) async fn release_finalizers(runner: Arc<Runner>) {
+    if tokio::time::timeout(RELEASE_TIMEOUT, runner.release_finalizers())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "releasing a removed controller's finalizers took more than {RELEASE_TIMEOUT:?}: the rest stay; remove them with kubectl patch (metadata.finalizers)"
+        );
+    }
+}
+
+/// Waits for a stopping runner's task within [`STOP_TIMEOUT`]; past it the task is aborted
+/// (its reconciles with it, as they are owned by it), so that nothing of a removed or revoked
+/// controller writes any more.
+async fn finish(id: &ControllerId, mut task: tokio::task::JoinHandle<()>) {
+    if tokio::time::timeout(STOP_TIMEOUT, &mut task).await.is_err() {
+        tracing::warn!(controller = %id, "stopping controller still reconciling after {STOP_TIMEOUT:?}: aborted");
+        task.abort();
+    }
 }
 
 /// The namespaced controllers past `cap` in their namespace: the first `cap` by name may run,

@@ -424,7 +424,7 @@ impl Manager {
         }
         tracing::info!("shutting down: stopping controllers");
         let ids: Vec<ControllerId> = self.controllers.keys().cloned().collect();
-        self.stop_all(&ids).await;
+        self.stop_all_and_wait(&ids).await;
         self.write_statuses().await;
         Ok(())
     }
@@ -485,8 +485,9 @@ impl Manager {
     /// Applies what the watches saw, in order; the controllers to (re)start are started
     /// together, before any removal that follows them. Whether any was (re)started.
     async fn on_declared(&mut self, events: Vec<Declared>) -> bool {
-        // Every controller these events stop (changed or deleted) is stopped first, all
-        // together within one grace: twenty specs changed at once wait 10 s, not 200.
+        // Every controller these events stop (changed or deleted) is told to stop first; none
+        // is waited for (see `stop_all`), and a deleted one's finalizers are released after
+        // its runner has stopped.
         let mut releasing = HashMap::new();
         let stopping: Vec<ControllerId> = events
             .iter()
@@ -501,7 +502,7 @@ impl Manager {
                 Declared::Relisted(..) => None,
             })
             .collect();
-        self.stop_all(&stopping).await;
+        self.stop_all(&stopping, releasing);
         let mut any = false;
         let mut starting = Vec::new();
         for event in events {
@@ -514,7 +515,7 @@ impl Manager {
                 }
                 Declared::Delete(id) => {
                     self.start_all(&std::mem::take(&mut starting)).await;
-                    self.remove(&id, releasing.remove(&id)).await;
+                    self.remove(&id).await;
                 }
                 Declared::Relisted(seen, cluster) => {
                     self.start_all(&std::mem::take(&mut starting)).await;
@@ -580,13 +581,10 @@ impl Manager {
         Some(id)
     }
 
-    /// A controller's declaration was deleted; `releasing`: its runner, taken before it was
-    /// stopped, when its finalizers are to be removed from its parents.
-    async fn remove(&mut self, id: &ControllerId, releasing: Option<Arc<Runner>>) {
-        self.stop(id).await;
-        if let Some(runner) = releasing {
-            lifecycle::release_finalizers(runner);
-        }
+    /// A controller's declaration was deleted (its runner was told to stop by `on_declared`,
+    /// which also releases its finalizers once it has).
+    async fn remove(&mut self, id: &ControllerId) {
+        self.stop(id).await; // already stopped by `on_declared`: returns at once
         self.controllers.remove(id);
         self.metrics.forget(&id.to_string());
         tracing::info!(controller = %id, "controller removed");
@@ -601,14 +599,11 @@ impl Manager {
             .filter(|id| id.namespace.is_none() == cluster && !seen.contains(id))
             .cloned()
             .collect();
-        let releasing: Vec<_> = gone
+        let releasing: HashMap<ControllerId, Arc<Runner>> = gone
             .iter()
-            .filter_map(|id| self.finalizing_runner(id))
+            .filter_map(|id| Some((id.clone(), self.finalizing_runner(id)?)))
             .collect();
-        self.stop_all(&gone).await;
-        for runner in releasing {
-            lifecycle::release_finalizers(runner);
-        }
+        self.stop_all(&gone, releasing);
         for id in gone {
             self.controllers.remove(&id);
             self.metrics.forget(&id.to_string());
