@@ -3,6 +3,7 @@
 //! - [`sandbox`] knows wasmtime only: compiles guests, runs one reconcile per fresh Store.
 //! - [`api`] is the `kubewasm.dev/v1alpha1` API (`WasmController`, `ClusterWasmController`).
 //! - [`host`] joins them: grants, guest reads, actions turned into API calls.
+//! - [`sources`] fetches modules from where a spec says they are (one seam for every source).
 
 // Nothing a tenant writes (a spec, an object, a module, a guest's answer) may reach a panic:
 // each remaining `expect` says in an `allow` why no input can reach it; tests may panic.
@@ -14,3 +15,4 @@ pub mod host;
 pub mod manager;
 pub mod metrics;
 pub mod sandbox;
+pub mod sources;

@@ -322,11 +322,11 @@ fn controller_module_configmap_must_be_given() {
     ]);
 }
 
-/// A WasmController running the hostile guest, its module by path, in a temp dir.
+/// A WasmController for the hostile guest in a temp dir (its module is given with
+/// `--module`, which takes the place of the spec's ConfigMap offline).
 fn hostile_controller(dir: &Path, extra_spec: &str) -> PathBuf {
     let yaml = format!(
-        "apiVersion: kubewasm.dev/v1alpha1\nkind: WasmController\nmetadata: {{name: hostile, namespace: test-space}}\nspec:\n  module: {{path: {:?}}}\n  parent: {{apiVersion: v1, kind: Thing}}\n{extra_spec}",
-        common::guest("hostile").display()
+        "apiVersion: kubewasm.dev/v1alpha1\nkind: WasmController\nmetadata: {{name: hostile, namespace: test-space}}\nspec:\n  module: {{configMap: {{name: hostile, key: hostile.wasm}}}}\n  parent: {{apiVersion: v1, kind: Thing}}\n{extra_spec}"
     );
     write(dir, "controller.yaml", yaml)
 }
@@ -351,11 +351,14 @@ fn reads_outside_the_grants_are_refused() {
          apiVersion: v1\nkind: ConfigMap\nmetadata: {name: b, namespace: test-space}\n---\n\
          apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c, namespace: elsewhere}\n",
     );
+    let hostile = common::guest("hostile");
     let run = |controller: &Path| {
         kubewasm(&[
             OsStr::new("reconcile"),
             OsStr::new("--controller"),
             controller.as_os_str(),
+            OsStr::new("--module"),
+            hostile.as_os_str(),
             OsStr::new("--object"),
             thing(dir.path(), "read").as_os_str(),
             OsStr::new("--state"),
@@ -388,11 +391,14 @@ fn reads_outside_the_grants_are_refused() {
 fn guest_traps_are_reported() {
     let dir = tempfile::tempdir().unwrap();
     let controller = hostile_controller(dir.path(), "  limits: {timeoutMillis: 200}\n");
+    let hostile = common::guest("hostile");
     let run = |mode: &str| {
         kubewasm(&[
             OsStr::new("reconcile"),
             OsStr::new("--controller"),
             controller.as_os_str(),
+            OsStr::new("--module"),
+            hostile.as_os_str(),
             OsStr::new("--object"),
             thing(dir.path(), mode).as_os_str(),
         ])
@@ -404,6 +410,30 @@ fn guest_traps_are_reported() {
     ]);
     run("panic").failure(&["guest panicked: hostile guest panicked on purpose"]);
     run("alloc").failure(&["memory limit exceeded"]);
+}
+
+#[test]
+fn a_wasm_controller_naming_a_module_file_is_refused_offline_as_live() {
+    let dir = tempfile::tempdir().unwrap();
+    let controller = write(
+        dir.path(),
+        "controller.yaml",
+        format!(
+            "apiVersion: kubewasm.dev/v1alpha1\nkind: WasmController\nmetadata: {{name: hello}}\nspec:\n  module: {{path: {:?}}}\n  parent: {{apiVersion: example.com/v1, kind: HelloWorld}}\n",
+            common::guest("hello_world").display()
+        ),
+    );
+    kubewasm(&[
+        OsStr::new("reconcile"),
+        OsStr::new("--controller"),
+        controller.as_os_str(),
+        OsStr::new("--object"),
+        fixture("your-name.yaml").as_os_str(),
+    ])
+    .failure(&[
+        "a WasmController may not load a module from a file",
+        "offline, give the module with --module",
+    ]);
 }
 
 #[test]
@@ -491,15 +521,14 @@ fn pinned_digest_must_match() {
     let controller = write(
         dir.path(),
         "controller.yaml",
-        format!(
-            "apiVersion: kubewasm.dev/v1alpha1\nkind: WasmController\nmetadata: {{name: hello}}\nspec:\n  module: {{path: {:?}, sha256: \"00\"}}\n  parent: {{apiVersion: example.com/v1, kind: HelloWorld}}\n",
-            common::guest("hello_world").display()
-        ),
+        "apiVersion: kubewasm.dev/v1alpha1\nkind: WasmController\nmetadata: {name: hello}\nspec:\n  module: {configMap: {name: hello, key: hello.wasm}, sha256: \"00\"}\n  parent: {apiVersion: example.com/v1, kind: HelloWorld}\n",
     );
     kubewasm(&[
         OsStr::new("reconcile"),
         OsStr::new("--controller"),
         controller.as_os_str(),
+        OsStr::new("--module"),
+        common::guest("hello_world").as_os_str(),
         OsStr::new("--object"),
         fixture("your-name.yaml").as_os_str(),
     ])

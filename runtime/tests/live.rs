@@ -889,9 +889,9 @@ async fn file_module(client: &Client, ns: &str, dir: &std::path::Path) -> Result
                 "module": module,
                 "parent": {"apiVersion": "example.com/v1", "kind": "HelloWorld", "labelSelector": selector},
                 "children": [{"apiVersion": "v1", "kind": "Pod", "updateStrategy": "Recreate"}],
-                "serviceAccountName": "hello-controller"}})
+                "serviceAccountName": "hello-controller", "serviceAccountNamespace": "default"}})
     };
-    // The ServiceAccount lives in the module's namespace: with a file, `default`.
+    // A module from a file has no namespace: the ServiceAccount's is named, `default`.
     let account = json!({"apiVersion": "v1", "kind": "ServiceAccount",
         "metadata": {"name": "hello-controller", "namespace": "default", "annotations": {"kubewasm.dev/wasm-controllers": "allowed"}}});
     let default_binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",

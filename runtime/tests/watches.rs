@@ -121,9 +121,11 @@ async fn every_waiter_sees_a_new_watch_ready_and_later_changes_arrive() -> Resul
     control_plane.delete_namespace(&namespace).await
 }
 
-/// The cap per namespace of the cache test: two of its large ConfigMaps fit, three do not.
-const NAMESPACE_CAP: u64 = 96 << 10;
-const LARGE_VALUE: usize = 30 << 10;
+/// The cap per namespace of the cache test: two of its large ConfigMaps fit, three do not,
+/// with room either way for what else the namespace holds (its `kube-root-ca.crt`, its
+/// ServiceAccount's token Secret, the test's small Secret: about 25 KiB weighed).
+const NAMESPACE_CAP: u64 = 160 << 10;
+const LARGE_VALUE: usize = 50 << 10;
 
 #[tokio::test]
 async fn a_namespace_over_its_cache_cap_is_dropped_from_every_watch_and_taken_back_under_it()

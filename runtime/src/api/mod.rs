@@ -5,6 +5,7 @@
 
 mod quantity;
 mod reason;
+mod source;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -16,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 pub use quantity::parse_bytes;
 pub use reason::Reason;
+pub use source::Source;
 
 /// What the CRD schema lets through as an `apiVersion`: `VERSION` or `GROUP/VERSION`, the
 /// group a DNS subdomain and the version a DNS label. The API server checks it before the
@@ -74,6 +76,12 @@ pub struct WasmControllerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253), pattern(DNS_SUBDOMAIN_PATTERN))]
     pub service_account_name: Option<String>,
+    /// Only for ClusterWasmControllers: the namespace of the ServiceAccount it acts as.
+    /// Defaults to its module ConfigMap's namespace; a ClusterWasmController whose module is a
+    /// file must give it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63), pattern(DNS_LABEL_PATTERN))]
+    pub service_account_namespace: Option<String>,
     /// Resource limits for each reconcile call.
     #[serde(default)]
     pub limits: ControllerLimits,

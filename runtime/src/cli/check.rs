@@ -16,7 +16,7 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let raw = std::fs::read(&args.module)
         .with_context(|| format!("cannot read `{}`", args.module.display()))?;
-    let bytes = kubewasm::host::module::unpack(raw, None, true)?;
+    let bytes = kubewasm::sources::unpack(raw, None, true)?;
     let sandbox = Sandbox::new(SandboxConfig::default())?;
     let guest = sandbox
         .load(&bytes)

@@ -4,11 +4,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
-use kubewasm::api::{ClusterWasmController, WasmController, WasmControllerSpec};
-use kubewasm::host::{GrantedReads, ObjectSet, ObjectSource, Permissions, module};
+use kubewasm::api::{ClusterWasmController, Source, WasmController, WasmControllerSpec};
+use kubewasm::host::{GrantedReads, ObjectSet, ObjectSource, Permissions};
 use kubewasm::sandbox::{Action, Limits, ObjectRef, Request, Sandbox, SandboxConfig, parse_time};
+use kubewasm::sources::{self, OfflineOrigin};
 use kubewasm_guest_sdk::query::Query;
 use serde_json::Value;
 
@@ -16,9 +16,10 @@ use super::yaml::{read_object, read_objects};
 
 /// Arguments of `kubewasm reconcile`.
 #[derive(Debug, clap::Args)]
-#[command(group(clap::ArgGroup::new("source").required(true).args(["module", "controller"])))]
+#[command(group(clap::ArgGroup::new("source").required(true).multiple(true).args(["module", "controller"])))]
 pub struct Args {
-    /// The guest component to run.
+    /// The guest component to run; with --controller, in place of the module its spec
+    /// names (the spec's sha256 pin still applies).
     #[arg(long)]
     module: Option<PathBuf>,
     /// A WasmController YAML: its module (path, or a ConfigMap given in --state), grants and
@@ -146,51 +147,36 @@ fn read_controller(path: &Path) -> anyhow::Result<Declared> {
     })
 }
 
+/// The module: `--module`, or what the controller's spec names, fetched through the same
+/// seam as the runtime's ([`kubewasm::sources::fetch`]) from the user's files and `--state`.
 fn module_bytes(args: &Args, declared: &Declared, state: &[Value]) -> anyhow::Result<Vec<u8>> {
-    if let Some(path) = &args.module {
-        let raw = std::fs::read(path)
-            .with_context(|| format!("cannot read module `{}`", path.display()))?;
-        let pin = declared
-            .spec
-            .as_ref()
-            .and_then(|s| s.module.sha256.as_deref());
-        return Ok(module::unpack(raw, pin, true)?);
-    }
-    let spec = declared
-        .spec
-        .as_ref()
-        .context("no module: give --module or --controller")?;
-    let raw = match (&spec.module.path, &spec.module.config_map) {
-        // Offline: the user's own files, read as they are.
-        (Some(path), _) => {
-            std::fs::read(path).with_context(|| format!("cannot read module file `{path}`"))?
-        }
-        (None, Some(cm)) => {
-            let found = state.iter().find(|o| {
-                o.get("kind").and_then(Value::as_str) == Some("ConfigMap")
-                    && o.pointer("/metadata/name").and_then(Value::as_str) == Some(cm.name.as_str())
-            });
-            let found: Option<ConfigMap> = found
-                .map(|o| serde_json::from_value(o.clone()))
-                .transpose()
-                .with_context(|| {
-                    format!(
-                        "ConfigMap `{}` in --state is not a valid ConfigMap",
-                        cm.name
-                    )
-                })?;
-            let found = found.with_context(|| {
-                format!(
-                    "the controller's module is in ConfigMap `{}`; pass that ConfigMap with --state \
-                     (e.g. `kubectl create configmap {} --from-file={}=guest.wasm --dry-run=client -o yaml`) or use --module",
-                    cm.name, cm.name, cm.key
-                )
-            })?;
-            module::bytes_from_configmap(&found, &cm.key)?
-        }
-        (None, None) => bail!("spec.module names neither configMap nor path"),
+    let spec = declared.spec.as_ref();
+    let pin = spec.and_then(|s| s.module.sha256.as_deref());
+    let source = match (&args.module, spec) {
+        (Some(path), _) => Source::File {
+            path: path.to_string_lossy().into_owned(),
+        },
+        (None, Some(spec)) => spec
+            .module
+            .source(declared.namespace.as_deref())
+            .map_err(|e| match &spec.module.path {
+                Some(_) if declared.namespace.is_some() => {
+                    anyhow::anyhow!("{e}; offline, give the module with --module")
+                }
+                _ => anyhow::Error::msg(e),
+            })?,
+        (None, None) => bail!("no module: give --module or --controller"),
     };
-    Ok(module::unpack(raw, spec.module.sha256.as_deref(), true)?)
+    let origin = OfflineOrigin::new(state);
+    let fetched = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .context("cannot start the async runtime")?
+        .block_on(sources::fetch(&origin, &source, pin, None))?;
+    match fetched {
+        sources::Fetched::Module { bytes, .. } => Ok(bytes),
+        // Nothing was loaded before, so nothing can be unchanged.
+        sources::Fetched::Unchanged => bail!("no module was read from {source}"),
+    }
 }
 
 /// Objects in the state that the parent owns (ownerReference by kind and name, or by uid),

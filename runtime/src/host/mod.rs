@@ -1,5 +1,5 @@
 //! The bridge between the sandbox and Kubernetes: grants, reads for guests (from the shared
-//! caches), module sources, and actions turned into API calls.
+//! caches), and actions turned into API calls.
 
 mod access;
 pub mod actions;
@@ -7,7 +7,6 @@ mod cache;
 mod finalizer;
 mod grants;
 mod kinds;
-pub mod module;
 mod reads;
 mod runner;
 mod state;

@@ -174,8 +174,8 @@ struct Managed {
     generation: Option<i64>,
     runner: Option<(Arc<Runner>, JoinHandle<()>)>,
     guest: Option<Arc<GuestPre>>,
-    /// The ConfigMap version `guest` was read from.
-    module_version: Option<modules::ModuleVersion>,
+    /// The version of its source `guest` was read from.
+    module_version: Option<crate::sources::Version>,
     module_problem: Option<Problem>,
     setup_problem: Option<Problem>,
     /// What its ServiceAccount was found allowed to read when it started.

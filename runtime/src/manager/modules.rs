@@ -1,44 +1,24 @@
-//! Module loading and hot reload: read a controller's module from its ConfigMap or file,
-//! validate it in the sandbox, and swap it in when its digest changes.
+//! Module loading and hot reload: fetch a controller's module from its source
+//! ([`crate::sources`]), validate it in the sandbox, and swap it in when its digest changes.
 //!
 //! Module ConfigMaps are watched by their metadata only: a copy of every ConfigMap's bytes
 //! in memory would be most of the runtime's memory (a thousand controllers, a thousand
-//! copies of the same module). A ConfigMap's bytes are read — listed by name, as the
-//! runtime may list ConfigMaps but not get them — when a controller starts and whenever the
-//! ConfigMap's uid or resourceVersion is not the one the controller's module came from, so a
-//! changed module is noticed as before, and an unchanged one costs nothing.
+//! copies of the same module). A ConfigMap's bytes are read when a controller starts and
+//! whenever the ConfigMap's uid or resourceVersion is not the one the controller's module
+//! came from ([`sources::ClusterOrigin`]), so a changed module is noticed as before, and an
+//! unchanged one costs nothing.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::Api;
-use kube::api::{ListParams, ObjectMeta, VersionMatch};
-use kube::runtime::reflector::ObjectRef;
 
-use crate::api::{Reason, WasmControllerSpec};
+use crate::api::{Reason, Source, WasmControllerSpec};
 use crate::controller::ObjectKey;
-use crate::host::module;
 use crate::sandbox::{Digest, GuestPre};
+use crate::sources::{self, ClusterOrigin, Version};
 
 use super::{ControllerId, Manager, PARALLEL_STARTS, Problem};
-
-/// The version of the ConfigMap a controller's module was read from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct ModuleVersion {
-    uid: Option<String>,
-    resource_version: Option<String>,
-}
-
-impl ModuleVersion {
-    fn of(metadata: &ObjectMeta) -> ModuleVersion {
-        ModuleVersion {
-            uid: metadata.uid.clone(),
-            resource_version: metadata.resource_version.clone(),
-        }
-    }
-}
 
 /// What reading one controller's module found ([`Manager::read_modules`]).
 pub(super) struct ModuleRead(ControllerId, Result<Fetched, Problem>);
@@ -47,11 +27,8 @@ pub(super) struct ModuleRead(ControllerId, Result<Fetched, Problem>);
 enum Fetched {
     /// Its ConfigMap is still the version its module came from.
     Unchanged,
-    /// These bytes, compiled (or why not), from this ConfigMap version (`None`: from a file).
-    Compiled(
-        Result<Arc<GuestPre>, crate::sandbox::LoadError>,
-        Option<ModuleVersion>,
-    ),
+    /// These bytes, compiled (or why not), from this version of the source.
+    Compiled(Result<Arc<GuestPre>, crate::sandbox::LoadError>, Version),
 }
 
 impl Manager {
@@ -100,7 +77,7 @@ impl Manager {
                     compiled.map_err(|e| Problem::new(Reason::ModuleInvalid, e.to_string()));
                 // The same bytes would fail the same way: read again only once they change.
                 if let Some(m) = self.controllers.get_mut(id) {
-                    m.module_version = version;
+                    m.module_version = Some(version);
                 }
                 loaded
             }
@@ -168,111 +145,29 @@ impl Manager {
         self.sandbox.retain(&keep.into_iter().collect::<Vec<_>>());
     }
 
-    /// The module's bytes, or [`Fetched::Unchanged`] when its ConfigMap is still `loaded`.
+    /// The module, compiled, or [`Fetched::Unchanged`] when its source is still at `loaded`.
     async fn read_module(
         &self,
         id: &ControllerId,
         spec: &WasmControllerSpec,
-        loaded: Option<&ModuleVersion>,
+        loaded: Option<&Version>,
     ) -> Result<Fetched, Problem> {
-        let (raw, from_file, version) = match (&spec.module.config_map, &spec.module.path) {
-            (Some(_), Some(_)) => {
-                return Err(Problem::new(
-                    Reason::InvalidSpec,
-                    "spec.module names both configMap and path; name exactly one",
-                ));
-            }
-            (Some(cm), None) => {
-                // The name becomes a field selector: parsed before it is sent.
-                kubewasm_guest_sdk::query::validate_dns_subdomain(&cm.name).map_err(|e| {
-                    Problem::new(
-                        Reason::InvalidSpec,
-                        format!("spec.module.configMap.name: {e}"),
-                    )
-                })?;
-                let namespace = id
-                    .namespace
-                    .clone()
-                    .or_else(|| cm.namespace.clone())
-                    .ok_or_else(|| {
-                        Problem::new(
-                            Reason::InvalidSpec,
-                            "a ClusterWasmController must give spec.module.configMap.namespace",
-                        )
-                    })?;
-                let missing = || {
-                    Problem::new(
-                        Reason::ModuleNotFound,
-                        format!(
-                            "ConfigMap {namespace}/{} does not exist; create it with `kubectl -n {namespace} create configmap {} --from-file={}=<guest>.wasm`",
-                            cm.name, cm.name, cm.key
-                        ),
-                    )
-                };
-                let known = self
-                    .module_config_maps
-                    .as_ref()
-                    .ok_or_else(|| Problem::new(Reason::ModuleNotFound, "no ConfigMap cache"))?
-                    .get(&ObjectRef::new(&cm.name).within(&namespace))
-                    .ok_or_else(missing)?;
-                if loaded == Some(&ModuleVersion::of(&known.metadata)) {
-                    return Ok(Fetched::Unchanged);
-                }
-                let config_map = self
-                    .list_config_map(
-                        &namespace,
-                        &cm.name,
-                        known.metadata.resource_version.as_deref(),
-                    )
-                    .await?
-                    .ok_or_else(missing)?;
-                let raw = module::bytes_from_configmap(&config_map, &cm.key)
-                    .map_err(|e| Problem::new(Reason::ModuleNotFound, e.to_string()))?;
-                (raw, false, Some(ModuleVersion::of(&config_map.metadata)))
-            }
-            (None, Some(_)) if id.namespace.is_some() => {
-                return Err(Problem::new(
-                    Reason::InvalidSpec,
-                    crate::api::NO_MODULE_FILES,
-                ));
-            }
-            (None, Some(path)) => {
-                let Some(dir) = self.config.module_dir.clone() else {
-                    return Err(Problem::new(
-                        Reason::ModuleNotFound,
-                        module::ModuleError::NoModuleDir { path: path.clone() }.to_string(),
-                    ));
-                };
-                // Off the manager loop: a file read can block.
-                let path = path.clone();
-                let raw =
-                    tokio::task::spawn_blocking(move || module::read_module_file(&dir, &path))
-                        .await
-                        .map_err(|e| Problem::new(Reason::ModuleNotFound, e.to_string()))?
-                        .map_err(|e| Problem::new(Reason::ModuleNotFound, e.to_string()))?;
-                (raw, true, None)
-            }
-            (None, None) => {
-                return Err(Problem::new(
-                    Reason::InvalidSpec,
-                    "spec.module names neither configMap nor path",
-                ));
-            }
+        let source = spec
+            .module
+            .source(id.namespace.as_deref())
+            .map_err(|e| Problem::new(Reason::InvalidSpec, e))?;
+        let origin = ClusterOrigin::new(
+            self.client.clone(),
+            self.module_config_maps.clone(),
+            self.config.module_dir.clone(),
+        );
+        let fetched = sources::fetch(&origin, &source, spec.module.sha256.as_deref(), loaded)
+            .await
+            .map_err(|e| Problem::new(e.reason(), e.to_string()))?;
+        let (bytes, version) = match fetched {
+            sources::Fetched::Unchanged => return Ok(Fetched::Unchanged),
+            sources::Fetched::Module { bytes, version } => (bytes, version),
         };
-        // Gunzip (bounded) off the manager loop too; a file's digest is never shown.
-        let pin = spec.module.sha256.clone();
-        let bytes =
-            tokio::task::spawn_blocking(move || module::unpack(raw, pin.as_deref(), !from_file))
-                .await
-                .map_err(|e| Problem::new(Reason::ModuleInvalid, e.to_string()))?
-                .map_err(|e| {
-                    let reason = if matches!(e, module::ModuleError::DigestMismatch { .. }) {
-                        Reason::DigestMismatch
-                    } else {
-                        Reason::ModuleInvalid
-                    };
-                    Problem::new(reason, e.to_string())
-                })?;
         // Compiled beside the manager loop (a compile takes as long as the tenant's module
         // makes it, up to the size bound), once per digest, and journaled while it runs: a
         // module whose compile ended a runtime is not compiled again (see `quarantine`).
@@ -294,50 +189,23 @@ impl Manager {
         Ok(Fetched::Compiled(compiled, version))
     }
 
-    /// ConfigMap `namespace/name`, listed by name (the runtime's identity may list
-    /// ConfigMaps, not get them). With `seen` (the resourceVersion the metadata watch saw),
-    /// any version at least as new will do, which the API server answers from its watch
-    /// cache instead of reading etcd: a thousand controllers starting read a thousand
-    /// modules at once.
-    async fn list_config_map(
-        &self,
-        namespace: &str,
-        name: &str,
-        seen: Option<&str>,
-    ) -> Result<Option<ConfigMap>, Problem> {
-        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
-        let mut by_name = ListParams::default().fields(&format!("metadata.name={name}"));
-        if let Some(version) = seen {
-            by_name = by_name.at(version).matching(VersionMatch::NotOlderThan);
-        }
-        let found = api.list(&by_name).await.map_err(|e| {
-            Problem::new(
-                Reason::ClientError,
-                format!("cannot read ConfigMap {namespace}/{name}: {e}"),
-            )
-        })?;
-        // Only the object of that name, whatever the field selector made of the spec's name.
-        Ok(found
-            .items
-            .into_iter()
-            .find(|c| c.metadata.name.as_deref() == Some(name)))
-    }
-
     /// These module ConfigMaps changed (or were listed again): the controllers whose module
     /// is in one of them load it again.
     pub(super) async fn on_config_maps(&mut self, keys: &HashSet<ObjectKey>) {
         let ids: Vec<ControllerId> = self
             .controllers
             .iter()
-            .filter(|(id, m)| {
-                m.spec.module.config_map.as_ref().is_some_and(|cm| {
-                    let namespace = id.namespace.as_ref().or(cm.namespace.as_ref());
-                    keys.contains(&ObjectKey {
-                        namespace: namespace.cloned(),
-                        name: cm.name.clone(),
-                    })
-                })
-            })
+            .filter(
+                |(id, m)| match m.spec.module.source(id.namespace.as_deref()) {
+                    Ok(Source::ConfigMap {
+                        namespace, name, ..
+                    }) => keys.contains(&ObjectKey {
+                        namespace: Some(namespace),
+                        name,
+                    }),
+                    _ => false,
+                },
+            )
             .map(|(id, _)| id.clone())
             .collect();
         self.reload(&ids).await;

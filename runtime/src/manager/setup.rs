@@ -119,7 +119,7 @@ impl Manager {
         // Authorize: the ServiceAccount must be allowed to read whatever it will be handed.
         let access = ReadAccess {
             clamped,
-            account: service_account(id, spec),
+            account: service_account(id, spec)?,
             kinds: readable_declarations(spec)
                 .map(|(_, api_version, kind)| kind_of(api_version, kind))
                 .collect::<Result<_, _>>()?,
@@ -315,6 +315,9 @@ pub(super) fn validate_declarations(spec: &WasmControllerSpec) -> Result<(), Pro
     if let Some(name) = &spec.service_account_name {
         query::validate_dns_subdomain(name).map_err(|e| invalid("spec.serviceAccountName", &e))?;
     }
+    if let Some(ns) = &spec.service_account_namespace {
+        query::validate_namespace(ns).map_err(|e| invalid("spec.serviceAccountNamespace", &e))?;
+    }
     if let Some(cm) = &spec.module.config_map {
         query::validate_dns_subdomain(&cm.name)
             .map_err(|e| invalid("spec.module.configMap.name", &e))?;
@@ -326,26 +329,15 @@ pub(super) fn validate_declarations(spec: &WasmControllerSpec) -> Result<(), Pro
     Ok(())
 }
 
-/// The ServiceAccount a controller acts as: in its own namespace (a ClusterWasmController:
-/// its module's namespace, else `default`), named by the spec or `default`.
-fn service_account(id: &ControllerId, spec: &WasmControllerSpec) -> ServiceAccount {
-    let namespace = id
-        .namespace
-        .clone()
-        .or_else(|| {
-            spec.module
-                .config_map
-                .as_ref()
-                .and_then(|c| c.namespace.clone())
-        })
-        .unwrap_or_else(|| "default".into());
-    ServiceAccount {
-        namespace,
-        name: spec
-            .service_account_name
-            .clone()
-            .unwrap_or_else(|| "default".into()),
-    }
+/// The ServiceAccount a controller acts as (the rule: [`WasmControllerSpec::service_account`]).
+fn service_account(
+    id: &ControllerId,
+    spec: &WasmControllerSpec,
+) -> Result<ServiceAccount, Problem> {
+    let (namespace, name) = spec
+        .service_account(id.namespace.as_deref())
+        .map_err(|e| Problem::new(Reason::InvalidSpec, e))?;
+    Ok(ServiceAccount { namespace, name })
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
-//! Module bytes from where a WasmController says they are: a ConfigMap key or a file,
-//! gzip accepted, optionally pinned by sha256.
+//! Module bytes out of what a source holds: a ConfigMap's key, a file under the operator's
+//! directory; gzip accepted, optionally pinned by sha256; and why they could not be had.
 
 use std::io::Read;
 use std::path::Path;
@@ -67,6 +67,43 @@ pub enum ModuleError {
         #[source]
         source: std::io::Error,
     },
+    /// The ConfigMap does not exist.
+    #[error(
+        "ConfigMap {namespace}/{name} does not exist; create it with `kubectl -n {namespace} create configmap {name} --from-file={key}=<guest>.wasm`"
+    )]
+    NoConfigMap {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// The key the spec names.
+        key: String,
+    },
+    /// The source could not be asked (the API server did not answer, a ConfigMap in the
+    /// offline state is malformed).
+    #[error("{0}")]
+    Unreachable(String),
+    /// The spec names no usable source.
+    #[error("{0}")]
+    InvalidSpec(String),
+}
+
+impl ModuleError {
+    /// The reason a status gives for it.
+    pub fn reason(&self) -> crate::api::Reason {
+        use crate::api::Reason;
+        match self {
+            ModuleError::DigestMismatch { .. } => Reason::DigestMismatch,
+            ModuleError::Gzip(_) | ModuleError::TooBig => Reason::ModuleInvalid,
+            ModuleError::Unreachable(_) => Reason::ClientError,
+            ModuleError::InvalidSpec(_) => Reason::InvalidSpec,
+            ModuleError::MissingKey { .. }
+            | ModuleError::NoModuleDir { .. }
+            | ModuleError::OutsideModuleDir { .. }
+            | ModuleError::File { .. }
+            | ModuleError::NoConfigMap { .. } => Reason::ModuleNotFound,
+        }
+    }
 }
 
 /// The raw bytes stored under `key` of a ConfigMap's `binaryData` (already base64-decoded by

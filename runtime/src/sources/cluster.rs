@@ -1,0 +1,116 @@
+//! The runtime's origin: module ConfigMaps read from the cluster, files from the operator's
+//! `--module-dir`.
+//!
+//! Module ConfigMaps are watched by their metadata only (see `manager::modules`): a copy of
+//! every ConfigMap's bytes in memory would be most of the runtime's memory. A ConfigMap's
+//! bytes are read — listed by name, as the runtime may list ConfigMaps but not get them —
+//! only when its uid or resourceVersion is not the one the loaded module came from.
+
+use std::path::PathBuf;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{ListParams, PartialObjectMeta, VersionMatch};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Client};
+
+use super::{Found, ModuleError, Origin, Version, read_module_file};
+
+/// Module sources as the runtime reads them.
+pub struct ClusterOrigin {
+    client: Client,
+    /// The metadata of the ConfigMaps modules may come from.
+    config_maps: Option<Store<PartialObjectMeta<ConfigMap>>>,
+    module_dir: Option<PathBuf>,
+}
+
+impl ClusterOrigin {
+    /// Reads ConfigMaps with `client`, knowing them from `config_maps`; files only under
+    /// `module_dir`.
+    pub fn new(
+        client: Client,
+        config_maps: Option<Store<PartialObjectMeta<ConfigMap>>>,
+        module_dir: Option<PathBuf>,
+    ) -> Self {
+        ClusterOrigin {
+            client,
+            config_maps,
+            module_dir,
+        }
+    }
+
+    /// ConfigMap `namespace/name`, listed by name. With `seen` (the resourceVersion the
+    /// metadata watch saw), any version at least as new will do, which the API server answers
+    /// from its watch cache instead of reading etcd: a thousand controllers starting read a
+    /// thousand modules at once.
+    async fn list(
+        &self,
+        namespace: &str,
+        name: &str,
+        seen: Option<&str>,
+    ) -> Result<Option<ConfigMap>, ModuleError> {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
+        let mut by_name = ListParams::default().fields(&format!("metadata.name={name}"));
+        if let Some(version) = seen {
+            by_name = by_name.at(version).matching(VersionMatch::NotOlderThan);
+        }
+        let found = api.list(&by_name).await.map_err(|e| {
+            ModuleError::Unreachable(format!("cannot read ConfigMap {namespace}/{name}: {e}"))
+        })?;
+        // Only the object of that name, whatever the field selector made of the spec's name.
+        Ok(found
+            .items
+            .into_iter()
+            .find(|c| c.metadata.name.as_deref() == Some(name)))
+    }
+}
+
+impl Origin for ClusterOrigin {
+    async fn config_map(
+        &self,
+        namespace: &str,
+        name: &str,
+        key: &str,
+        known: Option<&Version>,
+    ) -> Result<Found<ConfigMap>, ModuleError> {
+        // The name becomes a field selector: parsed before it is sent.
+        kubewasm_guest_sdk::query::validate_dns_subdomain(name)
+            .map_err(|e| ModuleError::InvalidSpec(format!("spec.module.configMap.name: {e}")))?;
+        let missing = || ModuleError::NoConfigMap {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            key: key.to_owned(),
+        };
+        let seen = self
+            .config_maps
+            .as_ref()
+            .ok_or_else(|| ModuleError::Unreachable("no ConfigMap cache".into()))?
+            .get(&ObjectRef::new(name).within(namespace))
+            .ok_or_else(missing)?;
+        if known == Some(&Version::of(&seen.metadata)) {
+            return Ok(Found::Unchanged);
+        }
+        let config_map = self
+            .list(namespace, name, seen.metadata.resource_version.as_deref())
+            .await?
+            .ok_or_else(missing)?;
+        let version = Version::of(&config_map.metadata);
+        Ok(Found::At(config_map, version))
+    }
+
+    async fn file(&self, path: &str) -> Result<Vec<u8>, ModuleError> {
+        let Some(dir) = self.module_dir.clone() else {
+            return Err(ModuleError::NoModuleDir {
+                path: path.to_owned(),
+            });
+        };
+        // Off the async workers: a file read can block.
+        let path = path.to_owned();
+        tokio::task::spawn_blocking(move || read_module_file(&dir, &path))
+            .await
+            .map_err(|e| ModuleError::Unreachable(format!("reading the module file failed: {e}")))?
+    }
+
+    fn shows_file_digests(&self) -> bool {
+        false
+    }
+}

@@ -1,0 +1,58 @@
+//! `kubewasm reconcile`'s origin: the user's own files, and ConfigMaps from `--state`.
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use serde_json::Value;
+
+use super::{Found, ModuleError, Origin, Version};
+
+/// Module sources read on the user's machine.
+pub struct OfflineOrigin<'s> {
+    state: &'s [Value],
+}
+
+impl<'s> OfflineOrigin<'s> {
+    /// ConfigMaps from `state` (the objects given with `--state`).
+    pub fn new(state: &'s [Value]) -> Self {
+        OfflineOrigin { state }
+    }
+}
+
+impl Origin for OfflineOrigin<'_> {
+    async fn config_map(
+        &self,
+        _namespace: &str,
+        name: &str,
+        key: &str,
+        _known: Option<&Version>,
+    ) -> Result<Found<ConfigMap>, ModuleError> {
+        // Offline objects often carry no namespace: found by name.
+        let found = self.state.iter().find(|o| {
+            o.get("kind").and_then(Value::as_str) == Some("ConfigMap")
+                && o.pointer("/metadata/name").and_then(Value::as_str) == Some(name)
+        });
+        let Some(found) = found else {
+            return Err(ModuleError::Unreachable(format!(
+                "the controller's module is in ConfigMap `{name}`; pass that ConfigMap with --state \
+                 (e.g. `kubectl create configmap {name} --from-file={key}=guest.wasm --dry-run=client -o yaml`) or use --module"
+            )));
+        };
+        let config_map: ConfigMap = serde_json::from_value(found.clone()).map_err(|e| {
+            ModuleError::Unreachable(format!(
+                "ConfigMap `{name}` in --state is not a valid ConfigMap: {e}"
+            ))
+        })?;
+        let version = Version::of(&config_map.metadata);
+        Ok(Found::At(config_map, version))
+    }
+
+    async fn file(&self, path: &str) -> Result<Vec<u8>, ModuleError> {
+        std::fs::read(path).map_err(|source| ModuleError::File {
+            path: path.to_owned(),
+            source,
+        })
+    }
+
+    fn shows_file_digests(&self) -> bool {
+        true
+    }
+}
