@@ -34,21 +34,32 @@ guest-sizes: guests
 fmt:
 	$(CARGO) fmt --all
 
+# Every test tier (runtime/Cargo.toml's features): what `make test` runs and lints.
+ALL_TIERS := --features kubewasm/node-tests
+
 lint: toolchain
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --all-targets $(ALL_TIERS) -- -D warnings
 	$(CARGO) clippy --target wasm32-wasip2 $(addprefix -p ,$(GUESTS)) -- -D warnings
 
 ## Every test: lint, unit, guest-native, sandbox, CLI, integration against the local control plane.
 test: export KUBEWASM_IMAGE_TAR := $(abspath $(IMAGE_TAR))
 test: lint guests k8s-binaries image install-files
-	$(CARGO) test --workspace
+	$(CARGO) test --workspace $(ALL_TIERS)
 	@# The bench still runs (tiny size, debug build); its numbers come from `make bench` only.
-	$(CARGO) test -p kubewasm --bench reconcile -- 20 >/dev/null
-	KUBEWASM_DENSITY_ROUNDS=1 $(CARGO) test -p kubewasm --bench density -- 3 >/dev/null
-	$(CARGO) test -p kubewasm --bench cluster -- tiny >/dev/null
-	$(CARGO) test -p kubewasm --bench cache_memory -- 3 >/dev/null
+	$(CARGO) test -p kubewasm $(ALL_TIERS) --bench reconcile -- 20 >/dev/null
+	KUBEWASM_DENSITY_ROUNDS=1 $(CARGO) test -p kubewasm $(ALL_TIERS) --bench density -- 3 >/dev/null
+	$(CARGO) test -p kubewasm $(ALL_TIERS) --bench cluster -- tiny >/dev/null
+	$(CARGO) test -p kubewasm $(ALL_TIERS) --bench cache_memory -- 3 >/dev/null
 	@echo "make test: all tests passed"
+
+## Tiers 1-3 only (unit, guests natively, sandbox, CLI): no cluster, no Kubernetes binaries.
+unit-test: guests
+	$(CARGO) test --workspace
+
+## Tier 4: the tests against a local control plane (etcd and the locally built API server).
+integration-test: guests k8s-binaries
+	$(CARGO) test -p kubewasm --features kubewasm/cluster-tests --test control_plane --test leader --test live --test watches
 
 ## Every benchmark, P1–P5 (BENCHMARKS.md): one reconcile four ways and epoch on/off, density,
 ## then the cluster comparisons.
@@ -60,7 +71,7 @@ bench-reconcile: guests
 
 ## team-b's reconcile latency (p50/p99) without and during team-a's storm, on a local control plane.
 bench-storm: guests k8s-binaries
-	KUBEWASM_STORM_BASELINE=1 $(CARGO) test -p kubewasm --test live storm -- --nocapture 2>&1 \
+	KUBEWASM_STORM_BASELINE=1 $(CARGO) test -p kubewasm --features kubewasm/cluster-tests --test live storm -- --nocapture 2>&1 \
 		| grep -E '^(team-b reconcile latency|runtime peak RSS|runtime log:|test result)'
 
 ## P2 (ConfigMap change → Pods deleted: kubewasm, a native kube-rs floor, the tutorial's Python) and

@@ -16,7 +16,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use quantity::parse_bytes;
-pub use reason::Reason;
+pub use reason::{Problem, Reason};
 pub use source::Source;
 
 /// What the CRD schema lets through as an `apiVersion`: `VERSION` or `GROUP/VERSION`, the

@@ -1,5 +1,6 @@
 //! The one vocabulary of reasons: status conditions, the `Degraded` reason of a failed
-//! reconcile, the `outcome` label of the reconcile metric and the `reason` field of logs.
+//! reconcile, the `outcome` label of the reconcile metric and the `reason` field of logs; and
+//! [`Problem`], a reason with its sentence, the one failure type of setups and reconciles.
 
 use std::fmt;
 
@@ -116,5 +117,30 @@ impl Reason {
 impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// Why something is not working or failed: a reason and a sentence that says what to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// Why, for conditions, metrics and logs.
+    pub reason: Reason,
+    /// What is wrong and what to do.
+    pub message: String,
+}
+
+impl Problem {
+    /// A problem.
+    pub fn new(reason: Reason, message: impl Into<String>) -> Self {
+        Problem {
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.reason, self.message)
     }
 }

@@ -65,6 +65,38 @@ impl TokenBucket {
     }
 }
 
+/// The one door every API write of a controller goes through: a token of its write budget,
+/// then the fence (this process may still act). Actions, finalizers and saved state all pass
+/// here, so a new kind of write cannot forget either.
+pub struct WriteGate {
+    budget: TokenBucket,
+    fence: super::Fence,
+}
+
+impl WriteGate {
+    /// Writes within `budget` while `fence` is open.
+    pub fn new(budget: TokenBucket, fence: super::Fence) -> Self {
+        WriteGate { budget, fence }
+    }
+
+    /// Waits for a token of the budget; then whether the write may be sent (`false`: this
+    /// process lost its Lease, nothing more is sent).
+    pub async fn admit(&self) -> bool {
+        self.budget.take().await;
+        self.fence.is_open()
+    }
+
+    /// Whether this process may still act (no token taken).
+    pub fn is_open(&self) -> bool {
+        self.fence.is_open()
+    }
+
+    /// The budget (its counter, for tests and metrics).
+    pub fn budget(&self) -> &TokenBucket {
+        &self.budget
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

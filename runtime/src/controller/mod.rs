@@ -10,7 +10,7 @@ mod watchable;
 mod watches;
 
 pub use accounts::{CacheAccounts, CacheCaps, READMIT_PERCENT, RELIST_FLOOR, Withheld, weigh};
-pub use budget::TokenBucket;
+pub use budget::{TokenBucket, WriteGate};
 pub use discovery::{DISCOVERY_TIMEOUT, Kind, ResolveError, Resolver};
 pub use leader::{Fence, LeaderElector};
 pub use queue::{Backoff, WorkQueue};

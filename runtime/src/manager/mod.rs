@@ -16,13 +16,14 @@
 //! access-review period so that a controller granted its RBAC later still starts within one period).
 
 mod caps;
+mod declared;
 mod lifecycle;
 mod modules;
 mod quarantine;
 mod setup;
 mod status;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,15 +37,16 @@ use tokio::task::JoinHandle;
 
 use crate::api::{ClusterWasmController, WasmController, WasmControllerSpec};
 use crate::controller::{Fence, ObjectKey, Resolver, SharedWatches};
-use crate::host::{AccessReviews, GuestState, Runner, StateOwner};
+use crate::host::{AccessReviews, GuestState, Runner};
 use crate::metrics::Metrics;
 use crate::sandbox::{GuestPre, Sandbox, SandboxConfig};
 
+use declared::{Seen, watch_declared};
 use setup::ReadAccess;
 
+pub use crate::api::Problem;
 pub use caps::LimitCaps;
 pub use quarantine::QUARANTINE_CONFIG_MAP;
-pub use status::Problem;
 
 /// Settings of the live runtime.
 #[derive(Debug, Clone)]
@@ -228,21 +230,6 @@ pub struct Manager {
     status_rate: crate::sandbox::TenantRate,
     /// Metadata of the ConfigMaps modules may come from (see [`modules`]).
     module_config_maps: Option<reflector::Store<PartialObjectMeta<ConfigMap>>>,
-}
-
-/// A declared controller as its object says.
-struct Seen {
-    id: ControllerId,
-    generation: Option<i64>,
-    spec: WasmControllerSpec,
-    /// `status.guestState`: the guest's saved state, read when the controller is first seen.
-    guest_state: BTreeMap<String, String>,
-}
-
-enum Declared {
-    Upsert(Box<Seen>),
-    Delete(ControllerId),
-    Relisted(HashSet<ControllerId>, bool),
 }
 
 impl Manager {
@@ -482,181 +469,9 @@ impl Manager {
         (store, changed)
     }
 
-    /// Applies what the watches saw, in order; the controllers to (re)start are started
-    /// together, before any removal that follows them. Whether any was (re)started.
-    async fn on_declared(&mut self, events: Vec<Declared>) -> bool {
-        // Every controller these events stop (changed or deleted) is told to stop first; none
-        // is waited for (see `stop_all`), and a deleted one's finalizers are released after
-        // its runner has stopped.
-        let mut releasing = HashMap::new();
-        let stopping: Vec<ControllerId> = events
-            .iter()
-            .filter_map(|event| match event {
-                Declared::Upsert(seen) => self.changed(seen).then(|| seen.id.clone()),
-                Declared::Delete(id) => {
-                    if let Some(runner) = self.finalizing_runner(id) {
-                        releasing.insert(id.clone(), runner);
-                    }
-                    Some(id.clone())
-                }
-                Declared::Relisted(..) => None,
-            })
-            .collect();
-        self.stop_all(&stopping, releasing);
-        let mut any = false;
-        let mut starting = Vec::new();
-        for event in events {
-            match event {
-                Declared::Upsert(seen) => {
-                    if let Some(id) = self.upsert(*seen).await {
-                        starting.push(id);
-                        any = true;
-                    }
-                }
-                Declared::Delete(id) => {
-                    self.start_all(&std::mem::take(&mut starting)).await;
-                    self.remove(&id).await;
-                }
-                Declared::Relisted(seen, cluster) => {
-                    self.start_all(&std::mem::take(&mut starting)).await;
-                    self.relisted(&seen, cluster).await;
-                }
-            }
-        }
-        self.start_all(&starting).await;
-        any
-    }
-
     /// Running controllers whose caches have not listed yet.
     fn waiting_for_caches(&self) -> usize {
         let waiting = |m: &&Managed| m.runner.as_ref().is_some_and(|(r, _)| !r.synced());
         self.controllers.values().filter(waiting).count()
-    }
-
-    /// Whether a declaration is new or changed (its controller is then started anew).
-    fn changed(&self, seen: &Seen) -> bool {
-        self.controllers
-            .get(&seen.id)
-            .is_none_or(|m| m.generation != seen.generation || m.spec != seen.spec)
-    }
-
-    /// Takes a new or changed declaration; returns the controller to start, unless unchanged.
-    async fn upsert(&mut self, seen: Seen) -> Option<ControllerId> {
-        let Seen {
-            id,
-            generation,
-            spec,
-            guest_state,
-        } = seen;
-        let known = self.controllers.get(&id);
-        if known.is_some_and(|m| m.generation == generation && m.spec == spec) {
-            return None;
-        }
-        self.stop(&id).await; // already stopped by `on_declared`: returns at once
-        let old = self.controllers.remove(&id);
-        let guest = old.as_ref().and_then(|m| m.guest.clone());
-        // The state in memory is at least as new as the status the watch brings (this
-        // process wrote it); the status is read only the first time.
-        let state = match old {
-            Some(m) => m.state,
-            None => Arc::new(GuestState::new(
-                StateOwner::of(self.client.clone(), id.namespace.as_deref(), &id.name),
-                guest_state,
-            )),
-        };
-        let managed = Managed {
-            spec,
-            state,
-            generation,
-            runner: None,
-            guest,
-            module_version: None,
-            module_problem: None,
-            setup_problem: None,
-            access: None,
-            written: None,
-            retry: lifecycle::Retry::default(),
-        };
-        self.controllers.insert(id.clone(), managed);
-        Some(id)
-    }
-
-    /// A controller's declaration was deleted (its runner was told to stop by `on_declared`,
-    /// which also releases its finalizers once it has).
-    async fn remove(&mut self, id: &ControllerId) {
-        self.stop(id).await; // already stopped by `on_declared`: returns at once
-        self.controllers.remove(id);
-        self.metrics.forget(&id.to_string());
-        tracing::info!(controller = %id, "controller removed");
-    }
-
-    /// After a (re)list of one kind (`cluster`: ClusterWasmControllers): the controllers of
-    /// that kind it no longer has are removed.
-    async fn relisted(&mut self, seen: &HashSet<ControllerId>, cluster: bool) {
-        let gone: Vec<ControllerId> = self
-            .controllers
-            .keys()
-            .filter(|id| id.namespace.is_none() == cluster && !seen.contains(id))
-            .cloned()
-            .collect();
-        let releasing: HashMap<ControllerId, Arc<Runner>> = gone
-            .iter()
-            .filter_map(|id| Some((id.clone(), self.finalizing_runner(id)?)))
-            .collect();
-        self.stop_all(&gone, releasing);
-        for id in gone {
-            self.controllers.remove(&id);
-            self.metrics.forget(&id.to_string());
-        }
-    }
-}
-
-async fn watch_declared<K, F>(api: Api<K>, tx: tokio::sync::mpsc::Sender<Declared>, split: F)
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + 'static,
-    F: Fn(K) -> Seen,
-{
-    let cluster = K::kind(&()) == "ClusterWasmController";
-    let mut stream =
-        std::pin::pin!(watcher(api, crate::controller::watch_config()).default_backoff());
-    let mut seen = HashSet::new();
-    while let Some(event) = stream.next().await {
-        let msg = match event {
-            Ok(watcher::Event::Apply(o)) => Declared::Upsert(Box::new(split(o))),
-            Ok(watcher::Event::InitApply(o)) => {
-                let declared = split(o);
-                seen.insert(declared.id.clone());
-                Declared::Upsert(Box::new(declared))
-            }
-            Ok(watcher::Event::Delete(o)) => Declared::Delete(split(o).id),
-            Ok(watcher::Event::Init) => {
-                seen.clear();
-                continue;
-            }
-            Ok(watcher::Event::InitDone) => Declared::Relisted(std::mem::take(&mut seen), cluster),
-            Err(err) => {
-                let kind = K::kind(&());
-                if err.to_string().contains("404") {
-                    tracing::warn!(
-                        kind = kind.as_ref(),
-                        "the {kind} CustomResourceDefinition is not installed: `kubectl apply -f deploy/crds/kubewasm.dev.yaml`; retrying"
-                    );
-                } else {
-                    tracing::warn!(
-                        kind = kind.as_ref(),
-                        "watch failed, retrying with backoff: {err}"
-                    );
-                }
-                continue;
-            }
-        };
-        if tx.send(msg).await.is_err() {
-            return;
-        }
     }
 }

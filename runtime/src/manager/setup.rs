@@ -9,7 +9,7 @@ use kubewasm_guest_sdk::query::{self, GroupVersion};
 use kubewasm_guest_sdk::selector::Selector;
 
 use crate::api::{Reason, Verb, WasmControllerSpec};
-use crate::controller::{Kind, ResolveError, TokenBucket};
+use crate::controller::{Kind, ResolveError, TokenBucket, WriteGate};
 use crate::host::{
     Acting, CacheSource, ChildKind, ControllerSetup, DeclaredKinds, Finalizer, GuestState,
     Permissions, SERVICE_ACCOUNT_OPT_IN, ServiceAccount,
@@ -163,9 +163,11 @@ impl Manager {
             concurrency,
             resync: spec.resync_period(),
             requeue_floor: self.config.requeue_floor,
-            budget: TokenBucket::new(self.config.writes_per_second, self.config.write_burst)
-                .counting(self.metrics.api_requests(&id.to_string())),
-            fence: self.fence.clone(),
+            writes: WriteGate::new(
+                TokenBucket::new(self.config.writes_per_second, self.config.write_burst)
+                    .counting(self.metrics.api_requests(&id.to_string())),
+                self.fence.clone(),
+            ),
             client,
             kinds,
             sandbox: self.sandbox.clone(),

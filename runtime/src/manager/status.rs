@@ -13,25 +13,6 @@ use crate::api::{ClusterWasmController, Reason, WasmController, WasmControllerSt
 use super::{ControllerId, Managed, Manager};
 use crate::host::MAX_LISTED_FINALIZING;
 
-/// Why something is not working: a CamelCase reason and a sentence.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    /// Why, for conditions.
-    pub reason: Reason,
-    /// What is wrong and what to do.
-    pub message: String,
-}
-
-impl Problem {
-    /// A problem.
-    pub fn new(reason: Reason, message: impl Into<String>) -> Self {
-        Problem {
-            reason,
-            message: message.into(),
-        }
-    }
-}
-
 /// Most bytes of a condition's message: a spec's own strings (kinds, paths) appear in some,
 /// and the status must stay writable whatever the spec says.
 const MAX_CONDITION_MESSAGE_BYTES: usize = 4096;
@@ -147,7 +128,7 @@ fn desired(m: &Managed) -> WasmControllerStatus {
         None => (0, 0, None, Vec::new()),
     };
     let degraded = match &last_error {
-        Some((reason, message)) => condition("Degraded", true, *reason, message.clone(), g),
+        Some(p) => condition("Degraded", true, p.reason, p.message.clone(), g),
         None => condition(
             "Degraded",
             false,
@@ -162,7 +143,7 @@ fn desired(m: &Managed) -> WasmControllerStatus {
         observed_generation: g,
         reconciles,
         failures,
-        last_error: last_error.map(|(_, m)| m),
+        last_error: last_error.map(|p| p.message),
         finalizing,
         guest_state: Default::default(),
     }

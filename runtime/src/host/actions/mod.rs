@@ -29,7 +29,7 @@ use kubewasm_guest_sdk::query;
 use serde_json::{Value, json};
 
 use crate::api::{UpdateStrategy, Verb};
-use crate::controller::{Fence, Kind, TokenBucket};
+use crate::controller::{Kind, WriteGate};
 use crate::sandbox::{Action, ObjectRef};
 
 use super::grants::{Denied, Permissions};
@@ -80,11 +80,9 @@ pub struct Executor<'a> {
     pub client: Client,
     /// The kinds the controller declared, resolved when it started.
     pub kinds: &'a DeclaredKinds,
-    /// The controller's API write budget: every write (and a delete-by-selector's list) takes
-    /// a token, waiting when there is none.
-    pub budget: &'a TokenBucket,
-    /// Closed once this process may no longer act: no write is sent after that.
-    pub fence: &'a Fence,
+    /// The controller's write budget and fence: every write (and a delete-by-selector's list)
+    /// takes a token, and none is sent once this process may no longer act.
+    pub writes: &'a WriteGate,
     /// What the controller may do.
     pub permissions: &'a Permissions,
     /// Field manager for server-side apply (one per controller).
@@ -244,8 +242,7 @@ impl Executor<'_> {
 
     /// Waits for the write budget, then checks that this process may still act.
     async fn may_write(&self) -> Result<(), ActionError> {
-        self.budget.take().await;
-        if self.fence.is_open() {
+        if self.writes.admit().await {
             Ok(())
         } else {
             Err(ActionError::Invalid(

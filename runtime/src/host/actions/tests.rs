@@ -11,7 +11,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 
 use crate::api::{UpdateStrategy, WasmControllerSpec};
-use crate::controller::{Fence, Kind, TokenBucket};
+use crate::controller::{Fence, Kind, TokenBucket, WriteGate};
 use crate::host::GuestState;
 use crate::host::grants::Permissions;
 use crate::host::kinds::DeclaredKinds;
@@ -125,7 +125,7 @@ async fn run(
     let parent = json!({"apiVersion": "example.com/v1", "kind": "HelloWorld",
         "metadata": {"name": "web", "namespace": "ns", "uid": "u-1"}});
     let target = ObjectRef::new("example.com/v1", "HelloWorld", Some("ns"), "web");
-    let (budget, fence) = (TokenBucket::new(1000.0, 1000), Fence::default());
+    let writes = WriteGate::new(TokenBucket::new(1000.0, 1000), Fence::default());
     let child_kinds = [ChildKind {
         kind: pods,
         strategy,
@@ -133,8 +133,7 @@ async fn run(
     let executor = Executor {
         client,
         kinds: &kinds,
-        budget: &budget,
-        fence: &fence,
+        writes: &writes,
         permissions: &permissions,
         field_manager: "kubewasm/ns/hello".into(),
         parent_kind: &parent_kind,

@@ -8,16 +8,18 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
 
-use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Client;
 use kube::api::DynamicObject;
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use tokio::sync::broadcast;
 
-use super::accounts::{Admit, CacheAccounts, WatchId, Withheld, weigh};
+use super::accounts::{CacheAccounts, Withheld};
 use super::discovery::Kind;
+
+mod task;
+use task::WatchTask;
 
 /// Namespace and name of an object.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -352,230 +354,6 @@ fn start(
         texts: Mutex::default(),
         accounts,
     })
-}
-
-/// The task behind one [`Watch`]: applies what the watcher brings to the cache, weighing
-/// every object against its namespace's account ([`CacheAccounts`]), and announces changes.
-struct WatchTask {
-    what: String,
-    api: kube::Api<DynamicObject>,
-    writer: reflector::store::Writer<DynamicObject>,
-    store: Store<DynamicObject>,
-    changes: broadcast::Sender<Arc<Change>>,
-    index: Arc<Mutex<OwnerIndex>>,
-    accounts: Arc<CacheAccounts>,
-    /// The weight of every object the watch was brought, stored or not.
-    sizes: HashMap<ObjectKey, u64>,
-}
-
-/// A watcher's events, from its first list on.
-type Events = std::pin::Pin<
-    Box<dyn futures::Stream<Item = Result<watcher::Event<DynamicObject>, watcher::Error>> + Send>,
->;
-
-impl WatchTask {
-    fn events(&self) -> Events {
-        Box::pin(watcher(self.api.clone(), watch_config()).default_backoff())
-    }
-
-    async fn run(mut self) {
-        let what = self.what.clone();
-        tracing::info!(kind = what.as_str(), "starting shared watch");
-        let (id, mut held, mut readmitted) = self.accounts.register();
-        let mut stream = self.events();
-        let mut listed_at = tokio::time::Instant::now();
-        let mut relist_at: Option<tokio::time::Instant> = None;
-        // What the cache had before a (re)list, to announce objects that vanished meanwhile;
-        // the weights of the objects of the last list not seen again yet; namespaces whose
-        // objects this list dropped.
-        let mut before_relist: HashSet<ObjectKey> = HashSet::new();
-        let mut unseen: HashMap<ObjectKey, u64> = HashMap::new();
-        let mut dropped: HashSet<String> = HashSet::new();
-        loop {
-            let relist = async {
-                match relist_at {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                event = stream.next() => {
-                    let Some(event) = event else { return };
-                    match event {
-                        Ok(watcher::Event::Apply(o)) => self.apply(id, o),
-                        Ok(watcher::Event::Delete(o)) => {
-                            let key = ObjectKey::of(&o);
-                            let old = self.sizes.remove(&key).unwrap_or(0);
-                            self.accounts.charge(id, key.namespace.as_deref(), old, 0);
-                            self.index().remove(&key);
-                            self.writer.apply_watcher_event(&watcher::Event::Delete(o.clone()));
-                            self.send(&o);
-                        }
-                        Ok(watcher::Event::Init) => {
-                            before_relist = self.store.state().iter().map(|o| ObjectKey::of(o)).collect();
-                            unseen = std::mem::take(&mut self.sizes);
-                            dropped.clear();
-                            self.writer.apply_watcher_event(&watcher::Event::Init);
-                        }
-                        Ok(watcher::Event::InitApply(o)) => {
-                            let key = ObjectKey::of(&o);
-                            let (old, new) = (unseen.remove(&key).unwrap_or(0), weigh(&o));
-                            self.sizes.insert(key.clone(), new);
-                            match self.accounts.charge(id, key.namespace.as_deref(), old, new) {
-                                Admit::Store => self.writer.apply_watcher_event(&watcher::Event::InitApply(o)),
-                                Admit::Drop => {
-                                    dropped.extend(key.namespace);
-                                }
-                            }
-                        }
-                        Ok(watcher::Event::InitDone) => {
-                            for (key, old) in unseen.drain() {
-                                self.accounts.charge(id, key.namespace.as_deref(), old, 0);
-                            }
-                            self.writer.apply_watcher_event(&watcher::Event::InitDone);
-                            // Namespaces held back while this list ran, after some of their
-                            // objects were taken.
-                            for ns in self.accounts.held_namespaces() {
-                                if self.drop_namespace(&ns) {
-                                    dropped.insert(ns);
-                                }
-                            }
-                            self.accounts.relisted(id, &dropped);
-                            listed_at = tokio::time::Instant::now();
-                            self.relisted(&mut before_relist);
-                        }
-                        Err(err) => tracing::warn!(
-                            kind = what.as_str(),
-                            "watch failed, retrying with backoff: {err}"
-                        ),
-                    }
-                }
-                ns = held.recv() => match ns {
-                    Ok(ns) => {
-                        if self.drop_namespace(&ns) {
-                            self.accounts.dropped(id, &ns);
-                        }
-                    }
-                    Err(broadcast::error::RecvError::Lagged(_)) => {
-                        for ns in self.accounts.held_namespaces() {
-                            if self.drop_namespace(&ns) {
-                                self.accounts.dropped(id, &ns);
-                            }
-                        }
-                    }
-                    Err(broadcast::error::RecvError::Closed) => return,
-                },
-                changed = readmitted.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                    if relist_at.is_none() && self.accounts.wants_relist(id) {
-                        relist_at = Some((listed_at + self.accounts.relist_floor()).max(tokio::time::Instant::now()));
-                    }
-                }
-                () = relist => {
-                    relist_at = None;
-                    if self.accounts.wants_relist(id) {
-                        tracing::info!(kind = what.as_str(), "listing again to take back objects of namespaces under the cache caps again");
-                        stream = self.events();
-                    }
-                }
-            }
-        }
-    }
-
-    fn index(&self) -> std::sync::MutexGuard<'_, OwnerIndex> {
-        self.index.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn send(&self, object: &DynamicObject) {
-        let owners = object.metadata.owner_references.clone().unwrap_or_default();
-        let _ = self.changes.send(Arc::new(Change {
-            key: ObjectKey::of(object),
-            owners,
-        }));
-    }
-
-    /// A new version of an object: stored if its namespace is not held back.
-    fn apply(&mut self, id: WatchId, object: DynamicObject) {
-        let key = ObjectKey::of(&object);
-        let new = weigh(&object);
-        let old = self.sizes.insert(key.clone(), new).unwrap_or(0);
-        match self.accounts.charge(id, key.namespace.as_deref(), old, new) {
-            Admit::Store => {
-                self.index().set(key, owner_uids(&object));
-                let event = watcher::Event::Apply(object);
-                self.writer.apply_watcher_event(&event);
-                if let watcher::Event::Apply(object) = &event {
-                    self.send(object);
-                }
-            }
-            Admit::Drop => {
-                // Any older version goes too; no controller is told (none is handed it).
-                self.index().remove(&key);
-                self.writer
-                    .apply_watcher_event(&watcher::Event::Delete(stub(&key)));
-            }
-        }
-    }
-
-    /// Drops every stored object of a namespace held back; says whether there was any.
-    fn drop_namespace(&mut self, namespace: &str) -> bool {
-        let keys: Vec<ObjectKey> = self
-            .store
-            .state()
-            .iter()
-            .filter(|o| o.metadata.namespace.as_deref() == Some(namespace))
-            .map(|o| ObjectKey::of(o))
-            .collect();
-        for key in &keys {
-            self.index().remove(key);
-            self.writer
-                .apply_watcher_event(&watcher::Event::Delete(stub(key)));
-        }
-        !keys.is_empty()
-    }
-
-    /// After a (re)list: the owner index rebuilt, and every object announced, those that
-    /// vanished meanwhile included.
-    fn relisted(&self, before_relist: &mut HashSet<ObjectKey>) {
-        let now = self.store.state();
-        {
-            let mut owned = self.index();
-            *owned = OwnerIndex::default();
-            for object in &now {
-                owned.set(ObjectKey::of(object), owner_uids(object));
-            }
-        }
-        tracing::debug!(
-            kind = self.what.as_str(),
-            objects = now.len(),
-            "watch (re)listed"
-        );
-        for object in &now {
-            before_relist.remove(&ObjectKey::of(object));
-            self.send(object);
-        }
-        for key in before_relist.drain() {
-            let _ = self.changes.send(Arc::new(Change {
-                key,
-                owners: Vec::new(),
-            }));
-        }
-    }
-}
-
-/// An object with only the name and namespace of `key`: what the cache needs to remove it.
-fn stub(key: &ObjectKey) -> DynamicObject {
-    DynamicObject {
-        types: None,
-        metadata: kube::api::ObjectMeta {
-            name: Some(key.name.clone()),
-            namespace: key.namespace.clone(),
-            ..Default::default()
-        },
-        data: serde_json::Value::Null,
-    }
 }
 
 /// How every watch of the runtime lists: from the API server's watch cache

@@ -1,5 +1,10 @@
-//! One live controller: feeds its work queue from the shared watches, calls the guest for each
-//! key, carries out the actions, and keeps the counters its status reports.
+//! One live controller: feeds its work queue from the shared watches, runs the reconcile
+//! pipeline for each key ([`pipeline`]: prepare, call, apply, settle), and keeps the counters
+//! its status reports. Its writes outside the guest's actions (finalizers, forgotten state)
+//! are in [`writes`]; every write passes the controller's [`WriteGate`].
+
+mod pipeline;
+mod writes;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,24 +15,19 @@ use kube::Client;
 use kube::api::DynamicObject;
 use kubewasm_guest_sdk::query;
 use kubewasm_guest_sdk::selector::Selector;
-use serde_json::Value;
 use tokio::sync::{Semaphore, broadcast};
 use tracing::Instrument;
 
-use crate::api::Reason;
-use crate::controller::{Backoff, Change, Fence, ObjectKey, TokenBucket, Watch, WorkQueue};
+use crate::api::Problem;
+use crate::controller::{Backoff, Change, ObjectKey, Watch, WorkQueue, WriteGate};
 use crate::metrics::Metrics;
-use crate::sandbox::{
-    Action, EventType, GuestPre, Limits, MAX_GUEST_MESSAGE_BYTES, ObjectRef, Sandbox, WireRequest,
-    guest_text, requeue_delay,
-};
+use crate::sandbox::{GuestPre, Limits, MAX_GUEST_MESSAGE_BYTES, Sandbox, guest_text};
 
-use super::actions::{ChildKind, EventRecorder, Executor};
-use super::cache::{CacheSource, to_json};
-use super::finalizer::{Finalizer, Phase};
+use super::actions::{ChildKind, EventRecorder};
+use super::cache::CacheSource;
+use super::finalizer::Finalizer;
 use super::grants::Permissions;
 use super::kinds::DeclaredKinds;
-use super::reads::GrantedReads;
 use super::state::GuestState;
 
 /// Most bytes of a failure's message kept for the status (`lastError`, `Degraded`) and the
@@ -42,7 +42,7 @@ pub struct Stats {
     /// Reconcile calls that failed.
     pub failures: AtomicU64,
     /// The last failure, cleared by the next success.
-    pub last_error: Mutex<Option<(Reason, String)>>,
+    pub last_error: Mutex<Option<Problem>>,
     /// Parents being deleted whose clean-up the guest has not said done.
     pub finalizing: Mutex<std::collections::BTreeSet<ObjectKey>>,
 }
@@ -71,10 +71,9 @@ pub struct ControllerSetup {
     pub resync: Duration,
     /// The shortest `requeue-after` honoured (a guest asking for less gets this).
     pub requeue_floor: Duration,
-    /// API writes this controller may make (operator's `--max-writes-per-second`).
-    pub budget: TokenBucket,
-    /// Closed when this process may no longer act (leadership lost).
-    pub fence: Fence,
+    /// Every API write this controller makes passes here: its budget (the operator's
+    /// `--max-writes-per-second`), then the fence (closed when this process may no longer act).
+    pub writes: WriteGate,
     /// Client impersonating the controller's ServiceAccount.
     pub client: Client,
     /// Every kind the controller declared, resolved when it started.
@@ -92,15 +91,19 @@ pub struct ControllerSetup {
     pub finalize: bool,
 }
 
-/// How soon a parent whose clean-up the guest has not finished is looked at again, when the
-/// guest does not say.
-const FINALIZE_RETRY: Duration = Duration::from_secs(10);
-
 /// How soon an object is looked at again while the caches list its namespace again.
 const WITHHELD_RETRY: Duration = Duration::from_secs(1);
 
 /// Most parents listed in the status as waiting for clean-up.
 pub const MAX_LISTED_FINALIZING: usize = 16;
+
+/// What brought a key to the queue: a change of a parent, or of a child (the key is then
+/// its controlling owner's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Trigger {
+    Parent,
+    Child,
+}
 
 /// A running controller.
 pub struct Runner {
@@ -238,9 +241,11 @@ impl Runner {
         );
         self.enqueue_all();
 
-        let mut feeders = vec![tokio::spawn(self.clone().feed(parent_changes, None))];
+        let mut feeders = vec![tokio::spawn(
+            self.clone().feed(parent_changes, Trigger::Parent),
+        )];
         for rx in child_changes {
-            feeders.push(tokio::spawn(self.clone().feed(rx, Some(()))));
+            feeders.push(tokio::spawn(self.clone().feed(rx, Trigger::Child)));
         }
         feeders.push(tokio::spawn(self.clone().resync()));
 
@@ -266,14 +271,14 @@ impl Runner {
         while running.join_next().await.is_some() {}
     }
 
-    async fn feed(self: Arc<Self>, mut rx: broadcast::Receiver<Arc<Change>>, child: Option<()>) {
+    async fn feed(self: Arc<Self>, mut rx: broadcast::Receiver<Arc<Change>>, trigger: Trigger) {
         let parent = &self.setup.parent.kind().resource;
         loop {
             match rx.recv().await {
                 Ok(change) => {
-                    let key = match child {
-                        None => Some(change.key.clone()),
-                        Some(()) => change
+                    let key = match trigger {
+                        Trigger::Parent => Some(change.key.clone()),
+                        Trigger::Child => change
                             .owners
                             .iter()
                             .find(|o| {
@@ -306,7 +311,7 @@ impl Runner {
     }
 
     async fn reconcile(&self, key: &ObjectKey) {
-        if !self.setup.fence.is_open() {
+        if !self.setup.writes.is_open() {
             return; // leadership lost: the process is stopping, nothing starts any more
         }
         // A namespace held back from the caches: its objects are not handed to any controller
@@ -326,11 +331,11 @@ impl Runner {
             tracing::info_span!("reconcile", controller = self.setup.id.as_str(), object = %key);
         let in_flight = self.setup.metrics.start_reconcile();
         let started = std::time::Instant::now();
-        let result = self.reconcile_inner(key).instrument(span.clone()).await;
+        let result = self.pipeline(key).instrument(span.clone()).await;
         drop(in_flight);
         let outcome = match &result {
             Ok(_) => "success",
-            Err((reason, _)) => reason.as_str(),
+            Err(problem) => problem.reason.as_str(),
         };
         self.setup
             .metrics
@@ -342,7 +347,7 @@ impl Runner {
                 self.queue.add_after(key.clone(), after);
             }
             Ok(None) => self.backoff.succeeded(key),
-            Err((reason, message)) => {
+            Err(Problem { reason, message }) => {
                 self.stats.failures.fetch_add(1, Ordering::Relaxed);
                 let delay = self.backoff.failed(key.clone());
                 // Guest text in it is bounded already; API server messages around it (which
@@ -355,7 +360,7 @@ impl Runner {
                     .stats
                     .last_error
                     .lock()
-                    .unwrap_or_else(|e| e.into_inner()) = Some((reason, last));
+                    .unwrap_or_else(|e| e.into_inner()) = Some(Problem::new(reason, last));
                 self.queue.add_after(key.clone(), delay);
                 return;
             }
@@ -365,283 +370,5 @@ impl Runner {
             .last_error
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = None;
-    }
-
-    /// `Ok(Some(d))`: reconcile again after `d`. `Err((reason, message))`: failed.
-    async fn reconcile_inner(&self, key: &ObjectKey) -> Result<Option<Duration>, (Reason, String)> {
-        let s = &self.setup;
-        let parent_watch = &s.parent;
-        let parent = parent_watch.get(key);
-        if let (Some(p), Some(sel)) = (&parent, &s.parent_selector) {
-            let labels = p.metadata.labels.clone().unwrap_or_default();
-            if !sel.matches(&labels) {
-                return Ok(None);
-            }
-        }
-        let parent_json = parent.as_ref().map(|p| to_json(parent_watch, p));
-        let finalizing = match (&parent_json, &s.finalizer) {
-            (Some(p), Some(f)) => match (f.phase(p), s.finalize) {
-                (Phase::Missing, true) => return self.write_finalizer(f, p, true).await,
-                (Phase::Held | Phase::Finalizing, false) => {
-                    return self.write_finalizer(f, p, false).await;
-                }
-                (Phase::Finalizing, true) => true,
-                _ => false,
-            },
-            _ => false,
-        };
-        let (children, child_texts) = match &parent {
-            Some(p) => self.children_of(p),
-            None => (Vec::new(), Vec::new()),
-        };
-        // The guest gets each object as text, made once per version (`Watch::text`).
-        let parent_text = parent
-            .as_ref()
-            .zip(parent_json.as_ref())
-            .map(|(p, json)| parent_watch.text(p, || json.to_string()));
-        let resource = &parent_watch.kind().resource;
-        let target = ObjectRef {
-            api_version: resource.api_version.clone(),
-            kind: resource.kind.clone(),
-            namespace: key.namespace.clone(),
-            name: key.name.clone(),
-        };
-        let previous = self
-            .reconciled
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(key)
-            .cloned()
-            .map(|p| parent_watch.text(&p, || to_json(parent_watch, &p).to_string()));
-        let request = WireRequest {
-            controller: s.id.clone(),
-            target: target.clone(),
-            parent: parent_text.as_deref().map(str::to_owned),
-            children: child_texts.iter().map(|t| t.to_string()).collect(),
-            previous: previous.as_deref().map(str::to_owned),
-            state: s.state.get(&key.to_string()),
-            finalizing,
-        };
-        let reads = Arc::new(GrantedReads::new(
-            Arc::new(s.reads.clone()),
-            s.permissions.clone(),
-            key.namespace.clone(),
-        ));
-        self.stats.reconciles.fetch_add(1, Ordering::Relaxed);
-        let outcome = s
-            .sandbox
-            .reconcile_wire(self.guest(), request, reads, s.limits)
-            .await
-            .map_err(|e| (e.reason(), e.to_string()))?;
-        let finalized = finalizing && outcome.response.is_finalized();
-        let mut actions = std::borrow::Cow::Borrowed(&outcome.response.actions);
-        if finalizing && !finalized {
-            actions.to_mut().push(Action::Event {
-                event_type: EventType::Warning,
-                reason: "FinalizationPending".into(),
-                message: format!(
-                    "the deletion waits for controller {} to finish its clean-up (its finalizer {} stays until it answers `finalized`)",
-                    s.id,
-                    s.finalizer.as_ref().map(Finalizer::name).unwrap_or_default()
-                ),
-            });
-        }
-        let state_key = key.to_string();
-        let child_kinds: Vec<ChildKind> = s.children.iter().map(|(c, _)| c.clone()).collect();
-        let executor = Executor {
-            client: s.client.clone(),
-            kinds: &s.kinds,
-            budget: &s.budget,
-            fence: &s.fence,
-            permissions: &s.permissions,
-            field_manager: format!("kubewasm/{}", s.id),
-            parent_kind: parent_watch.kind(),
-            parent: parent_json.as_ref(),
-            target: &target,
-            child_kinds: &child_kinds,
-            children: &children,
-            events: &self.events,
-            state: (&s.state, &state_key),
-        };
-        let done = executor
-            .execute(&actions)
-            .await
-            .map_err(|e| (Reason::ActionFailed, e.to_string()))?;
-        for skipped in &done.skipped {
-            tracing::warn!("{skipped}");
-        }
-        if parent.is_none() {
-            // The object is gone: so is what the controller kept about it.
-            self.forget_state(&state_key).await?;
-        }
-        let mut finalize_retry = None;
-        {
-            let mut waiting = self
-                .stats
-                .finalizing
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            if finalizing && !finalized {
-                waiting.insert(key.clone());
-                finalize_retry = Some(FINALIZE_RETRY);
-            } else {
-                waiting.remove(key);
-            }
-        }
-        if finalized && let (Some(f), Some(p)) = (&s.finalizer, &parent_json) {
-            self.write_finalizer(f, p, false).await?;
-        }
-        {
-            let mut reconciled = self.reconciled.lock().unwrap_or_else(|e| e.into_inner());
-            match parent {
-                Some(seen) => reconciled.insert(key.clone(), seen),
-                None => reconciled.remove(key),
-            };
-        }
-        for change in &done.changes {
-            tracing::info!("{change}");
-        }
-        tracing::debug!(
-            elapsed_ms = outcome.elapsed.as_secs_f64() * 1e3,
-            actions = outcome.response.actions.len(),
-            "reconciled"
-        );
-        let after = [
-            requeue_delay(&outcome.response),
-            done.requeue_after,
-            finalize_retry,
-        ]
-        .into_iter()
-        .flatten()
-        .min()
-        .map(|after| after.max(s.requeue_floor));
-        Ok(after)
-    }
-
-    /// Adds (`add`) or removes this controller's finalizer on a parent, as observed. After an
-    /// add, the guest is called once the watch brings the parent back with it; a conflict (the
-    /// parent changed meanwhile) or a parent gone waits for the watch's news.
-    async fn write_finalizer(
-        &self,
-        f: &Finalizer,
-        parent: &Value,
-        add: bool,
-    ) -> Result<Option<Duration>, (Reason, String)> {
-        let (client, kind) = (self.setup.client.clone(), self.setup.parent.kind());
-        let what = if add { "add" } else { "remove" };
-        self.setup.budget.take().await;
-        if !self.setup.fence.is_open() {
-            return Ok(None);
-        }
-        let name = parent
-            .pointer("/metadata/name")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let written = if add {
-            f.add(client, kind, parent).await
-        } else {
-            f.remove(client, kind, parent).await
-        };
-        match written {
-            Ok(()) => {
-                tracing::info!("{what} finalizer on {name}: done");
-                Ok(None)
-            }
-            // Changed or gone since observed: the watch brings the news, and a reconcile.
-            Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => Ok(None),
-            Err(e) => Err((
-                Reason::ActionFailed,
-                format!(
-                    "could not {what} this controller's finalizer on {name}: {} (the ServiceAccount needs `patch` on {})",
-                    super::actions::api_message(&e),
-                    self.setup.parent.kind().resource.plural
-                ),
-            )),
-        }
-    }
-
-    /// Forgets the saved state of an object that is gone.
-    async fn forget_state(&self, key: &str) -> Result<(), (Reason, String)> {
-        if !self.setup.state.changes(key, None) {
-            return Ok(());
-        }
-        self.setup.budget.take().await;
-        if !self.setup.fence.is_open() {
-            return Ok(());
-        }
-        self.setup
-            .state
-            .set(key, None)
-            .await
-            .map_err(|e| (Reason::ActionFailed, e.to_string()))
-    }
-
-    /// Removes this controller's finalizer from every parent that carries it, without
-    /// calling the guest: the controller is going away (deleted, or `spec.finalize` turned
-    /// off while the runtime was not running it). Failures are logged.
-    pub async fn release_finalizers(&self) {
-        let Some(f) = &self.setup.finalizer else {
-            return;
-        };
-        for parent in self.setup.parent.store().state() {
-            let key = ObjectKey::of(&parent);
-            if !self.in_scope(&key) {
-                continue;
-            }
-            let json = to_json(&self.setup.parent, &parent);
-            if !f.is_on(&json) {
-                continue;
-            }
-            // A write like any other: within the controller's budget, and only while this
-            // replica may act.
-            self.setup.budget.take().await;
-            if !self.setup.fence.is_open() {
-                return;
-            }
-            match f
-                .remove(self.setup.client.clone(), self.setup.parent.kind(), &json)
-                .await
-            {
-                Ok(()) => {
-                    tracing::info!(controller = self.setup.id.as_str(), object = %key, "released finalizer {}", f.name())
-                }
-                Err(e) => {
-                    tracing::warn!(controller = self.setup.id.as_str(), object = %key, "could not release finalizer {}: {}; remove it with kubectl patch (metadata.finalizers)", f.name(), super::actions::api_message(&e))
-                }
-            }
-        }
-    }
-
-    /// The children the parent controls, by name: as JSON for the actions, and as each
-    /// version's text for the guest.
-    fn children_of(&self, parent: &DynamicObject) -> (Vec<Value>, Vec<Arc<str>>) {
-        let Some(uid) = parent.metadata.uid.as_deref() else {
-            return (Vec::new(), Vec::new());
-        };
-        let mut found = Vec::new();
-        for (_, watch) in &self.setup.children {
-            for child in watch.owned_by(uid) {
-                let owned = child
-                    .metadata
-                    .owner_references
-                    .as_deref()
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|o| o.controller == Some(true) && o.uid == uid);
-                if owned && child.metadata.namespace == parent.metadata.namespace {
-                    found.push((to_json(watch, &child), watch, child));
-                }
-            }
-        }
-        found.sort_by(|(a, ..), (b, ..)| {
-            a["metadata"]["name"]
-                .as_str()
-                .cmp(&b["metadata"]["name"].as_str())
-        });
-        let texts = found
-            .iter()
-            .map(|(json, watch, child)| watch.text(child, || json.to_string()))
-            .collect();
-        (found.into_iter().map(|(json, ..)| json).collect(), texts)
     }
 }

@@ -1,0 +1,310 @@
+//! One reconcile of one key, as a pipeline: [`Runner::prepare`] what the guest is handed (or
+//! decide that the finalizer needs writing first), [`Runner::call`] the guest,
+//! [`Runner::apply`] its actions through the [`Executor`], and [`Runner::settle`] what the
+//! controller remembers and when it looks again. Each step takes what the one before gave.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::api::DynamicObject;
+use serde_json::Value;
+
+use crate::api::{Problem, Reason};
+use crate::controller::ObjectKey;
+use crate::sandbox::{Action, CallOutcome, EventType, ObjectRef, WireRequest, requeue_delay};
+
+use super::super::actions::{self, ChildKind, Executor};
+use super::super::cache::to_json;
+use super::super::finalizer::{Finalizer, Phase};
+use super::super::reads::GrantedReads;
+use super::Runner;
+
+/// How soon a parent whose clean-up the guest has not finished is looked at again, when the
+/// guest does not say.
+const FINALIZE_RETRY: Duration = Duration::from_secs(10);
+
+/// What the guest is handed for one key, and what the later steps need of it.
+pub(super) struct Prepared {
+    key: ObjectKey,
+    /// The parent as cached (`None`: gone).
+    parent: Option<Arc<DynamicObject>>,
+    /// The same as JSON, for the actions.
+    parent_json: Option<Value>,
+    /// The children it controls, as JSON, for the actions.
+    children: Vec<Value>,
+    target: ObjectRef,
+    /// Whether the parent is being deleted and waits for this controller's clean-up.
+    finalizing: bool,
+}
+
+/// What the first step decided.
+pub(super) enum Prepare {
+    /// Nothing to do (the parent does not match the selector).
+    Skip,
+    /// The controller's finalizer must be added to (`true`) or removed from the parent first;
+    /// the watch brings the parent back, and a reconcile, once it is written.
+    Finalizer(bool, Value),
+    /// Call the guest with this request.
+    Call(Box<Prepared>, WireRequest),
+}
+
+/// What the guest answered, and what its actions did.
+pub(super) struct Applied {
+    outcome: CallOutcome,
+    done: actions::Outcome,
+    /// The guest said its clean-up of a finalizing parent is done.
+    finalized: bool,
+}
+
+impl Runner {
+    /// The whole pipeline for one key. `Ok(Some(d))`: reconcile again after `d`.
+    pub(super) async fn pipeline(&self, key: &ObjectKey) -> Result<Option<Duration>, Problem> {
+        let prepared = match self.prepare(key) {
+            Prepare::Skip => return Ok(None),
+            Prepare::Finalizer(add, parent) => return self.write_finalizer(&parent, add).await,
+            Prepare::Call(prepared, request) => (prepared, request),
+        };
+        let (prepared, request) = prepared;
+        let outcome = self.call(&prepared, request).await?;
+        let applied = self.apply(&prepared, outcome).await?;
+        self.settle(*prepared, applied).await
+    }
+
+    /// Step 1: the request, from the caches.
+    fn prepare(&self, key: &ObjectKey) -> Prepare {
+        let s = &self.setup;
+        let parent_watch = &s.parent;
+        let parent = parent_watch.get(key);
+        if let (Some(p), Some(sel)) = (&parent, &s.parent_selector) {
+            let labels = p.metadata.labels.clone().unwrap_or_default();
+            if !sel.matches(&labels) {
+                return Prepare::Skip;
+            }
+        }
+        let parent_json = parent.as_ref().map(|p| to_json(parent_watch, p));
+        let finalizing = match (&parent_json, &s.finalizer) {
+            (Some(p), Some(f)) => match (f.phase(p), s.finalize) {
+                (Phase::Missing, true) => return Prepare::Finalizer(true, p.clone()),
+                (Phase::Held | Phase::Finalizing, false) => {
+                    return Prepare::Finalizer(false, p.clone());
+                }
+                (Phase::Finalizing, true) => true,
+                _ => false,
+            },
+            _ => false,
+        };
+        let (children, child_texts) = match &parent {
+            Some(p) => self.children_of(p),
+            None => (Vec::new(), Vec::new()),
+        };
+        // The guest gets each object as text, made once per version (`Watch::text`).
+        let parent_text = parent
+            .as_ref()
+            .zip(parent_json.as_ref())
+            .map(|(p, json)| parent_watch.text(p, || json.to_string()));
+        let resource = &parent_watch.kind().resource;
+        let target = ObjectRef {
+            api_version: resource.api_version.clone(),
+            kind: resource.kind.clone(),
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
+        };
+        let previous = self
+            .reconciled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .cloned()
+            .map(|p| parent_watch.text(&p, || to_json(parent_watch, &p).to_string()));
+        let request = WireRequest {
+            controller: s.id.clone(),
+            target: target.clone(),
+            parent: parent_text.as_deref().map(str::to_owned),
+            children: child_texts.iter().map(|t| t.to_string()).collect(),
+            previous: previous.as_deref().map(str::to_owned),
+            state: s.state.get(&key.to_string()),
+            finalizing,
+        };
+        Prepare::Call(
+            Box::new(Prepared {
+                key: key.clone(),
+                parent,
+                parent_json,
+                children,
+                target,
+                finalizing,
+            }),
+            request,
+        )
+    }
+
+    /// Step 2: the guest, in the sandbox, reading through the controller's grants.
+    async fn call(
+        &self,
+        prepared: &Prepared,
+        request: WireRequest,
+    ) -> Result<CallOutcome, Problem> {
+        let s = &self.setup;
+        let reads = Arc::new(GrantedReads::new(
+            Arc::new(s.reads.clone()),
+            s.permissions.clone(),
+            prepared.key.namespace.clone(),
+        ));
+        self.stats
+            .reconciles
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        s.sandbox
+            .reconcile_wire(self.guest(), request, reads, s.limits)
+            .await
+            .map_err(|e| Problem::new(e.reason(), e.to_string()))
+    }
+
+    /// Step 3: the guest's actions, carried out by the [`Executor`] (which owns every write
+    /// of them), plus a warning Event while a finalizing parent's clean-up is not done.
+    async fn apply(&self, prepared: &Prepared, outcome: CallOutcome) -> Result<Applied, Problem> {
+        let s = &self.setup;
+        let finalized = prepared.finalizing && outcome.response.is_finalized();
+        let mut actions = std::borrow::Cow::Borrowed(&outcome.response.actions);
+        if prepared.finalizing && !finalized {
+            actions.to_mut().push(Action::Event {
+                event_type: EventType::Warning,
+                reason: "FinalizationPending".into(),
+                message: format!(
+                    "the deletion waits for controller {} to finish its clean-up (its finalizer {} stays until it answers `finalized`)",
+                    s.id,
+                    s.finalizer.as_ref().map(Finalizer::name).unwrap_or_default()
+                ),
+            });
+        }
+        let state_key = prepared.key.to_string();
+        let child_kinds: Vec<ChildKind> = s.children.iter().map(|(c, _)| c.clone()).collect();
+        let executor = Executor {
+            client: s.client.clone(),
+            kinds: &s.kinds,
+            writes: &s.writes,
+            permissions: &s.permissions,
+            field_manager: format!("kubewasm/{}", s.id),
+            parent_kind: s.parent.kind(),
+            parent: prepared.parent_json.as_ref(),
+            target: &prepared.target,
+            child_kinds: &child_kinds,
+            children: &prepared.children,
+            events: &self.events,
+            state: (&s.state, &state_key),
+        };
+        let done = executor
+            .execute(&actions)
+            .await
+            .map_err(|e| Problem::new(Reason::ActionFailed, e.to_string()))?;
+        drop(actions);
+        Ok(Applied {
+            outcome,
+            done,
+            finalized,
+        })
+    }
+
+    /// Step 4: what the controller remembers of the key (its state when gone, the parent as
+    /// reconciled, whether it waits for clean-up), the finalizer removed once the clean-up is
+    /// done, and when to look again.
+    async fn settle(
+        &self,
+        prepared: Prepared,
+        applied: Applied,
+    ) -> Result<Option<Duration>, Problem> {
+        let Prepared {
+            key,
+            parent,
+            parent_json,
+            finalizing,
+            ..
+        } = prepared;
+        let Applied {
+            outcome,
+            done,
+            finalized,
+        } = applied;
+        for skipped in &done.skipped {
+            tracing::warn!("{skipped}");
+        }
+        if parent.is_none() {
+            // The object is gone: so is what the controller kept about it.
+            self.forget_state(&key.to_string()).await?;
+        }
+        let mut finalize_retry = None;
+        {
+            let mut waiting = self
+                .stats
+                .finalizing
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if finalizing && !finalized {
+                waiting.insert(key.clone());
+                finalize_retry = Some(FINALIZE_RETRY);
+            } else {
+                waiting.remove(&key);
+            }
+        }
+        if finalized && let Some(p) = &parent_json {
+            self.write_finalizer(p, false).await?;
+        }
+        {
+            let mut reconciled = self.reconciled.lock().unwrap_or_else(|e| e.into_inner());
+            match parent {
+                Some(seen) => reconciled.insert(key.clone(), seen),
+                None => reconciled.remove(&key),
+            };
+        }
+        for change in &done.changes {
+            tracing::info!("{change}");
+        }
+        tracing::debug!(
+            elapsed_ms = outcome.elapsed.as_secs_f64() * 1e3,
+            actions = outcome.response.actions.len(),
+            "reconciled"
+        );
+        let after = [
+            requeue_delay(&outcome.response),
+            done.requeue_after,
+            finalize_retry,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .map(|after| after.max(self.setup.requeue_floor));
+        Ok(after)
+    }
+
+    /// The children the parent controls, by name: as JSON for the actions, and as each
+    /// version's text for the guest.
+    fn children_of(&self, parent: &DynamicObject) -> (Vec<Value>, Vec<Arc<str>>) {
+        let Some(uid) = parent.metadata.uid.as_deref() else {
+            return (Vec::new(), Vec::new());
+        };
+        let mut found = Vec::new();
+        for (_, watch) in &self.setup.children {
+            for child in watch.owned_by(uid) {
+                let owned = child
+                    .metadata
+                    .owner_references
+                    .as_deref()
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|o| o.controller == Some(true) && o.uid == uid);
+                if owned && child.metadata.namespace == parent.metadata.namespace {
+                    found.push((to_json(watch, &child), watch, child));
+                }
+            }
+        }
+        found.sort_by(|(a, ..), (b, ..)| {
+            a["metadata"]["name"]
+                .as_str()
+                .cmp(&b["metadata"]["name"].as_str())
+        });
+        let texts = found
+            .iter()
+            .map(|(json, watch, child)| watch.text(child, || json.to_string()))
+            .collect();
+        (found.into_iter().map(|(json, ..)| json).collect(), texts)
+    }
+}
