@@ -25,6 +25,17 @@ pub enum Source {
     },
 }
 
+impl Source {
+    /// Whether the runtime looks at the source again every `--module-poll-seconds` (a file);
+    /// a ConfigMap is watched instead.
+    pub fn is_polled(&self) -> bool {
+        match self {
+            Source::ConfigMap { .. } => false,
+            Source::File { .. } => true,
+        }
+    }
+}
+
 impl std::fmt::Display for Source {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

@@ -395,7 +395,7 @@ impl Manager {
                 _ = status_tick.tick() => self.write_statuses().await,
                 _ = retry_tick.tick() => self.retry_failed().await,
                 _ = access_tick.tick() => self.recheck_access().await,
-                _ = poll_tick.tick() => self.reload_all(|spec| spec.module.path.is_some()).await,
+                _ = poll_tick.tick() => self.reload_polled().await,
             }
         }
         self.metrics.manager_beat(false);

@@ -223,11 +223,18 @@ impl Manager {
         self.start_all(&stopped).await;
     }
 
-    pub(super) async fn reload_all(&mut self, which: impl Fn(&WasmControllerSpec) -> bool) {
+    /// Loads again the modules whose source nothing watches ([`Source::is_polled`]): every
+    /// `--module-poll-seconds`.
+    pub(super) async fn reload_polled(&mut self) {
         let ids: Vec<ControllerId> = self
             .controllers
             .iter()
-            .filter(|(_, m)| which(&m.spec))
+            .filter(|(id, m)| {
+                m.spec
+                    .module
+                    .source(id.namespace.as_deref())
+                    .is_ok_and(|s| s.is_polled())
+            })
             .map(|(id, _)| id.clone())
             .collect();
         self.reload(&ids).await;
