@@ -84,7 +84,13 @@ fn main() {
         for _ in 0..async_iters {
             let started = Instant::now();
             let outcome = sandbox
-                .reconcile(guest.clone(), request.clone(), reads.clone(), limits)
+                .reconcile(
+                    "bench",
+                    guest.clone(),
+                    request.clone(),
+                    reads.clone(),
+                    limits,
+                )
                 .await
                 .expect("reconcile");
             times.push(started.elapsed());
@@ -158,7 +164,7 @@ fn breakdown(
         let copy = serialized_once.then(|| wire.clone());
         let started = Instant::now();
         let outcome = if let Some(wire) = copy {
-            guest.call_wire(wire, reads.clone(), limits)
+            guest.call(wire, reads.clone(), limits)
         } else {
             guest.call(request, reads.clone(), limits)
         }

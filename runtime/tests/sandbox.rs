@@ -132,7 +132,7 @@ fn endless_loop_times_out() {
         "{err:?}"
     );
     assert!(err.to_string().contains("timed out"), "{err}");
-    assert_eq!(err.reason(), Reason::Timeout);
+    assert_eq!(Reason::from(&err), Reason::Timeout);
     assert_still_serves();
 }
 
@@ -148,7 +148,7 @@ fn unbounded_allocation_hits_the_memory_limit() {
         matches!(err, CallError::MemoryLimitExceeded { limit } if limit == 16 << 20),
         "{err:?}"
     );
-    assert_eq!(err.reason(), Reason::MemoryLimitExceeded);
+    assert_eq!(Reason::from(&err), Reason::MemoryLimitExceeded);
     assert_still_serves();
 }
 
@@ -183,7 +183,7 @@ fn endless_reads_hit_the_host_call_limit() {
         matches!(err, CallError::HostCallLimit { limit: 100 }),
         "{err:?}"
     );
-    assert_eq!(err.reason(), Reason::HostCallLimitExceeded);
+    assert_eq!(Reason::from(&err), Reason::HostCallLimitExceeded);
     assert_still_serves();
 }
 
@@ -286,7 +286,7 @@ fn huge_guest_error_is_cut_to_the_bound() {
         }
         other => panic!("expected a Guest error, got {other:?}"),
     }
-    assert_eq!(err.reason(), Reason::ReconcileFailed);
+    assert_eq!(Reason::from(&err), Reason::ReconcileFailed);
     assert_still_serves();
 }
 
@@ -435,7 +435,7 @@ fn huge_log_lines_are_cut_and_the_rest_dropped() {
     let guest = Arc::clone(&HOSTILE);
     std::thread::spawn(move || {
         tracing::subscriber::with_default(subscriber, || {
-            let _ = tx.send(guest.call(&hostile_request("huge-log"), Arc::new(NoReads), &limits));
+            let _ = tx.send(guest.call(hostile_request("huge-log"), Arc::new(NoReads), &limits));
         });
     });
     let outcome = rx
@@ -818,6 +818,7 @@ async fn a_looping_call_does_not_hold_up_the_others() {
     let calls = (0..8).map(|i| {
         let mode = if i == 3 { "loop" } else { "ok" };
         SANDBOX.reconcile(
+            "test",
             Arc::clone(&HOSTILE),
             hostile_request(mode),
             Arc::new(NoReads),
@@ -855,6 +856,7 @@ async fn a_guest_blocked_in_wasi_times_out_and_frees_its_slot() {
         let slept = tokio::time::timeout(
             WATCHDOG,
             one_slot.reconcile(
+                "test",
                 hostile.clone(),
                 hostile_request("sleep"),
                 Arc::new(NoReads),
@@ -871,6 +873,7 @@ async fn a_guest_blocked_in_wasi_times_out_and_frees_its_slot() {
     let ok = tokio::time::timeout(
         WATCHDOG,
         one_slot.reconcile(
+            "test",
             hostile,
             hostile_request("ok"),
             Arc::new(NoReads),

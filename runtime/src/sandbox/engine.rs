@@ -14,7 +14,7 @@ use super::error::{CallError, LoadError};
 use super::limits::Limits;
 use super::rate::TenantRate;
 use super::slots::FairSlots;
-use super::types::{Request, SharedReads, WireRequest, request_to_wire};
+use super::types::{IntoWire, SharedReads, WireRequest};
 
 /// Engine-wide settings. Per-call limits live in [`Limits`].
 #[derive(Debug, Clone)]
@@ -106,49 +106,39 @@ impl GuestPre {
         self.size
     }
 
-    /// Runs one reconcile on this thread, in a fresh Store with `limits`.
+    /// Runs one reconcile on this thread, in a fresh Store with `limits`: the entry for tools
+    /// (`kubewasm reconcile`, tests, benches). `request` is a `Request` (serialized here,
+    /// counted in [`Phases::request`](super::Phases)) or a [`WireRequest`] already serialized.
     pub fn call(
         &self,
-        request: &Request,
+        request: impl IntoWire,
         reads: SharedReads,
         limits: &Limits,
     ) -> Result<CallOutcome, CallError> {
-        block_on(self.call_async(request, reads, limits))
+        block_on(self.call_serialized(request, reads, limits))
     }
 
-    /// [`GuestPre::call`] with the documents already serialized (as the runtime keeps them).
-    pub fn call_wire(
+    /// Serializes the request (timed), then [`GuestPre::run`].
+    async fn call_serialized(
         &self,
-        request: WireRequest,
-        reads: SharedReads,
-        limits: &Limits,
-    ) -> Result<CallOutcome, CallError> {
-        block_on(self.call_wire_async(request, reads, limits))
-    }
-
-    /// One reconcile in a fresh Store, ended at `limits.timeout` wherever the guest is
-    /// (computing: the epoch deadline traps; blocked in a host or WASI call: the call is
-    /// dropped). The request's documents are serialized first (counted in
-    /// [`Phases::request`](super::Phases)).
-    pub async fn call_async(
-        &self,
-        request: &Request,
+        request: impl IntoWire,
         reads: SharedReads,
         limits: &Limits,
     ) -> Result<CallOutcome, CallError> {
         let serializing = Instant::now();
-        let wire = request_to_wire(request);
+        let wire = request.into_wire();
         let serialized = serializing.elapsed();
-        let mut outcome = self.call_wire_async(wire, reads, limits).await;
+        let mut outcome = self.run(wire, reads, limits).await;
         if let Ok(done) = &mut outcome {
             done.phases.request += serialized;
         }
         outcome
     }
 
-    /// [`GuestPre::call_async`] with the documents already serialized: what
-    /// [`Sandbox::reconcile_wire`] runs after taking an instance slot.
-    pub async fn call_wire_async(
+    /// One reconcile in a fresh Store, ended at `limits.timeout` wherever the guest is
+    /// (computing: the epoch deadline traps; blocked in a host or WASI call: the call is
+    /// dropped).
+    async fn run(
         &self,
         request: WireRequest,
         reads: SharedReads,
@@ -270,46 +260,31 @@ impl Sandbox {
         self.lock_modules().retain(|d, _| keep.contains(d));
     }
 
-    /// Runs one reconcile on the calling task (the guest yields every epoch tick), waiting
-    /// for a free instance slot first; past its deadline the call is dropped and the slot freed.
+    /// Runs one reconcile for `tenant` on the calling task (the guest yields every epoch
+    /// tick): the runtime's entry. It waits for a free instance slot first, fairly between
+    /// tenants (a namespace's controllers, or one cluster controller), and shares the tenant's
+    /// log rate; past its deadline the call is dropped and the slot freed. The runtime passes
+    /// a [`WireRequest`]: each cached object serialized once per version.
     pub async fn reconcile(
         &self,
+        tenant: &str,
         guest: Arc<GuestPre>,
-        request: Request,
+        request: impl IntoWire,
         reads: SharedReads,
         limits: Limits,
     ) -> Result<CallOutcome, CallError> {
-        self.reconcile_wire(guest, request_to_wire(&request), reads, limits)
-            .await
-    }
-
-    /// [`Sandbox::reconcile`] with the documents already serialized: the runtime serializes
-    /// each cached object once per version, not once per reconcile.
-    pub async fn reconcile_wire(
-        &self,
-        guest: Arc<GuestPre>,
-        request: WireRequest,
-        reads: SharedReads,
-        limits: Limits,
-    ) -> Result<CallOutcome, CallError> {
-        // Fair between tenants: a namespace's controllers (`ns/name`), or one cluster controller.
-        let tenant = request
-            .controller
-            .split_once('/')
-            .map_or(request.controller.as_str(), |(ns, _)| ns);
         let permit = self.inner.slots.acquire(tenant).await;
         // The tenant's log lines per second are shared by its calls: this one may log what
         // is left, and gives back what it did not use.
-        let tenant = tenant.to_owned();
         let mut limits = limits;
-        limits.log_lines = self.inner.log_rate.take(&tenant, limits.log_lines);
+        limits.log_lines = self.inner.log_rate.take(tenant, limits.log_lines);
         // On this task, not a blocking thread: the guest yields every epoch tick, and a call
         // past its deadline is dropped with its Store, so the slot is free again at once.
-        let result = guest.call_wire_async(request, reads, &limits).await;
+        let result = guest.call_serialized(request, reads, &limits).await;
         drop(permit);
         if let Ok(done) = &result {
             let unused = limits.log_lines.saturating_sub(done.log_lines);
-            self.inner.log_rate.give_back(&tenant, unused);
+            self.inner.log_rate.give_back(tenant, unused);
         }
         result
     }

@@ -2,8 +2,6 @@
 
 use std::time::Duration;
 
-use crate::api::Reason;
-
 /// A module could not be turned into a runnable guest.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -99,21 +97,6 @@ pub enum CallError {
 }
 
 impl CallError {
-    /// A short CamelCase reason for conditions and Events.
-    pub fn reason(&self) -> Reason {
-        match self {
-            CallError::Timeout { .. } => Reason::Timeout,
-            CallError::MemoryLimitExceeded { .. } => Reason::MemoryLimitExceeded,
-            CallError::Panicked { .. } => Reason::Panicked,
-            CallError::StackOverflow => Reason::StackOverflow,
-            CallError::HostCallLimit { .. } => Reason::HostCallLimitExceeded,
-            CallError::InvalidResponse(_) => Reason::InvalidResponse,
-            CallError::Trap(_) => Reason::Trapped,
-            CallError::Guest { .. } => Reason::ReconcileFailed,
-            CallError::Internal(_) => Reason::InternalError,
-        }
-    }
-
     /// Whether trying the same call again may succeed. Guest errors say so themselves;
     /// traps are retried with backoff since the observed state may change.
     pub fn retryable(&self) -> bool {

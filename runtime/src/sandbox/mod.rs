@@ -24,6 +24,6 @@ pub use text::{
     MAX_EVENT_REASON_BYTES, MAX_GUEST_LOG_LINE_BYTES, MAX_GUEST_MESSAGE_BYTES, bounded, guest_text,
 };
 pub use types::{
-    Action, Error, EventType, NoReads, ObjectRef, Reads, Request, Response, SharedReads,
+    Action, Error, EventType, IntoWire, NoReads, ObjectRef, Reads, Request, Response, SharedReads,
     WireRequest, decode_response, parse_time, request_to_wire, requeue_delay,
 };

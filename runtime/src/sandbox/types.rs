@@ -20,6 +20,31 @@ use super::bindings::wit;
 use super::limits::{Limits, MAX_GUEST_STATE_BYTES};
 use super::text::{MAX_EVENT_REASON_BYTES, MAX_GUEST_MESSAGE_BYTES, guest_text, prefix};
 
+/// What a call takes: a [`Request`] (serialized for the call) or a [`WireRequest`] already
+/// serialized (as the runtime keeps each cached object's text).
+pub trait IntoWire {
+    /// The request as the guest is called with it.
+    fn into_wire(self) -> WireRequest;
+}
+
+impl IntoWire for WireRequest {
+    fn into_wire(self) -> WireRequest {
+        self
+    }
+}
+
+impl IntoWire for &Request {
+    fn into_wire(self) -> WireRequest {
+        request_to_wire(self)
+    }
+}
+
+impl IntoWire for Request {
+    fn into_wire(self) -> WireRequest {
+        request_to_wire(&self)
+    }
+}
+
 /// The request as the guest receives it: each JSON document serialized once, as text. What
 /// the WIT export is called with, and what the reconcile bench's native and webhook columns
 /// hand to the SDK's parsing.

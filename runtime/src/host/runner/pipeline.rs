@@ -153,10 +153,12 @@ impl Runner {
         self.stats
             .reconciles
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Fair between tenants: a namespace's controllers, or one cluster controller.
+        let tenant = s.namespace.as_deref().unwrap_or(&s.id);
         s.sandbox
-            .reconcile_wire(self.guest(), request, reads, s.limits)
+            .reconcile(tenant, self.guest(), request, reads, s.limits)
             .await
-            .map_err(|e| Problem::new(e.reason(), e.to_string()))
+            .map_err(|e| Problem::new(Reason::from(&e), e.to_string()))
     }
 
     /// Step 3: the guest's actions, carried out by the [`Executor`] (which owns every write
