@@ -3,6 +3,7 @@
 //! The CRD manifests in `deploy/crds/` are generated from these types
 //! (`kubewasm crds > deploy/crds/kubewasm.dev.yaml`); a test fails when they drift.
 
+mod limits;
 mod quantity;
 mod reason;
 mod source;
@@ -15,6 +16,9 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use limits::{
+    LimitCaps, Resolved, SPEC_LIMITS, SpecLimit, Unit, limits_description, readme_rows,
+};
 pub use quantity::parse_bytes;
 pub use reason::{Problem, Reason};
 pub use source::Source;
@@ -224,9 +228,8 @@ pub enum Verb {
     Delete,
 }
 
-/// Per-call limits. Unset fields take the runtime's defaults (64Mi, 1000 ms, 1, 1000
-/// actions, 1Mi response, 64Ki of log lines); the operator's `kubewasm run --max-*` flags
-/// cap each, and a value above its cap is clamped (the `Ready` condition says so).
+/// Per-call limits; their defaults, caps and clamps are one table, `limits::SPEC_LIMITS`
+/// (the CRD's description of this field is made from it).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ControllerLimits {
@@ -292,38 +295,6 @@ pub struct WasmControllerStatus {
     pub guest_state: BTreeMap<String, String>,
 }
 
-impl ControllerLimits {
-    /// The limits to run with: these values, defaults where unset.
-    pub fn resolve(&self) -> Result<crate::sandbox::Limits, String> {
-        let mut limits = crate::sandbox::Limits::default();
-        if let Some(memory) = &self.memory {
-            limits.memory_bytes =
-                parse_bytes(memory).map_err(|e| format!("spec.limits.memory: {e}"))?;
-        }
-        if let Some(ms) = self.timeout_millis {
-            if ms == 0 {
-                return Err("spec.limits.timeoutMillis: must be at least 1".into());
-            }
-            limits.timeout = Duration::from_millis(ms.into());
-        }
-        if let Some(actions) = self.actions {
-            if actions == 0 {
-                return Err("spec.limits.actions: must be at least 1".into());
-            }
-            limits.actions = actions as usize;
-        }
-        if let Some(bytes) = &self.response_bytes {
-            limits.response_bytes =
-                parse_bytes(bytes).map_err(|e| format!("spec.limits.responseBytes: {e}"))?;
-        }
-        if let Some(bytes) = &self.log_bytes {
-            limits.log_bytes =
-                parse_bytes(bytes).map_err(|e| format!("spec.limits.logBytes: {e}"))?;
-        }
-        Ok(limits)
-    }
-}
-
 impl WasmControllerSpec {
     /// Resync period, default five minutes.
     pub fn resync_period(&self) -> Duration {
@@ -361,6 +332,11 @@ pub fn crds_yaml() -> String {
     with_module_schema(&mut cluster, |module| {
         module.one_of = Some(vec![required("configMap"), required("path")]);
     });
+    for crd in [&mut namespaced, &mut cluster] {
+        with_spec_field(crd, "limits", |limits| {
+            limits.description = Some(limits_description());
+        });
+    }
     [namespaced, cluster]
         .iter()
         .map(|crd| serde_yaml::to_string(crd).expect("CRDs serialise"))
@@ -368,22 +344,32 @@ pub fn crds_yaml() -> String {
         .join("---\n")
 }
 
-#[allow(clippy::expect_used)]
 fn with_module_schema(
     crd: &mut k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
     edit: impl Fn(
         &mut k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps,
     ),
 ) {
+    with_spec_field(crd, "module", edit);
+}
+
+#[allow(clippy::expect_used)]
+fn with_spec_field(
+    crd: &mut k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    field: &str,
+    edit: impl Fn(
+        &mut k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps,
+    ),
+) {
     for version in &mut crd.spec.versions {
-        let module = version
+        let schema = version
             .schema
             .as_mut()
             .and_then(|s| s.open_api_v3_schema.as_mut())
             .and_then(|root| root.properties.as_mut()?.get_mut("spec"))
-            .and_then(|spec| spec.properties.as_mut()?.get_mut("module"))
-            .expect("the generated CRD has spec.module");
-        edit(module);
+            .and_then(|spec| spec.properties.as_mut()?.get_mut(field))
+            .expect("the generated CRD has the spec field");
+        edit(schema);
     }
 }
 
@@ -412,7 +398,7 @@ mod tests {
             "module: {path: /m.wasm}\nparent: {apiVersion: v1, kind: ConfigMap}\nlimits: {memory: 32Mi, timeoutMillis: 250}",
         )
         .unwrap();
-        let limits = spec.limits.resolve().unwrap();
+        let limits = spec.limits.resolve().unwrap().limits;
         assert_eq!(limits.memory_bytes, 32 << 20);
         assert_eq!(limits.timeout, Duration::from_millis(250));
         assert_eq!(spec.resync_period(), Duration::from_secs(300));

@@ -63,7 +63,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let bytes = module_bytes(&args, &declared, &state)?;
     let limits = match &declared.spec {
-        Some(spec) => spec.limits.resolve().map_err(anyhow::Error::msg)?,
+        Some(spec) => spec.limits.resolve().map_err(anyhow::Error::msg)?.limits,
         None => Limits::default(),
     };
     let permissions = match &declared.spec {

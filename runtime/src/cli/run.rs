@@ -32,26 +32,11 @@ pub struct Args {
     /// reused; running controllers are checked again this often.
     #[arg(long, default_value_t = 30)]
     access_review_seconds: u64,
-    /// The most memory a controller's spec may ask per reconcile (a Kubernetes quantity);
-    /// more is clamped and its status says so.
-    #[arg(long, default_value = "256Mi")]
-    max_memory: String,
-    /// The most time per reconcile a spec may ask, in milliseconds (clamped above).
-    #[arg(long, default_value_t = 10_000)]
-    max_timeout_millis: u64,
-    /// The most reconciles of one controller at once a spec may ask (clamped above).
-    #[arg(long, default_value_t = 8)]
-    max_concurrency: usize,
-    /// The most actions in one response a spec may allow (clamped above).
-    #[arg(long, default_value_t = 10_000)]
-    max_actions: usize,
-    /// The largest response document a spec may allow, a quantity (clamped above).
-    #[arg(long, default_value = "4Mi")]
-    max_response_bytes: String,
-    /// The most bytes of host `log` lines per reconcile a spec may allow, a quantity
-    /// (clamped above).
-    #[arg(long, default_value = "1Mi")]
-    max_log_bytes: String,
+    /// The operator's maxima for what a spec may ask (`--max-memory`, `--max-timeout-millis`,
+    /// `--max-concurrency`, `--max-actions`, `--max-response-bytes`, `--max-log-bytes`): one
+    /// table, `kubewasm::api::SPEC_LIMITS`.
+    #[command(flatten)]
+    caps: kubewasm::api::LimitCaps,
     /// The shortest delay before a reconcile that a guest asked for (`requeue-after`), in
     /// milliseconds: a guest asking for less (or 0) waits this long.
     #[arg(long, default_value_t = 1000)]
@@ -130,21 +115,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config.watchable = args.watchable_kinds;
         config.access_review_ttl = Duration::from_secs(args.access_review_seconds.max(1));
         config.requeue_floor = Duration::from_millis(args.min_requeue_millis);
-        config.caps = kubewasm::manager::LimitCaps {
-            memory_bytes: kubewasm::api::parse_bytes(&args.max_memory)
-                .map_err(|e| anyhow::anyhow!("--max-memory {}: {e}", args.max_memory))?,
-            timeout: Duration::from_millis(args.max_timeout_millis.max(1)),
-            concurrency: args.max_concurrency.max(1),
-            actions: args.max_actions.max(1),
-            response_bytes: kubewasm::api::parse_bytes(&args.max_response_bytes).map_err(|e| {
-                anyhow::anyhow!("--max-response-bytes {}: {e}", args.max_response_bytes)
-            })?,
-            log_bytes: kubewasm::api::parse_bytes(&args.max_log_bytes)
-                .map_err(|e| anyhow::anyhow!("--max-log-bytes {}: {e}", args.max_log_bytes))?,
-        };
+        config.caps = args.caps;
         // A pool slot holds the most memory any spec may get: no more, so that the operator's
         // maximum is also what the pooling allocator reserves.
-        config.sandbox.max_memory_bytes = config.caps.memory_bytes;
+        config.sandbox.max_memory_bytes = config.caps.memory_bytes();
         config.writes_per_second = args.max_writes_per_second;
         config.write_burst = args.write_burst;
         config.max_controllers_per_namespace = args.max_controllers_per_namespace.max(1);

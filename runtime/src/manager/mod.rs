@@ -15,7 +15,6 @@
 //! controllers that cannot start (the retry interval doubling per failure, capped at the
 //! access-review period so that a controller granted its RBAC later still starts within one period).
 
-mod caps;
 mod declared;
 mod lifecycle;
 mod modules;
@@ -44,8 +43,8 @@ use crate::sandbox::{GuestPre, Sandbox, SandboxConfig};
 use declared::{Seen, watch_declared};
 use setup::ReadAccess;
 
+pub use crate::api::LimitCaps;
 pub use crate::api::Problem;
-pub use caps::LimitCaps;
 pub use quarantine::QUARANTINE_CONFIG_MAP;
 
 /// Settings of the live runtime.

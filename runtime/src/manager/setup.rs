@@ -37,8 +37,8 @@ impl Manager {
             .limits
             .resolve()
             .map_err(|m| Problem::new(Reason::InvalidSpec, m))?;
-        let asked_concurrency = spec.limits.concurrency.unwrap_or(1).max(1) as usize;
-        let (limits, concurrency, clamped) = self.config.caps.apply(asked, asked_concurrency);
+        let (run, clamped) = self.config.caps.apply(asked);
+        let (limits, concurrency) = (run.limits, run.concurrency);
         let parent_selector = match &spec.parent.label_selector {
             Some(s) => Some(Selector::parse(s).map_err(|e| {
                 Problem::new(
