@@ -290,7 +290,7 @@ fn huge_guest_error_is_cut_to_the_bound() {
     assert_still_serves();
 }
 
-/// `guests/hostile`'s `ATTACK_BYTES` and `MANY_ACTIONS`.
+/// `guests/testing/hostile`'s `ATTACK_BYTES` and `MANY_ACTIONS`.
 const ATTACK_BYTES: usize = 60 << 20;
 const MANY_ACTIONS: usize = 200_000;
 

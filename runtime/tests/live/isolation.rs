@@ -1,5 +1,5 @@
 //! Tenant isolation, tried the way a hostile tenant would: team-a's ServiceAccount may touch
-//! only its own `Probe` objects, and team-a's guest (`guests/intruder`) and WasmControllers
+//! only its own `Probe` objects, and team-a's guest (`guests/testing/intruder`) and WasmControllers
 //! try to read and touch everything else through the runtime. Every attempt must be refused
 //! with its reason, nothing of team-b, of team-a's Secrets or of the cluster may show up in
 //! any status, Event or log, and team-b's controller keeps reconciling throughout. Granting
