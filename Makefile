@@ -10,7 +10,7 @@ GUESTS := hello-world configmap-restarter guitar-reviewer pod-watcher hello-fina
 GUEST_WASM := $(GUEST_DIR)/hello_world.wasm $(GUEST_DIR)/configmap_restarter.wasm $(GUEST_DIR)/guitar_reviewer.wasm $(GUEST_DIR)/pod_watcher.wasm $(GUEST_DIR)/hello_finalizer.wasm $(GUEST_DIR)/hostile.wasm $(GUEST_DIR)/intruder.wasm
 export KUBEWASM_GUEST_DIR := $(CURDIR)/$(GUEST_DIR)
 
-include deploy/local/cluster.mk
+include deploy/dev/local/cluster.mk
 include deploy/install.mk
 
 .PHONY: all test demo demo-offline up down toolchain guests build lint fmt unit-test integration-test bench bench-reconcile bench-storm bench-cluster bench-cluster-venv bench-density bench-cache crds guest-sizes
@@ -104,15 +104,15 @@ crds:
 
 ## The main job: a local control plane, the runtime, both tutorials step by step, then stop.
 demo: guests build k8s-binaries
-	@bash deploy/demo/live.sh
+	@bash deploy/dev/demo/live.sh
 
 ## What each controller would do, offline (no cluster).
 demo-offline: guests build
-	@bash deploy/demo/offline.sh
+	@bash deploy/dev/demo/offline.sh
 
 ## Like demo, but leave the control plane and the runtime running for kubectl; `make down` stops.
 up: guests build k8s-binaries
-	@bash deploy/demo/live.sh --keep
+	@bash deploy/dev/demo/live.sh --keep
 
 down:
-	@-kill $$(cat $(KUBEWASM_CACHE)/clusters/demo/kubewasm.pid 2>/dev/null) 2>/dev/null; bash deploy/local/cluster.sh down $(KUBEWASM_CACHE)/clusters/demo
+	@-kill $$(cat $(KUBEWASM_CACHE)/clusters/demo/kubewasm.pid 2>/dev/null) 2>/dev/null; bash deploy/dev/local/cluster.sh down $(KUBEWASM_CACHE)/clusters/demo

@@ -3,11 +3,11 @@
 # Included by the top-level Makefile: `include deploy/install.mk` (it includes the image's
 # targets too). Paths are relative to the repository root.
 #
-#   make image           the runtime image as a tarball (deploy/image/image.mk)
+#   make image           the runtime image as a tarball (deploy/dev/image/image.mk)
 #   make install-files   the files deploy/overlays/tutorials needs, from freshly built guests
 #   make install-check   both kustomizations render (no cluster needed)
 
-include deploy/image/image.mk
+include deploy/dev/image/image.mk
 
 GUEST_DIR ?= target/wasm32-wasip2/guest
 TUTORIALS_GENERATED := deploy/overlays/tutorials/generated

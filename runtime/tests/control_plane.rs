@@ -1,4 +1,4 @@
-//! The local control plane (deploy/local/cluster.sh) is a real one: Deployments get Pods,
+//! The local control plane (deploy/dev/local/cluster.sh) is a real one: Deployments get Pods,
 //! deleted Pods are replaced, garbage is collected, RBAC holds for ServiceAccounts, two
 //! control planes run side by side, and none outlives the process that started it.
 

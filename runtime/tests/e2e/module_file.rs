@@ -33,7 +33,7 @@ const KEY: &str = "hello_world.wasm";
 const CONTROLLER: &str = "e2e-module-file";
 
 /// How long the kubelet may take to update a ConfigMap volume: its sync of the Pod
-/// (`syncFrequency` 10 s in deploy/local/node.sh, plus jitter), then the runtime's poll.
+/// (`syncFrequency` 10 s in deploy/dev/local/node.sh, plus jitter), then the runtime's poll.
 const FILE_WAIT: Duration = Duration::from_secs(150);
 
 /// Runs the step.

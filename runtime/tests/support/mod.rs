@@ -1,7 +1,7 @@
 //! Test support: a real Kubernetes control plane for integration tests.
 //!
 //! [`ControlPlane::shared`] starts one control plane per test binary with
-//! `deploy/local/cluster.sh up --watch-pid <this process>` (etcd, kube-apiserver and
+//! `deploy/dev/local/cluster.sh up --watch-pid <this process>` (etcd, kube-apiserver and
 //! kube-controller-manager on free loopback ports). The script's detached watchdog stops it
 //! within seconds once the test binary is gone, however it ended — even by SIGKILL — so no
 //! process outlives the tests. With `KUBEWASM_TEST_KUBECONFIG` set to a kubeconfig, the same
@@ -70,9 +70,9 @@ pub struct ControlPlane {
     runtime_kubeconfig: OnceLock<Result<PathBuf, String>>,
 }
 
-/// `deploy/local/cluster.sh` of this checkout.
+/// `deploy/dev/local/cluster.sh` of this checkout.
 pub fn cluster_script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/local/cluster.sh")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/dev/local/cluster.sh")
 }
 
 impl ControlPlane {
@@ -144,7 +144,7 @@ impl ControlPlane {
         }
         up.arg(state_dir).stdin(Stdio::null());
         let started = Instant::now();
-        let out = up.output().context("running deploy/local/cluster.sh up")?;
+        let out = up.output().context("running deploy/dev/local/cluster.sh up")?;
         let log = String::from_utf8_lossy(&out.stderr);
         if !out.status.success() {
             bail!(
@@ -180,7 +180,7 @@ impl ControlPlane {
             .arg(state_dir)
             .stdin(Stdio::null())
             .output()
-            .context("running deploy/local/cluster.sh down")?;
+            .context("running deploy/dev/local/cluster.sh down")?;
         if !out.status.success() {
             bail!(
                 "`cluster.sh down` failed: {}",

@@ -2,14 +2,14 @@
 # make demo: a local control plane, the kubewasm runtime, the four tutorials' controllers and a
 # finalizer played step by step.
 #
-#   deploy/demo/live.sh          play both tutorials, then stop everything (exit 0 on success)
-#   deploy/demo/live.sh --keep   leave the control plane and the runtime running (make up)
+#   deploy/dev/demo/live.sh          play both tutorials, then stop everything (exit 0 on success)
+#   deploy/dev/demo/live.sh --keep   leave the control plane and the runtime running (make up)
 #
 # Needs: the guests built (make guests), target/debug/kubewasm (make build), and the
 # Kubernetes binaries (make k8s-binaries); `make demo` does all of that first.
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
 KEEP=false
 [ "${1:-}" = "--keep" ] && KEEP=true
 CACHE=${KUBEWASM_CACHE:-$HOME/.cache/kubewasm}
@@ -36,7 +36,7 @@ wait_for() {
 
 cleanup() {
     [ -n "$RUNTIME_PID" ] && kill "$RUNTIME_PID" 2>/dev/null && wait "$RUNTIME_PID" 2>/dev/null || true
-    bash "$ROOT/deploy/local/cluster.sh" down "$STATE" >/dev/null 2>&1 || true
+    bash "$ROOT/deploy/dev/local/cluster.sh" down "$STATE" >/dev/null 2>&1 || true
 }
 
 for f in hello_world.wasm configmap_restarter.wasm guitar_reviewer.wasm pod_watcher.wasm hello_finalizer.wasm; do
@@ -48,9 +48,9 @@ say "1. Starting a local Kubernetes cluster: etcd, kube-apiserver, kube-controll
 # A runtime and control plane left by an earlier `make up` go first.
 [ -f "$STATE/kubewasm.pid" ] && kill "$(cat "$STATE/kubewasm.pid")" 2>/dev/null || true
 rm -f "$STATE/kubewasm.pid"
-bash "$ROOT/deploy/local/cluster.sh" down "$STATE" >/dev/null 2>&1 || true
+bash "$ROOT/deploy/dev/local/cluster.sh" down "$STATE" >/dev/null 2>&1 || true
 $KEEP || trap cleanup EXIT
-eval "$(bash "$ROOT/deploy/local/cluster.sh" up --node "$STATE" 2>"$STATE.up.log" | tail -1)" || { tail -30 "$STATE.up.log" >&2; fail "the cluster did not start (full log: $STATE.up.log)"; }
+eval "$(bash "$ROOT/deploy/dev/local/cluster.sh" up --node "$STATE" 2>"$STATE.up.log" | tail -1)" || { tail -30 "$STATE.up.log" >&2; fail "the cluster did not start (full log: $STATE.up.log)"; }
 step "API server ready, node $(k get nodes -o jsonpath='{.items[0].metadata.name}') Ready; KUBECONFIG=$KUBECONFIG"
 
 say "2. Installing kubewasm's CRDs and the two first tutorials' controllers"

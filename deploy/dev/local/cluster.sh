@@ -2,7 +2,7 @@
 # shellcheck source-path=SCRIPTDIR
 # kubewasm's local Kubernetes cluster: etcd + kube-apiserver + kube-controller-manager on
 # loopback, built from Debian's own packages, and optionally one real node (kube-scheduler,
-# containerd, a local image registry and the kubelet). See deploy/local/README.md.
+# containerd, a local image registry and the kubelet). See deploy/dev/local/README.md.
 #
 #   cluster.sh install                 install missing Debian packages (idempotent)
 #   cluster.sh build                   build and cache kube-apiserver, kube-controller-manager,
@@ -119,7 +119,7 @@ ensure_deb_src() {
     suite=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
     log "adding a deb-src entry for Debian $suite (/etc/apt/sources.list.d/kubewasm-src.sources)"
     as_root tee /etc/apt/sources.list.d/kubewasm-src.sources >/dev/null <<EOF
-# Added by kubewasm deploy/local/cluster.sh: Kubernetes is built from Debian's source package.
+# Added by kubewasm deploy/dev/local/cluster.sh: Kubernetes is built from Debian's source package.
 Types: deb-src
 URIs: http://deb.debian.org/debian
 Suites: $suite

@@ -1,5 +1,5 @@
-# The local Kubernetes cluster (see deploy/local/README.md).
-# Included by the top Makefile: `include deploy/local/cluster.mk`.
+# The local Kubernetes cluster (see deploy/dev/local/README.md).
+# Included by the top Makefile: `include deploy/dev/local/cluster.mk`.
 #
 #   make k8s-binaries     install what is missing, build and cache kube-apiserver,
 #                         kube-controller-manager, kube-scheduler, the kubelet v1.20.2 and the
@@ -15,8 +15,8 @@
 #
 # CLUSTER_DIR chooses the state directory (default: $KUBEWASM_CACHE/clusters/default).
 
-CLUSTER_SH ?= $(CURDIR)/deploy/local/cluster.sh
-NODE_SMOKE_SH ?= $(CURDIR)/deploy/local/node-smoke.sh
+CLUSTER_SH ?= $(CURDIR)/deploy/dev/local/cluster.sh
+NODE_SMOKE_SH ?= $(CURDIR)/deploy/dev/local/node-smoke.sh
 CLUSTER_DIR ?=
 NODE_SMOKE_RUNS ?= 2
 

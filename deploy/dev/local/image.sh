@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Container images without a container engine: kubewasm's local node (deploy/local/cluster.sh
+# Container images without a container engine: kubewasm's local node (deploy/dev/local/cluster.sh
 # up --node) runs images built and pushed by this script. No daemon, nothing pulled.
 #
 #   image.sh build --rootfs DIR --tag NAME:TAG [--entrypoint ARG]... [--cmd ARG]...
@@ -24,7 +24,7 @@ die() { log "error: $*"; exit 1; }
 need() {
     local b
     for b in "$@"; do
-        command -v "$b" >/dev/null || die "$b is missing (deploy/local/cluster.sh install installs it)"
+        command -v "$b" >/dev/null || die "$b is missing (deploy/dev/local/cluster.sh install installs it)"
     done
 }
 
@@ -79,7 +79,7 @@ cmd_build() {
             + (if $workdir != "" then {WorkingDir: $workdir} else {} end)
             + (if $user != "" then {User: $user} else {} end)),
           rootfs: {type: "layers", diff_ids: [$diff_id]},
-          history: [{created: "1970-01-01T00:00:00Z", created_by: "kubewasm deploy/local/image.sh build"}]
+          history: [{created: "1970-01-01T00:00:00Z", created_by: "kubewasm deploy/dev/local/image.sh build"}]
         }' >"$TMP/config.json"
     config_sha=$(sha256 "$TMP/config.json")
     mv "$TMP/config.json" "$TMP/image/$config_sha.json"

@@ -1,4 +1,4 @@
-# The runtime's container image, built without any daemon (deploy/image/README.md).
+# The runtime's container image, built without any daemon (deploy/dev/image/README.md).
 # Included by the top-level Makefile (through deploy/install.mk); paths are relative to the
 # repository root.
 #
@@ -40,7 +40,7 @@ image: image-toolchain
 	@mkdir -p $(IMAGE_DIR)
 	strip -o $(IMAGE_DIR)/kubewasm $(IMAGE_TARGET_DIR)/$(IMAGE_TARGET)/release/kubewasm
 	@SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 0) \
-		python3 deploy/image/write-image.py --binary $(IMAGE_DIR)/kubewasm \
+		python3 deploy/dev/image/write-image.py --binary $(IMAGE_DIR)/kubewasm \
 		--tag $(KUBEWASM_IMAGE) --out $(IMAGE_TAR) \
 		--arch $(if $(filter aarch64-%,$(IMAGE_TARGET)),arm64,amd64) \
 		--revision "$$(git rev-parse HEAD 2>/dev/null)"
@@ -49,7 +49,7 @@ image: image-toolchain
 image-path:
 	@echo $(IMAGE_TAR)
 
-## The binary's and the image's sizes (deploy/image/README.md quotes them).
+## The binary's and the image's sizes (deploy/dev/image/README.md quotes them).
 image-size: image
 	@printf '%-40s %12s bytes\n' "binary (stripped) $(notdir $(IMAGE_DIR))/kubewasm" "$$(stat -c %s $(IMAGE_DIR)/kubewasm)"
 	@printf '%-40s %12s bytes\n' "image tarball $(notdir $(IMAGE_TAR))" "$$(stat -c %s $(IMAGE_TAR))"

@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # The local cluster's node, sourced by cluster.sh (`up --node`, and `down`/the watchdog of a
 # cluster started so): kube-scheduler, a local registry, containerd and the kubelet. See
-# deploy/local/README.md ("The node").
+# deploy/dev/local/README.md ("The node").
 #
 # One node per machine: the kubelet's ports (10250, 10248), the kubepods cgroups, the
 # iptables rules and the kernel settings it changes are the machine's. A node's files are in

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The two seed scenarios, offline: each WebAssembly controller runs once in the kubewasm
-# sandbox on the objects in deploy/demo/, and we say in plain words what it would do in a
+# sandbox on the objects in deploy/dev/demo/, and we say in plain words what it would do in a
 # cluster. No cluster needed. `make demo` builds everything and runs this.
 set -euo pipefail
 
-cd "$(dirname "$0")/../.."
-demo=deploy/demo
+cd "$(dirname "$0")/../../.."
+demo=deploy/dev/demo
 kubewasm=${KUBEWASM:-target/debug/kubewasm}
 guests=${KUBEWASM_GUEST_DIR:-target/wasm32-wasip2/guest}
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the kubewasm runtime image as one tarball, without any container daemon.
 
-The image is what deploy/image/Dockerfile builds: FROM scratch, one layer holding the static
+The image is what deploy/dev/image/Dockerfile builds: FROM scratch, one layer holding the static
 `kubewasm` binary at /kubewasm (root-owned, 0755), run as 65532:65532 with entrypoint
 ["/kubewasm"] and command ["run"]. The tarball is laid out the way `docker save` (Docker 25+)
 writes it, which is at once
@@ -35,7 +35,7 @@ OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 OCI_LAYER = "application/vnd.oci.image.layer.v1.tar"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 
-# Kept in step with deploy/image/Dockerfile (its final stage).
+# Kept in step with deploy/dev/image/Dockerfile (its final stage).
 BINARY_PATH = "kubewasm"  # /kubewasm in the image
 USER = "65532:65532"
 ENTRYPOINT = ["/kubewasm"]
@@ -165,7 +165,7 @@ def main() -> int:
         "rootfs": {"type": "layers", "diff_ids": ["sha256:" + layer_digest]},
         "history": [{
             "created": created,
-            "created_by": "COPY kubewasm /kubewasm (deploy/image/write-image.py)",
+            "created_by": "COPY kubewasm /kubewasm (deploy/dev/image/write-image.py)",
         }],
     })
     config_digest = sha256(config)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # shellcheck disable=SC2016 # wait conditions and in-Pod commands are expanded later, on purpose
-# Smoke check of the local cluster's node (deploy/local/README.md, "The node"):
+# Smoke check of the local cluster's node (deploy/dev/local/README.md, "The node"):
 #
 #   node-smoke.sh [RUNS]      (make node-smoke; RUNS defaults to 1)
 #
