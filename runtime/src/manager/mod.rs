@@ -474,3 +474,38 @@ impl Manager {
         self.controllers.values().filter(waiting).count()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_request_is_bounded_in_time_and_watches_only_when_connecting_and_sending() {
+        let base = kube::Config::new("https://127.0.0.1:6443".parse().unwrap());
+        let requests = request_config(base.clone());
+        assert_eq!(requests.read_timeout, Some(API_REQUEST_TIMEOUT));
+        assert_eq!(requests.connect_timeout, Some(API_CONNECT_TIMEOUT));
+        assert_eq!(requests.write_timeout, Some(API_REQUEST_TIMEOUT));
+        assert!(requests.reset_reader_on_write);
+        let watches = watch_config(base);
+        assert_eq!(
+            watches.read_timeout, None,
+            "a watch may be quiet for minutes"
+        );
+        assert_eq!(watches.connect_timeout, Some(API_CONNECT_TIMEOUT));
+    }
+
+    #[test]
+    fn a_controller_id_shows_as_kubectl_names_it() {
+        let namespaced = ControllerId {
+            namespace: Some("team".into()),
+            name: "hello".into(),
+        };
+        let cluster = ControllerId {
+            namespace: None,
+            name: "pod-watcher".into(),
+        };
+        assert_eq!(namespaced.to_string(), "team/hello");
+        assert_eq!(cluster.to_string(), "pod-watcher");
+    }
+}

@@ -144,7 +144,9 @@ impl ControlPlane {
         }
         up.arg(state_dir).stdin(Stdio::null());
         let started = Instant::now();
-        let out = up.output().context("running deploy/dev/local/cluster.sh up")?;
+        let out = up
+            .output()
+            .context("running deploy/dev/local/cluster.sh up")?;
         let log = String::from_utf8_lossy(&out.stderr);
         if !out.status.success() {
             bail!(

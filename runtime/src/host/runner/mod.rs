@@ -180,16 +180,7 @@ impl Runner {
     /// ownerReference, a saved state's key), and a key lands in log lines, the status and the
     /// guest's state.
     fn in_scope(&self, key: &ObjectKey) -> bool {
-        let placed = match &self.setup.namespace {
-            Some(ns) => key.namespace.as_deref() == Some(ns.as_str()),
-            None => true,
-        };
-        placed
-            && query::validate_name(&key.name).is_ok()
-            && key
-                .namespace
-                .as_deref()
-                .is_none_or(|ns| query::validate_namespace(ns).is_ok())
+        in_scope(self.setup.namespace.as_deref(), key)
     }
 
     /// Every parent in the cache, and every object the controller keeps state for that is not
@@ -276,21 +267,7 @@ impl Runner {
         loop {
             match rx.recv().await {
                 Ok(change) => {
-                    let key = match trigger {
-                        Trigger::Parent => Some(change.key.clone()),
-                        Trigger::Child => change
-                            .owners
-                            .iter()
-                            .find(|o| {
-                                o.controller == Some(true)
-                                    && o.kind == parent.kind
-                                    && o.api_version == parent.api_version
-                            })
-                            .map(|o| ObjectKey {
-                                namespace: change.key.namespace.clone(),
-                                name: o.name.clone(),
-                            }),
-                    };
+                    let key = key_of(&change, trigger, &parent.api_version, &parent.kind);
                     if let Some(key) = key.filter(|k| self.in_scope(k)) {
                         self.queue.add(key);
                     }
@@ -370,5 +347,96 @@ impl Runner {
             .last_error
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+/// Whether a key is one a controller of `namespace` (`None`: a cluster controller)
+/// reconciles: in that namespace, and a valid Kubernetes name — keys also come from what
+/// tenants write (a child's ownerReference, a saved state's key), and a key lands in log
+/// lines, the status and the guest's state.
+fn in_scope(namespace: Option<&str>, key: &ObjectKey) -> bool {
+    let placed = match namespace {
+        Some(ns) => key.namespace.as_deref() == Some(ns),
+        None => true,
+    };
+    placed
+        && query::validate_name(&key.name).is_ok()
+        && key
+            .namespace
+            .as_deref()
+            .is_none_or(|ns| query::validate_namespace(ns).is_ok())
+}
+
+/// The key a change brings to the queue: the object itself for a parent; for a child, its
+/// controlling owner of the parent kind, in the child's namespace (none without one).
+fn key_of(change: &Change, trigger: Trigger, api_version: &str, kind: &str) -> Option<ObjectKey> {
+    match trigger {
+        Trigger::Parent => Some(change.key.clone()),
+        Trigger::Child => change
+            .owners
+            .iter()
+            .find(|o| o.controller == Some(true) && o.kind == kind && o.api_version == api_version)
+            .map(|o| ObjectKey {
+                namespace: change.key.namespace.clone(),
+                name: o.name.clone(),
+            }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    fn key(namespace: Option<&str>, name: &str) -> ObjectKey {
+        ObjectKey {
+            namespace: namespace.map(Into::into),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn a_namespaced_controller_takes_only_valid_keys_of_its_namespace() {
+        assert!(in_scope(Some("team"), &key(Some("team"), "a")));
+        assert!(!in_scope(Some("team"), &key(Some("other"), "a")));
+        assert!(!in_scope(Some("team"), &key(None, "a")));
+        assert!(in_scope(None, &key(Some("other"), "a")));
+        assert!(in_scope(None, &key(None, "cluster-wide")));
+        // Names written by tenants (an ownerReference) must be Kubernetes names.
+        assert!(!in_scope(
+            Some("team"),
+            &key(Some("team"), &"x".repeat(1 << 20))
+        ));
+        assert!(!in_scope(Some("team"), &key(Some("team"), "a\nforged")));
+        assert!(!in_scope(None, &key(Some("Bad_NS"), "a")));
+    }
+
+    #[test]
+    fn a_child_change_brings_its_controlling_parent_of_the_parent_kind() {
+        let owner = |kind: &str, name: &str, controller: bool| OwnerReference {
+            api_version: "example.com/v1".into(),
+            kind: kind.into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            controller: Some(controller),
+            ..OwnerReference::default()
+        };
+        let change = Change {
+            key: key(Some("team"), "child"),
+            owners: vec![
+                owner("HelloWorld", "not-controller", false),
+                owner("Other", "other-kind", true),
+                owner("HelloWorld", "parent", true),
+            ],
+        };
+        assert_eq!(
+            key_of(&change, Trigger::Child, "example.com/v1", "HelloWorld"),
+            Some(key(Some("team"), "parent"))
+        );
+        assert_eq!(
+            key_of(&change, Trigger::Parent, "example.com/v1", "HelloWorld"),
+            Some(key(Some("team"), "child"))
+        );
+        assert_eq!(key_of(&change, Trigger::Child, "v1", "ConfigMap"), None);
     }
 }
