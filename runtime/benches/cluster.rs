@@ -18,18 +18,13 @@
 //! `$KUBEWASM_CACHE/py` (made by `make bench-cluster`); `tiny` leaves it out when it is missing.
 //! Numbers are printed, never asserted.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use kubewasm_test_support as support;
 
-#[allow(dead_code, unused_imports)]
-#[path = "../tests/live/cluster.rs"]
-mod cluster;
+use kubewasm_test_support::cluster;
 #[allow(dead_code)]
 #[path = "../tests/live/restarter.rs"]
 mod restarter;
-#[allow(dead_code)]
-#[path = "../tests/live/runtime.rs"]
-mod runtime;
+use kubewasm_test_support::runtime;
 
 #[path = "cluster/hello.rs"]
 mod hello;

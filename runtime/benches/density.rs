@@ -30,12 +30,9 @@
 //! kept in the control plane's state directory (`RUST_LOG` is passed on, default
 //! `kubewasm=info`).
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use kubewasm_test_support as support;
 
-#[allow(dead_code, unused_imports)] // the bench uses a few of the live tests' helpers
-#[path = "../tests/live/cluster.rs"]
-mod cluster;
+use kubewasm_test_support::cluster;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};

@@ -18,8 +18,7 @@
 //! compare separate runs). `make test` runs it with
 //! 20 iterations, a debug build, to keep it working: those numbers mean nothing.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
+use kubewasm_test_support::guests as common;
 mod webhook;
 
 use std::sync::Arc;

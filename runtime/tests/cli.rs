@@ -2,7 +2,7 @@
 //! whose module is in a ConfigMap, grants refusing a read, and bad input of every kind
 //! ending in a non-zero exit and a message that says what is wrong.
 
-mod common;
+use kubewasm_test_support::guests as common;
 
 use std::ffi::OsStr;
 use std::io::{Read, Write as _};

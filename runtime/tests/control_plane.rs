@@ -2,7 +2,7 @@
 //! deleted Pods are replaced, garbage is collected, RBAC holds for ServiceAccounts, two
 //! control planes run side by side, and none outlives the process that started it.
 
-mod support;
+use kubewasm_test_support as support;
 
 use std::{collections::BTreeSet, path::Path, time::Duration};
 

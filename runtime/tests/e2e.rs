@@ -32,7 +32,7 @@
 //! Needs root (the node), kubectl, `make image install-files` (the Makefile's `test` target
 //! builds both first).
 
-mod support;
+use kubewasm_test_support as support;
 
 #[path = "e2e/cluster.rs"]
 mod cluster;

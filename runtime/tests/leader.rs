@@ -3,7 +3,7 @@
 //! the runtime's own ServiceAccount, whose Lease rights are in its namespace only; each test
 //! names its Lease after a namespace of its own, so that tests do not share one.
 
-mod support;
+use kubewasm_test_support as support;
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;

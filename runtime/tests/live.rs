@@ -8,7 +8,7 @@
 //! ServiceAccount with `deploy/runtime/rbac.yaml`, not as the admin, so a rule missing from it
 //! fails them; `identity` proves it holds no more than that.
 
-mod support;
+use kubewasm_test_support as support;
 
 #[path = "live/apiserver.rs"]
 mod apiserver;
@@ -16,8 +16,7 @@ mod apiserver;
 mod cache_budget;
 #[path = "live/children.rs"]
 mod children;
-#[path = "live/cluster.rs"]
-mod cluster;
+use kubewasm_test_support::cluster;
 #[path = "live/fencing.rs"]
 mod fencing;
 #[path = "live/finalizers.rs"]
@@ -36,8 +35,7 @@ mod quarantine;
 mod reload;
 #[path = "live/restarter.rs"]
 mod restarter;
-#[path = "live/runtime.rs"]
-mod runtime;
+use kubewasm_test_support::runtime;
 #[path = "live/storm.rs"]
 mod storm;
 #[path = "live/tutorial_crd.rs"]

@@ -2,7 +2,7 @@
 //! and the same Sandbox serves well-behaved guests right after. Also what `load` refuses,
 //! and calls running side by side.
 
-mod common;
+use kubewasm_test_support::guests as common;
 
 use std::sync::mpsc;
 use std::sync::{Arc, LazyLock, Mutex};

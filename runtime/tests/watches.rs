@@ -4,7 +4,7 @@
 //! version is serialized for guests once, and a namespace over its cache cap is dropped from
 //! every watch and taken back in once under it.
 
-mod support;
+use kubewasm_test_support as support;
 
 use std::time::Duration;
 

@@ -1,13 +1,13 @@
-//! Helpers shared by the sandbox and CLI tests: where the built guests are.
+//! Where the built guests are (the sandbox, CLI and live tests, the benches).
 
 use std::path::PathBuf;
 
 /// The directory `make guests` writes the guest components to: `KUBEWASM_GUEST_DIR` if set,
-/// else `<workspace>/target/wasm32-wasip2/guest`.
+/// else `<target>/wasm32-wasip2/guest` beside the running test binary's profile.
 pub fn guest_dir() -> PathBuf {
     match std::env::var_os("KUBEWASM_GUEST_DIR") {
         Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/wasm32-wasip2/guest"),
+        None => crate::profile_dir().join("../wasm32-wasip2/guest"),
     }
 }
 

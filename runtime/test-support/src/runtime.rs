@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 
 use crate::cluster::WAIT;
-use crate::support::eventually;
+use crate::eventually;
 
 /// How long `kubewasm run` may take to exit after SIGTERM.
 const STOP_TIMEOUT: Duration = Duration::from_secs(15);
@@ -26,10 +26,7 @@ pub const BIN_ENV: &str = "KUBEWASM_RUN_BIN";
 pub fn kubewasm_bin() -> PathBuf {
     std::env::var_os(BIN_ENV)
         .filter(|p| !p.is_empty())
-        .map_or_else(
-            || PathBuf::from(env!("CARGO_BIN_EXE_kubewasm")),
-            PathBuf::from,
-        )
+        .map_or_else(|| crate::profile_dir().join("kubewasm"), PathBuf::from)
 }
 
 /// `RUST_LOG` of the runtime under test: debug lines of kubewasm, which some tests read.
@@ -51,7 +48,7 @@ pub struct RuntimeProcess {
 
 impl RuntimeProcess {
     /// Starts `kubewasm run --namespace <namespace>` with `kubeconfig`: the runtime's own
-    /// identity ([`crate::support::ControlPlane::runtime_kubeconfig`]), never the admin's, so
+    /// identity ([`crate::ControlPlane::runtime_kubeconfig`]), never the admin's, so
     /// that a rule missing from `deploy/runtime/rbac.yaml` fails the test.
     pub fn start(kubeconfig: &Path, namespace: &str) -> RuntimeProcess {
         Self::start_with_args(kubeconfig, namespace, &[])
@@ -70,7 +67,7 @@ impl RuntimeProcess {
         args: &[&str],
         log_filter: &str,
     ) -> RuntimeProcess {
-        let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("live-runtime-logs");
+        let root = crate::target_tmp().join("live-runtime-logs");
         std::fs::create_dir_all(&root).expect("creating the directory for runtime logs");
         let dir = tempfile::Builder::new()
             .prefix(&format!(

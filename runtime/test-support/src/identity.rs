@@ -34,7 +34,7 @@ const AGGREGATED: Duration = Duration::from_secs(30);
 /// a cluster admin opts a namespace in to WasmControllers (the runtime may then act as its
 /// ServiceAccounts).
 pub fn tenant_binding(namespace: &str) -> Result<serde_json::Value> {
-    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/runtime/tenant.yaml");
+    let file = super::workspace().join("deploy/runtime/tenant.yaml");
     let yaml = std::fs::read_to_string(&file).with_context(|| format!("{}", file.display()))?;
     let mut binding = documents(&yaml)?
         .into_iter()
@@ -46,7 +46,7 @@ pub fn tenant_binding(namespace: &str) -> Result<serde_json::Value> {
 
 /// `deploy/runtime/rbac.yaml` of this checkout.
 pub fn runtime_rbac() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/runtime/rbac.yaml")
+    super::workspace().join("deploy/runtime/rbac.yaml")
 }
 
 impl ControlPlane {
@@ -118,8 +118,7 @@ impl ControlPlane {
 
         let path = match &self.state_dir {
             Some(dir) => dir.join("runtime.kubeconfig"),
-            None => Path::new(env!("CARGO_TARGET_TMPDIR"))
-                .join(format!("runtime.{}.kubeconfig", std::process::id())),
+            None => super::target_tmp().join(format!("runtime.{}.kubeconfig", std::process::id())),
         };
         self.write_service_account_kubeconfig(
             RUNTIME_NAMESPACE,

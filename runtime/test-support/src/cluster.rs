@@ -19,25 +19,18 @@ use kubewasm::api::{WasmController, WasmControllerStatus};
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 
-use crate::support::{ControlPlane, FIELD_MANAGER, ensure_greeting_pod, eventually};
-pub use crate::support::{apply, apply_all, documents};
+use crate::{ControlPlane, FIELD_MANAGER, ensure_greeting_pod, eventually};
+pub use crate::{apply, apply_all, documents};
 
 /// How long anything the runtime or kube-controller-manager does may take on a busy
 /// 2-core machine.
 pub const WAIT: Duration = Duration::from_secs(60);
 
-/// The workspace root.
-pub fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+pub use crate::workspace;
 
 /// The bytes of a built guest (`make guests`).
 pub fn guest(name: &str) -> Vec<u8> {
-    let dir = match std::env::var_os("KUBEWASM_GUEST_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => workspace().join("target/wasm32-wasip2/guest"),
-    };
-    let path = dir.join(format!("{name}.wasm"));
+    let path = crate::guests::guest(name);
     std::fs::read(&path)
         .unwrap_or_else(|e| panic!("{}: {e}: run `make guests` first", path.display()))
 }
@@ -60,9 +53,7 @@ pub fn example(path: &str, namespace: &str) -> Result<Vec<Value>> {
 
 /// A fixture of `runtime/tests/fixtures/live/`, moved into `namespace` like [`example`].
 pub fn fixture(path: &str, namespace: &str) -> Result<Vec<Value>> {
-    let file = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/live")
-        .join(path);
+    let file = workspace().join("runtime/tests/fixtures/live").join(path);
     manifest(&file, namespace)
 }
 

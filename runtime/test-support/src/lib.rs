@@ -1,4 +1,7 @@
-//! Test support: a real Kubernetes control plane for integration tests.
+//! What kubewasm's tests and benches share, one crate instead of files included by path:
+//! a real Kubernetes control plane ([`ControlPlane`]), the runtime as a child process
+//! ([`runtime`]), the live tests' cluster helpers ([`cluster`]), the built guests
+//! ([`guests`]), manifests, waits and logs.
 //!
 //! [`ControlPlane::shared`] starts one control plane per test binary with
 //! `deploy/dev/local/cluster.sh up --watch-pid <this process>` (etcd, kube-apiserver and
@@ -10,12 +13,14 @@
 //! Only the started control plane (a kubeconfig path) is shared: every `#[tokio::test]` has
 //! its own runtime, and a `Client` made in one runtime dies with it, so each test makes its
 //! own clients with [`ControlPlane::client`].
-#![allow(dead_code)] // each test binary uses its own part of this module
 
+pub mod cluster;
+pub mod guests;
 mod identity;
 mod kubectl;
 mod logs;
 mod manifest;
+pub mod runtime;
 mod wait;
 
 use std::{
@@ -72,7 +77,7 @@ pub struct ControlPlane {
 
 /// `deploy/dev/local/cluster.sh` of this checkout.
 pub fn cluster_script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/dev/local/cluster.sh")
+    workspace().join("deploy/dev/local/cluster.sh")
 }
 
 impl ControlPlane {
@@ -109,7 +114,7 @@ impl ControlPlane {
     /// state (and logs) of a control plane it starts. State directories of test processes
     /// that are gone and whose control plane was stopped are removed first.
     pub fn state_dir_of_this_process() -> PathBuf {
-        let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("control-planes");
+        let root = target_tmp().join("control-planes");
         prune_stale_state_dirs(&root);
         let binary = std::env::current_exe()
             .ok()
@@ -385,4 +390,30 @@ fn prune_stale_state_dirs(root: &Path) {
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }
+}
+
+/// The workspace's root directory.
+pub fn workspace() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    root.canonicalize().unwrap_or(root)
+}
+
+/// Cargo's build directory of the running test or bench binary (`<target>/<profile>`): the
+/// binary runs from its `deps/`.
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the path of the running test binary");
+    exe.parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .expect("a test binary runs from <target>/<profile>/deps")
+}
+
+/// Where tests keep their files (`<target>/tmp`, what cargo names `CARGO_TARGET_TMPDIR`).
+pub fn target_tmp() -> PathBuf {
+    let dir = profile_dir()
+        .parent()
+        .map(|target| target.join("tmp"))
+        .expect("<target>/<profile> has a parent");
+    std::fs::create_dir_all(&dir).expect("creating <target>/tmp");
+    dir
 }
