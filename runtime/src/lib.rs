@@ -16,3 +16,4 @@ pub mod manager;
 pub mod metrics;
 pub mod sandbox;
 pub mod sources;
+mod sync;

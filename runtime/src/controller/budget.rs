@@ -6,6 +6,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::sync::Locks as _;
 use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 
@@ -47,7 +48,7 @@ impl TokenBucket {
     pub async fn take(&self) {
         loop {
             let wait = {
-                let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                let mut state = self.state.locked();
                 let (tokens, at) = &mut *state;
                 let now = Instant::now();
                 *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * self.per_second)

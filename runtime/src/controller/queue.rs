@@ -6,6 +6,7 @@ use std::hash::Hash;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::sync::Locks as _;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -44,7 +45,7 @@ impl<K: Clone + Eq + Hash> Default for WorkQueue<K> {
 
 impl<K: Clone + Eq + Hash> WorkQueue<K> {
     fn lock(&self) -> std::sync::MutexGuard<'_, State<K>> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     /// Adds a key now. A key already waiting is not added twice; a key being worked on is
@@ -178,7 +179,7 @@ impl<K: Eq + Hash> Backoff<K> {
 
     /// Records a failure and returns how long to wait before the next try.
     pub fn failed(&self, key: K) -> Duration {
-        let mut f = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let mut f = self.failures.locked();
         let n = f.entry(key).or_insert(0);
         *n = n.saturating_add(1);
         let factor = 2u32.saturating_pow((*n - 1).min(20));
@@ -187,10 +188,7 @@ impl<K: Eq + Hash> Backoff<K> {
 
     /// Forgets the failures of a key after it succeeded.
     pub fn succeeded(&self, key: &K) {
-        self.failures
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(key);
+        self.failures.locked().remove(key);
     }
 }
 

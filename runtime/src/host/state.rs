@@ -24,6 +24,7 @@ use serde_json::json;
 
 use crate::api::{ClusterWasmController, WasmController};
 use crate::sandbox::{MAX_GUEST_STATE_BYTES, MAX_GUEST_STATE_OBJECTS};
+use crate::sync::Locks as _;
 
 /// Where a controller's state is stored: its own object's status.
 #[derive(Clone)]
@@ -175,7 +176,7 @@ impl GuestState {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, String>> {
-        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+        self.entries.locked()
     }
 }
 

@@ -45,6 +45,7 @@ use setup::ReadAccess;
 
 pub use crate::api::LimitCaps;
 pub use crate::api::Problem;
+use crate::sync::Locks as _;
 pub use quarantine::QUARANTINE_CONFIG_MAP;
 
 /// Settings of the live runtime.
@@ -196,15 +197,12 @@ struct ChangedConfigMaps {
 
 impl ChangedConfigMaps {
     fn add(&self, key: ObjectKey) {
-        self.keys
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key);
+        self.keys.locked().insert(key);
         self.notify.notify_one();
     }
 
     fn take(&self) -> HashSet<ObjectKey> {
-        std::mem::take(&mut *self.keys.lock().unwrap_or_else(|e| e.into_inner()))
+        std::mem::take(&mut *self.keys.locked())
     }
 }
 

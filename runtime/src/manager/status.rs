@@ -12,6 +12,7 @@ use crate::api::{ClusterWasmController, Reason, WasmController, WasmControllerSt
 
 use super::{ControllerId, Managed, Manager};
 use crate::host::MAX_LISTED_FINALIZING;
+use crate::sync::Locks as _;
 
 /// Most bytes of a condition's message: a spec's own strings (kinds, paths) appear in some,
 /// and the status must stay writable whatever the spec says.
@@ -101,12 +102,8 @@ fn desired(m: &Managed) -> WasmControllerStatus {
     let (reconciles, failures, last_error, finalizing) = match &m.runner {
         Some((runner, _)) => {
             let s = runner.stats();
-            let last = s
-                .last_error
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone();
-            let waiting = s.finalizing.lock().unwrap_or_else(|e| e.into_inner());
+            let last = s.last_error.locked().clone();
+            let waiting = s.finalizing.locked();
             let mut finalizing: Vec<String> = waiting
                 .iter()
                 .take(MAX_LISTED_FINALIZING)

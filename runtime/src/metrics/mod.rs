@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use crate::sync::Locks as _;
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
@@ -172,7 +173,7 @@ impl Metrics {
     }
 
     fn remember(&self, controller: &str, result: &str) {
-        let mut results = self.results.lock().unwrap_or_else(|e| e.into_inner());
+        let mut results = self.results.locked();
         let known = results.entry(controller.to_owned()).or_default();
         if !known.contains(result) {
             known.insert(result.to_owned());
@@ -181,12 +182,7 @@ impl Metrics {
 
     /// Removes every series of a controller that no longer exists.
     pub fn forget(&self, controller: &str) {
-        let results = self
-            .results
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(controller)
-            .unwrap_or_default();
+        let results = self.results.locked().remove(controller).unwrap_or_default();
         for result in results {
             let labels = OutcomeLabels {
                 controller: controller.to_owned(),
@@ -232,14 +228,13 @@ impl Metrics {
 
     /// The manager loop made progress (or, `running: false`, stopped on purpose).
     pub fn manager_beat(&self, running: bool) {
-        *self.manager_beat.lock().unwrap_or_else(|e| e.into_inner()) =
-            running.then(std::time::Instant::now);
+        *self.manager_beat.locked() = running.then(std::time::Instant::now);
     }
 
     /// Why the runtime is not healthy: the manager loop made no progress for longer than
     /// `limit`.
     pub fn unhealthy(&self, limit: Duration) -> Option<String> {
-        let last = (*self.manager_beat.lock().unwrap_or_else(|e| e.into_inner()))?;
+        let last = (*self.manager_beat.locked())?;
         let silent = last.elapsed();
         (silent > limit).then(|| {
             format!(

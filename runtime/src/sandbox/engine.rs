@@ -15,6 +15,7 @@ use super::limits::Limits;
 use super::rate::TenantRate;
 use super::slots::FairSlots;
 use super::types::{IntoWire, SharedReads, WireRequest};
+use crate::sync::Locks as _;
 
 /// Engine-wide settings. Per-call limits live in [`Limits`].
 #[derive(Debug, Clone)]
@@ -237,11 +238,7 @@ impl Sandbox {
             return Ok(guest.clone());
         }
         // One compile at a time (each uses every core): whoever waited finds it done.
-        let _compiling = self
-            .inner
-            .compiling
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let _compiling = self.inner.compiling.locked();
         if let Some(guest) = self.lock_modules().get(&digest) {
             return Ok(guest.clone());
         }
@@ -320,7 +317,7 @@ impl Sandbox {
     }
 
     fn lock_modules(&self) -> std::sync::MutexGuard<'_, HashMap<Digest, Arc<GuestPre>>> {
-        self.inner.modules.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.modules.locked()
     }
 }
 

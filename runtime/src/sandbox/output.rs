@@ -13,6 +13,7 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
 
 use super::text::{MAX_GUEST_LOG_LINE_BYTES, escaped};
+use crate::sync::Locks as _;
 
 /// What a guest wrote to one stream during one call.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -54,7 +55,7 @@ impl BoundedOutput {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         // A poisoned lock only means another writer panicked; the bytes are still valid.
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.0.locked()
     }
 
     fn push(&self, bytes: &[u8]) {

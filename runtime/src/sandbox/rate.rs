@@ -1,5 +1,6 @@
 //! A rate per tenant, never waited for.
 
+use crate::sync::Locks as _;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Instant;
@@ -31,7 +32,7 @@ impl TenantRate {
 
     /// Takes up to `want` of `tenant`'s bucket; how many were taken.
     pub fn take(&self, tenant: &str, want: usize) -> usize {
-        let mut tenants = self.tenants.lock().unwrap_or_else(|e| e.into_inner());
+        let mut tenants = self.tenants.locked();
         let now = Instant::now();
         if tenants.len() >= RATE_TENANTS && !tenants.contains_key(tenant) {
             // Full buckets say nothing a new one would not: forget them.
@@ -57,7 +58,7 @@ impl TenantRate {
         if unused == 0 {
             return;
         }
-        let mut tenants = self.tenants.lock().unwrap_or_else(|e| e.into_inner());
+        let mut tenants = self.tenants.locked();
         if let Some((tokens, _)) = tenants.get_mut(tenant) {
             *tokens = (*tokens + unused as f64).min(self.burst);
         }

@@ -10,6 +10,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
+use crate::sync::Locks as _;
 use tokio::sync::oneshot;
 
 #[derive(Default)]
@@ -77,7 +78,7 @@ impl FairSlots {
 }
 
 fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
-    state.lock().unwrap_or_else(|e| e.into_inner())
+    state.locked()
 }
 
 impl Drop for Slot {

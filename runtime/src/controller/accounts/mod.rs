@@ -22,6 +22,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::sync::Locks as _;
 use tokio::sync::{broadcast, watch};
 
 /// A held-back namespace is let back in once its bytes (and the total with it) are under this
@@ -203,7 +204,7 @@ impl CacheAccounts {
     }
 
     fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
-        self.ledger.lock().unwrap_or_else(|e| e.into_inner())
+        self.ledger.locked()
     }
 
     /// An object of `namespace` (`None`: cluster-scoped) that weighed `old` bytes (0: new)

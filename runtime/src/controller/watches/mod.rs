@@ -17,6 +17,7 @@ use tokio::sync::broadcast;
 
 use super::accounts::{CacheAccounts, Withheld};
 use super::discovery::Kind;
+use crate::sync::Locks as _;
 
 mod task;
 use task::WatchTask;
@@ -165,7 +166,7 @@ impl Watch {
     /// Cached objects that list `owner_uid` among their ownerReferences.
     pub fn owned_by(&self, owner_uid: &str) -> Vec<Arc<DynamicObject>> {
         let keys: Vec<ObjectKey> = {
-            let index = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+            let index = self.owned.locked();
             index
                 .by_owner
                 .get(owner_uid)
@@ -194,7 +195,7 @@ impl Watch {
     pub fn text(&self, object: &Arc<DynamicObject>, make: impl FnOnce() -> String) -> Arc<str> {
         let address = Arc::as_ptr(object) as usize;
         {
-            let texts = self.texts.lock().unwrap_or_else(|e| e.into_inner());
+            let texts = self.texts.locked();
             if let Some((seen, text)) = texts.by_object.get(&address)
                 && seen.upgrade().is_some_and(|o| Arc::ptr_eq(&o, object))
             {
@@ -204,7 +205,7 @@ impl Watch {
         // Made without the lock: one tenant's large object does not hold up the others'
         // reconciles of the kind (two making the same text at once is harmless).
         let text: Arc<str> = make().into();
-        let mut texts = self.texts.lock().unwrap_or_else(|e| e.into_inner());
+        let mut texts = self.texts.locked();
         texts
             .by_object
             .insert(address, (Arc::downgrade(object), text.clone()));
@@ -285,7 +286,7 @@ impl SharedWatches {
             kind.resource.api_version.clone(),
             kind.resource.kind.clone(),
         );
-        let mut watches = self.watches.lock().unwrap_or_else(|e| e.into_inner());
+        let mut watches = self.watches.locked();
         if let Some(w) = watches.get(&key).and_then(Weak::upgrade) {
             return w;
         }
@@ -301,15 +302,14 @@ impl SharedWatches {
 
     /// Forgets watches nobody holds any more (each stopped when its last holder let go).
     pub fn release_unused(&self) {
-        let mut watches = self.watches.lock().unwrap_or_else(|e| e.into_inner());
+        let mut watches = self.watches.locked();
         watches.retain(|_, w| w.strong_count() > 0);
     }
 
     /// How many watches run (one per kind).
     pub fn len(&self) -> usize {
         self.watches
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .locked()
             .values()
             .filter(|w| w.strong_count() > 0)
             .count()

@@ -13,6 +13,7 @@ use tokio::sync::broadcast;
 
 use super::super::accounts::{Admit, CacheAccounts, WatchId, weigh};
 use super::{Change, ObjectKey, OwnerIndex, owner_uids, watch_config};
+use crate::sync::Locks as _;
 
 /// The task behind one [`Watch`]: applies what the watcher brings to the cache, weighing
 /// every object against its namespace's account ([`CacheAccounts`]), and announces changes.
@@ -145,7 +146,7 @@ impl WatchTask {
     }
 
     fn index(&self) -> std::sync::MutexGuard<'_, OwnerIndex> {
-        self.index.lock().unwrap_or_else(|e| e.into_inner())
+        self.index.locked()
     }
 
     fn send(&self, object: &DynamicObject) {

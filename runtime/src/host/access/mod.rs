@@ -31,6 +31,7 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 
 use crate::controller::Kind;
+use crate::sync::Locks as _;
 
 /// The verbs a controller's ServiceAccount needs on every kind it is handed.
 pub const READ_VERBS: [&str; 3] = ["get", "list", "watch"];
@@ -255,11 +256,11 @@ impl AccessReviews {
 
     /// The reviews sent so far.
     pub fn asked(&self) -> Asked {
-        *self.asked.lock().unwrap_or_else(|e| e.into_inner())
+        *self.asked.locked()
     }
 
     fn count(&self, add: impl FnOnce(&mut Asked)) {
-        add(&mut self.asked.lock().unwrap_or_else(|e| e.into_inner()));
+        add(&mut self.asked.locked());
     }
 
     /// Whether the runtime may act as `account`: it may impersonate it, which a cluster admin
@@ -270,7 +271,7 @@ impl AccessReviews {
     pub async fn may_act_as(&self, account: &ServiceAccount) -> Result<Acting, ReviewFailed> {
         let user = account.user();
         {
-            let answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+            let answers = self.answers.locked();
             if let Some((allowed, at)) = answers.acting.get(&user)
                 && at.elapsed() < self.ttl
             {
@@ -328,7 +329,7 @@ impl AccessReviews {
                 }
             }
         };
-        let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut answers = self.answers.locked();
         answers.prune(self.ttl);
         answers.acting.insert(user, (acting, Instant::now()));
         Ok(acting)
@@ -394,7 +395,7 @@ impl AccessReviews {
         account: &ServiceAccount,
     ) -> Result<bool, ReviewFailed> {
         {
-            let answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+            let answers = self.answers.locked();
             if let Some((allowed, at)) = answers.given.get(question)
                 && at.elapsed() < self.ttl
             {
@@ -426,7 +427,7 @@ impl AccessReviews {
                 source,
             })?;
         let allowed = answer.status.is_some_and(|s| s.allowed);
-        let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut answers = self.answers.locked();
         answers.prune(self.ttl);
         answers
             .given
@@ -440,7 +441,7 @@ impl AccessReviews {
     async fn rules(&self, account: &ServiceAccount, namespace: &str) -> Option<Rules> {
         let key = (account.user(), namespace.to_owned());
         {
-            let answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+            let answers = self.answers.locked();
             if let Some((rules, at)) = answers.rules.get(&key)
                 && at.elapsed() < self.ttl
             {
@@ -470,7 +471,7 @@ impl AccessReviews {
                 None
             }
         };
-        let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut answers = self.answers.locked();
         answers.prune(self.ttl);
         answers.rules.insert(key, (rules.clone(), Instant::now()));
         rules

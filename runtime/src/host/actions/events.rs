@@ -23,6 +23,7 @@ use serde_json::json;
 use crate::sandbox::EventType;
 
 use super::{ActionError, Executor, Outcome, str_at};
+use crate::sync::Locks as _;
 
 /// How long after its last occurrence an Event is counted on rather than created anew.
 pub const SERIES_TTL: Duration = Duration::from_secs(600);
@@ -52,7 +53,7 @@ impl EventRecorder {
 
     /// The series to count this occurrence on, if a recent one exists.
     fn recent(&self, key: u64) -> Option<Series> {
-        let series = self.series.lock().unwrap_or_else(|e| e.into_inner());
+        let series = self.series.locked();
         series
             .get(&key)
             .filter(|s| s.last.elapsed() < SERIES_TTL)
@@ -60,7 +61,7 @@ impl EventRecorder {
     }
 
     fn remember(&self, key: u64, name: String, count: i32) {
-        let mut series = self.series.lock().unwrap_or_else(|e| e.into_inner());
+        let mut series = self.series.locked();
         if series.len() >= MAX_SERIES && !series.contains_key(&key) {
             series.retain(|_, s| s.last.elapsed() < SERIES_TTL);
             if series.len() >= MAX_SERIES
@@ -74,7 +75,7 @@ impl EventRecorder {
     }
 
     fn forget(&self, key: u64) {
-        let mut series = self.series.lock().unwrap_or_else(|e| e.into_inner());
+        let mut series = self.series.locked();
         series.remove(&key);
     }
 }

@@ -29,6 +29,7 @@ use super::finalizer::Finalizer;
 use super::grants::Permissions;
 use super::kinds::DeclaredKinds;
 use super::state::GuestState;
+use crate::sync::{Locks as _, RwLocks as _};
 
 /// Most bytes of a failure's message kept for the status (`lastError`, `Degraded`) and the
 /// log: room for a guest's own bounded message and the API server's words around it.
@@ -161,12 +162,12 @@ impl Runner {
 
     /// The module now running.
     pub fn guest(&self) -> Arc<GuestPre> {
-        self.guest.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.guest.read_locked().clone()
     }
 
     /// Swaps in a new module (hot reload) and reconciles every parent with it.
     pub fn swap_guest(&self, guest: Arc<GuestPre>) {
-        *self.guest.write().unwrap_or_else(|e| e.into_inner()) = guest;
+        *self.guest.write_locked() = guest;
         self.enqueue_all();
     }
 
@@ -333,20 +334,12 @@ impl Runner {
                 tracing::warn!(reason = reason.as_str(), retry_in = ?delay, "reconcile failed: {message}");
                 let last =
                     guest_text(&format!("{key}: {message}"), MAX_LAST_ERROR_BYTES).into_owned();
-                *self
-                    .stats
-                    .last_error
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner()) = Some(Problem::new(reason, last));
+                *self.stats.last_error.locked() = Some(Problem::new(reason, last));
                 self.queue.add_after(key.clone(), delay);
                 return;
             }
         }
-        *self
-            .stats
-            .last_error
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = None;
+        *self.stats.last_error.locked() = None;
     }
 }
 

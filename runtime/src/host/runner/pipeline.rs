@@ -18,6 +18,7 @@ use super::super::cache::to_json;
 use super::super::finalizer::{Finalizer, Phase};
 use super::super::reads::GrantedReads;
 use super::Runner;
+use crate::sync::Locks as _;
 
 /// How soon a parent whose clean-up the guest has not finished is looked at again, when the
 /// guest does not say.
@@ -111,8 +112,7 @@ impl Runner {
         };
         let previous = self
             .reconciled
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .locked()
             .get(key)
             .cloned()
             .map(|p| parent_watch.text(&p, || to_json(parent_watch, &p).to_string()));
@@ -235,11 +235,7 @@ impl Runner {
         }
         let mut finalize_retry = None;
         {
-            let mut waiting = self
-                .stats
-                .finalizing
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let mut waiting = self.stats.finalizing.locked();
             if finalizing && !finalized {
                 waiting.insert(key.clone());
                 finalize_retry = Some(FINALIZE_RETRY);
@@ -251,7 +247,7 @@ impl Runner {
             self.write_finalizer(p, false).await?;
         }
         {
-            let mut reconciled = self.reconciled.lock().unwrap_or_else(|e| e.into_inner());
+            let mut reconciled = self.reconciled.locked();
             match parent {
                 Some(seen) => reconciled.insert(key.clone(), seen),
                 None => reconciled.remove(&key),
