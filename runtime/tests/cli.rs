@@ -567,3 +567,30 @@ fn crds_prints_both_crds() {
         ]
     );
 }
+
+/// `kubewasm run`'s defaults are the library's own, written once: the help shows them.
+#[test]
+fn run_help_shows_the_library_defaults() {
+    let help = kubewasm(&["run", "--help"]).success().stdout;
+    for (flag, default) in [
+        ("--max-memory", "256Mi"),
+        ("--max-timeout-millis", "10000"),
+        ("--max-response-bytes", "4Mi"),
+        ("--max-cached-bytes-per-namespace", "64Mi"),
+        ("--max-cached-bytes", "1Gi"),
+        ("--max-writes-per-second", "10"),
+        ("--max-instances", "32"),
+        ("--max-log-lines-per-second", "100"),
+        ("--min-requeue-millis", "1000"),
+    ] {
+        let at = help
+            .find(&format!("{flag} <"))
+            .unwrap_or_else(|| panic!("{flag} is not in the help:\n{help}"));
+        let next = help[at..]
+            .find("[default: ")
+            .map(|i| &help[at + i + 10..])
+            .and_then(|rest| rest.split(']').next())
+            .unwrap_or_else(|| panic!("{flag} shows no default:\n{help}"));
+        assert_eq!(next, default, "the default of {flag}");
+    }
+}

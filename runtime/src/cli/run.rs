@@ -3,17 +3,25 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use kubewasm::controller::LeaderElector;
+use kubewasm::api::Unit;
+use kubewasm::controller::{CacheCaps, LeaderElector};
 use kubewasm::manager::{Manager, ManagerConfig};
+use kubewasm::sandbox::SandboxConfig;
 
-/// Arguments of `kubewasm run`.
+/// A duration as whole milliseconds (the flags' unit).
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Arguments of `kubewasm run`. Every default is the library's own (`ManagerConfig`,
+/// `SandboxConfig`, `CacheCaps`, `SPEC_LIMITS`), read here, never written again.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Guest instances that may run at once across all controllers.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = SandboxConfig::default().max_instances)]
     max_instances: u32,
     /// Seconds between re-reads of modules given as file paths.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = ManagerConfig::default().module_poll.as_secs())]
     module_poll_seconds: u64,
     /// Host only the WasmControllers of this namespace (no ClusterWasmControllers); several
     /// runtimes can then share a cluster, one per namespace.
@@ -30,7 +38,7 @@ pub struct Args {
     watchable_kinds: kubewasm::controller::WatchableKinds,
     /// Seconds an answer about a controller's ServiceAccount's RBAC (SubjectAccessReview) is
     /// reused; running controllers are checked again this often.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = ManagerConfig::default().access_review_ttl.as_secs())]
     access_review_seconds: u64,
     /// The operator's maxima for what a spec may ask (`--max-memory`, `--max-timeout-millis`,
     /// `--max-concurrency`, `--max-actions`, `--max-response-bytes`, `--max-log-bytes`): one
@@ -39,38 +47,38 @@ pub struct Args {
     caps: kubewasm::api::LimitCaps,
     /// The shortest delay before a reconcile that a guest asked for (`requeue-after`), in
     /// milliseconds: a guest asking for less (or 0) waits this long.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = millis(ManagerConfig::default().requeue_floor))]
     min_requeue_millis: u64,
     /// API writes (applies, deletes, statuses, Events) each controller may make per second;
     /// a controller over it waits, and no other controller notices.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = ManagerConfig::default().writes_per_second)]
     max_writes_per_second: f64,
     /// Writes each controller may make at once after a quiet spell.
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = ManagerConfig::default().write_burst)]
     write_burst: u32,
     /// Guest log lines (host `log`, stdout, stderr) the runtime writes per second for one
     /// tenant (a namespace's controllers together, or one ClusterWasmController); the rest
     /// are counted and dropped.
-    #[arg(long, default_value_t = 100.0)]
+    #[arg(long, default_value_t = SandboxConfig::default().log_lines_per_second)]
     max_log_lines_per_second: f64,
     /// WasmControllers one namespace may run: the first ones by name run, the others' status
     /// says why not. ClusterWasmControllers (the admin's) are not counted.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = ManagerConfig::default().max_controllers_per_namespace)]
     max_controllers_per_namespace: usize,
     /// Distinct modules one namespace's WasmControllers may run (each stays compiled in
     /// memory while a controller runs it; controllers running the same module share it).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = ManagerConfig::default().max_modules_per_namespace)]
     max_modules_per_namespace: usize,
     /// The most memory one namespace's objects may take in the shared caches (estimated from
     /// each object's JSON; a guest's text of it takes as much again), a quantity: a namespace over it is held back — its objects are dropped from the caches and
     /// handed to no controller, and its WasmControllers' Ready condition says why — until it
     /// is under 90% of it again. `0`: no cap.
-    #[arg(long, default_value = "64Mi")]
+    #[arg(long, default_value_t = Unit::Bytes.show(CacheCaps::default().per_namespace))]
     max_cached_bytes_per_namespace: String,
     /// The most memory the objects in the shared caches may take in all (estimated as for
     /// the cap per namespace), a quantity: while over it, the namespace holding the most is
     /// held back, then the next. Cluster-scoped objects are never held back. `0`: no cap.
-    #[arg(long, default_value = "1Gi")]
+    #[arg(long, default_value_t = Unit::Bytes.show(CacheCaps::default().total))]
     max_cached_bytes: String,
     /// Keep a journal of the module being compiled in ConfigMap `kubewasm-quarantine` of this
     /// namespace (the runtime's own): a module whose compile ended a runtime (a crash, an OOM
@@ -79,7 +87,7 @@ pub struct Args {
     #[arg(long, env = "KUBEWASM_QUARANTINE_NAMESPACE")]
     quarantine_namespace: Option<String>,
     /// Guest log lines a tenant may log at once after a quiet spell.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = SandboxConfig::default().log_line_burst)]
     log_line_burst: u32,
     /// Serve `/metrics` (Prometheus), `/healthz` and `/readyz` here, e.g. `0.0.0.0:8080`.
     #[arg(long)]

@@ -42,11 +42,20 @@ pub struct CacheCaps {
     pub total: u64,
 }
 
+impl CacheCaps {
+    /// No caps at all.
+    pub const NONE: CacheCaps = CacheCaps {
+        per_namespace: u64::MAX,
+        total: u64::MAX,
+    };
+}
+
 impl Default for CacheCaps {
+    /// The operator's defaults (`--max-cached-bytes-per-namespace`, `--max-cached-bytes`).
     fn default() -> Self {
         CacheCaps {
-            per_namespace: u64::MAX,
-            total: u64::MAX,
+            per_namespace: 64 << 20,
+            total: 1 << 30,
         }
     }
 }
@@ -54,7 +63,7 @@ impl Default for CacheCaps {
 impl Default for CacheAccounts {
     /// No caps.
     fn default() -> Self {
-        CacheAccounts::new(CacheCaps::default())
+        CacheAccounts::new(CacheCaps::NONE)
     }
 }
 
