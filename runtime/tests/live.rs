@@ -17,6 +17,8 @@ mod cache_budget;
 #[path = "live/children.rs"]
 mod children;
 use kubewasm_test_support::cluster;
+#[path = "live/failures.rs"]
+mod failures;
 #[path = "live/fencing.rs"]
 mod fencing;
 #[path = "live/finalizers.rs"]

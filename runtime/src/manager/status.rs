@@ -265,12 +265,24 @@ pub(super) const STATUS_WRITE_BURST: u32 = 128;
 /// Status writes in flight at once.
 const PARALLEL_STATUS_WRITES: usize = 32;
 
+/// The merge patch that writes `status`: a field the status no longer has is sent as `null`,
+/// or the API server would keep the old value (a `lastError` after the recovery).
+fn status_patch(status: &WasmControllerStatus) -> serde_json::Value {
+    let mut status = serde_json::to_value(status).unwrap_or_else(|_| json!({}));
+    if let Some(fields) = status.as_object_mut() {
+        for cleared in ["lastError", "moduleDigest"] {
+            fields.entry(cleared).or_insert(serde_json::Value::Null);
+        }
+    }
+    json!({ "status": status })
+}
+
 async fn write_status(
     client: &Client,
     id: &ControllerId,
     status: &WasmControllerStatus,
 ) -> Result<(), kube::Error> {
-    let patch = Patch::Merge(json!({ "status": status }));
+    let patch = Patch::Merge(status_patch(status));
     let params = PatchParams::default();
     match &id.namespace {
         Some(ns) => Api::<WasmController>::namespaced(client.clone(), ns)
@@ -286,6 +298,23 @@ async fn write_status(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_cleared_last_error_is_sent_as_null() {
+        let cleared = status_patch(&WasmControllerStatus::default());
+        assert_eq!(cleared["status"]["lastError"], serde_json::Value::Null);
+        assert!(
+            cleared["status"]
+                .as_object()
+                .is_some_and(|s| s.contains_key("lastError")),
+            "{cleared}"
+        );
+        let failing = status_patch(&WasmControllerStatus {
+            last_error: Some("x: boom".into()),
+            ..WasmControllerStatus::default()
+        });
+        assert_eq!(failing["status"]["lastError"], "x: boom");
+    }
+
     use super::*;
 
     fn with_ready(status: bool, reason: Reason) -> WasmControllerStatus {

@@ -118,6 +118,8 @@ pub struct Runner {
     /// Each parent as the last successful reconcile of it saw it (the request's `previous`):
     /// shared with the cache while unchanged, so at most one extra version per object.
     reconciled: Mutex<HashMap<ObjectKey, Arc<DynamicObject>>>,
+    /// Keys whose last reconcile the guest failed with a permanent error, and on what.
+    permanent: Mutex<HashMap<ObjectKey, pipeline::Attempt>>,
 }
 
 impl Runner {
@@ -132,6 +134,7 @@ impl Runner {
             synced: std::sync::atomic::AtomicBool::new(false),
             events: EventRecorder::default(),
             reconciled: Mutex::default(),
+            permanent: Mutex::default(),
         })
     }
 
@@ -305,6 +308,11 @@ impl Runner {
             }
             return;
         }
+        // A permanent error of the guest's stands until the parent or the module changes (the
+        // SDK's contract): a resync or a child's change does not call it again.
+        if self.still_failing(key) {
+            return;
+        }
         let span =
             tracing::info_span!("reconcile", controller = self.setup.id.as_str(), object = %key);
         let in_flight = self.setup.metrics.start_reconcile();
@@ -313,7 +321,7 @@ impl Runner {
         drop(in_flight);
         let outcome = match &result {
             Ok(_) => "success",
-            Err(problem) => problem.reason.as_str(),
+            Err(failure) => failure.problem.reason.as_str(),
         };
         self.setup
             .metrics
@@ -325,20 +333,36 @@ impl Runner {
                 self.queue.add_after(key.clone(), after);
             }
             Ok(None) => self.backoff.succeeded(key),
-            Err(Problem { reason, message }) => {
+            Err(pipeline::Failure {
+                problem: Problem { reason, message },
+                permanent,
+            }) => {
                 self.stats.failures.fetch_add(1, Ordering::Relaxed);
-                let delay = self.backoff.failed(key.clone());
                 // Guest text in it is bounded already; API server messages around it (which
                 // may quote what the guest sent) are not: escaped and bounded as a whole.
                 let message = guest_text(&message, MAX_LAST_ERROR_BYTES);
-                tracing::warn!(reason = reason.as_str(), retry_in = ?delay, "reconcile failed: {message}");
                 let last =
                     guest_text(&format!("{key}: {message}"), MAX_LAST_ERROR_BYTES).into_owned();
                 *self.stats.last_error.locked() = Some(Problem::new(reason, last));
-                self.queue.add_after(key.clone(), delay);
+                match permanent {
+                    Some(attempt) => {
+                        tracing::warn!(
+                            reason = reason.as_str(),
+                            "reconcile failed with a permanent error, not retried until the object or the module changes: {message}"
+                        );
+                        self.backoff.succeeded(key);
+                        self.permanent.locked().insert(key.clone(), attempt);
+                    }
+                    None => {
+                        let delay = self.backoff.failed(key.clone());
+                        tracing::warn!(reason = reason.as_str(), retry_in = ?delay, "reconcile failed: {message}");
+                        self.queue.add_after(key.clone(), delay);
+                    }
+                }
                 return;
             }
         }
+        self.permanent.locked().remove(key);
         *self.stats.last_error.locked() = None;
     }
 }

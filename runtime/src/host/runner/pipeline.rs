@@ -49,6 +49,30 @@ pub(super) enum Prepare {
     Call(Box<Prepared>, WireRequest),
 }
 
+/// A failed reconcile: why, and, for a guest's permanent error, what it failed on.
+pub(super) struct Failure {
+    pub(super) problem: Problem,
+    /// Set when the guest said its error is permanent: it is not retried until the parent
+    /// or the module differs from this.
+    pub(super) permanent: Option<Attempt>,
+}
+
+impl From<Problem> for Failure {
+    fn from(problem: Problem) -> Self {
+        Failure {
+            problem,
+            permanent: None,
+        }
+    }
+}
+
+/// What a reconcile ran on: the parent's version and the module.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Attempt {
+    resource_version: Option<String>,
+    module: crate::sandbox::Digest,
+}
+
 /// What the guest answered, and what its actions did.
 pub(super) struct Applied {
     outcome: CallOutcome,
@@ -59,16 +83,51 @@ pub(super) struct Applied {
 
 impl Runner {
     /// The whole pipeline for one key. `Ok(Some(d))`: reconcile again after `d`.
-    pub(super) async fn pipeline(&self, key: &ObjectKey) -> Result<Option<Duration>, Problem> {
+    pub(super) async fn pipeline(&self, key: &ObjectKey) -> Result<Option<Duration>, Failure> {
         let prepared = match self.prepare(key) {
             Prepare::Skip => return Ok(None),
-            Prepare::Finalizer(add, parent) => return self.write_finalizer(&parent, add).await,
+            Prepare::Finalizer(add, parent) => {
+                return Ok(self.write_finalizer(&parent, add).await?);
+            }
             Prepare::Call(prepared, request) => (prepared, request),
         };
         let (prepared, request) = prepared;
-        let outcome = self.call(&prepared, request).await?;
+        let guest = self.guest();
+        let attempt = Attempt {
+            resource_version: prepared
+                .parent
+                .as_ref()
+                .and_then(|p| p.metadata.resource_version.clone()),
+            module: guest.digest(),
+        };
+        let outcome = match self.call(&prepared, guest, request).await {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                return Err(Failure {
+                    problem: Problem::new(Reason::from(&e), e.to_string()),
+                    permanent: (!e.retryable()).then_some(attempt),
+                });
+            }
+        };
         let applied = self.apply(&prepared, outcome).await?;
-        self.settle(*prepared, applied).await
+        Ok(self.settle(*prepared, applied).await?)
+    }
+
+    /// Whether the key last failed with a permanent error on the parent and module it has
+    /// now: then it is not called again (a resync, a child's change) until one of them changes.
+    pub(super) fn still_failing(&self, key: &ObjectKey) -> bool {
+        let Some(failed) = self.permanent.locked().get(key).cloned() else {
+            return false;
+        };
+        let now = Attempt {
+            resource_version: self
+                .setup
+                .parent
+                .get(key)
+                .and_then(|p| p.metadata.resource_version.clone()),
+            module: self.guest().digest(),
+        };
+        failed == now
     }
 
     /// Step 1: the request, from the caches.
@@ -142,8 +201,9 @@ impl Runner {
     async fn call(
         &self,
         prepared: &Prepared,
+        guest: Arc<crate::sandbox::GuestPre>,
         request: WireRequest,
-    ) -> Result<CallOutcome, Problem> {
+    ) -> Result<CallOutcome, crate::sandbox::CallError> {
         let s = &self.setup;
         let reads = Arc::new(GrantedReads::new(
             Arc::new(s.reads.clone()),
@@ -156,9 +216,8 @@ impl Runner {
         // Fair between tenants: a namespace's controllers, or one cluster controller.
         let tenant = s.namespace.as_deref().unwrap_or(&s.id);
         s.sandbox
-            .reconcile(tenant, self.guest(), request, reads, s.limits)
+            .reconcile(tenant, guest, request, reads, s.limits)
             .await
-            .map_err(|e| Problem::new(Reason::from(&e), e.to_string()))
     }
 
     /// Step 3: the guest's actions, carried out by the [`Executor`] (which owns every write
