@@ -167,15 +167,7 @@ async fn many_stopped_at_once(cluster: &NodeCluster, timings: &mut Timings) -> R
         spec["spec"]["parent"]["labelSelector"] = json!("role=busy");
         apply(client, &spec).await?;
     }
-    let wcs: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        NS,
-        &ApiResource::from_gvk(&GroupVersionKind::gvk(
-            "kubewasm.dev",
-            "v1alpha1",
-            "WasmController",
-        )),
-    );
+    let wcs = wasm_controllers(client);
     eventually(
         "the busy controllers running their guests",
         WAIT,
@@ -251,15 +243,7 @@ async fn hoarded(cluster: &NodeCluster, leader: &Pod, timings: &mut Timings) -> 
         }))?;
         config_maps.create(&Default::default(), &cm).await?;
     }
-    let wcs: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        NS,
-        &ApiResource::from_gvk(&GroupVersionKind::gvk(
-            "kubewasm.dev",
-            "v1alpha1",
-            "WasmController",
-        )),
-    );
+    let wcs = wasm_controllers(client);
     eventually(
         "the hoarder held back: Ready=False, CacheBudgetExceeded",
         WAIT,
@@ -311,6 +295,19 @@ async fn hoarded(cluster: &NodeCluster, leader: &Pod, timings: &mut Timings) -> 
         "the leader's peak memory {peak} B is over the container's limit"
     );
     Ok(())
+}
+
+/// The tenant's WasmControllers, as plain objects (their status read by pointer).
+fn wasm_controllers(client: &kube::Client) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        client.clone(),
+        NS,
+        &ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "kubewasm.dev",
+            "v1alpha1",
+            "WasmController",
+        )),
+    )
 }
 
 /// The host pid of a Pod's runtime container (the node runs on this machine): the process
