@@ -13,7 +13,6 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
-use sha2::{Digest as _, Sha256};
 
 use crate::support::{ControlPlane, Kubectl, cluster_script, ensure_greeting_pod, eventually};
 
@@ -37,20 +36,7 @@ pub const RUNTIME_SELECTOR: &str =
 /// The leader Lease (`kubewasm run --leader-election-id`, default).
 pub const LEASE: &str = "kubewasm";
 
-/// The workspace root.
-pub fn workspace() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    root.canonicalize().unwrap_or(root)
-}
-
-/// `sha256:<hex>`, as `status.moduleDigest` names a module.
-pub fn sha256(bytes: &[u8]) -> String {
-    let hex: String = Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("sha256:{hex}")
-}
+pub use kubewasm_test_support::cluster::{sha256, workspace};
 
 /// What `make image install-files` builds, found and checked before anything starts.
 #[derive(Debug)]
