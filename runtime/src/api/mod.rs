@@ -55,7 +55,9 @@ pub const CONFIG_MAP_KEY_PATTERN: &str = r"^[-._a-zA-Z0-9]+$";
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Module","type":"string","jsonPath":".status.moduleDigest","priority":1}"#,
     printcolumn = r#"{"name":"Reconciles","type":"integer","jsonPath":".status.reconciles"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Failures","type":"integer","jsonPath":".status.failures"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Last Error","type":"string","jsonPath":".status.lastError"}"#
 )]
 #[kube(derive = "PartialEq")]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -110,7 +112,10 @@ pub struct WasmControllerSpec {
     shortname = "cwc",
     printcolumn = r#"{"name":"Parent","type":"string","jsonPath":".spec.parent.kind"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Reconciles","type":"integer","jsonPath":".status.reconciles"}"#,
+    printcolumn = r#"{"name":"Failures","type":"integer","jsonPath":".status.failures"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Last Error","type":"string","jsonPath":".status.lastError"}"#
 )]
 #[kube(derive = "PartialEq")]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -279,7 +284,7 @@ pub struct WasmControllerStatus {
     /// Reconcile calls that failed since the runtime started.
     #[serde(default)]
     pub failures: u64,
-    /// The last failure, if the last call failed.
+    /// The latest failure among the objects failing now (cleared once none is).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
     /// Parents being deleted that wait for this controller's clean-up (`spec.finalize`), at

@@ -21,5 +21,5 @@ pub use finalizer::Finalizer;
 pub use grants::{Denied, Permissions};
 pub use kinds::DeclaredKinds;
 pub use reads::{GrantedReads, ObjectSet, ObjectSource};
-pub use runner::{ControllerSetup, MAX_LISTED_FINALIZING, Runner, Stats};
+pub use runner::{ControllerSetup, Failing, MAX_LISTED_FINALIZING, Runner, Stats};
 pub use state::{GuestState, StateError, StateOwner};

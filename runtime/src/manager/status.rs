@@ -63,6 +63,33 @@ fn desired(m: &Managed) -> WasmControllerStatus {
             g,
         ),
     };
+    let (reconciles, failures, failing, finalizing) = match &m.runner {
+        Some((runner, _)) => {
+            let s = runner.stats();
+            let failing = s.failing.locked();
+            let failing = (failing.count(), failing.latest().cloned());
+            let waiting = s.finalizing.locked();
+            let mut finalizing: Vec<String> = waiting
+                .iter()
+                .take(MAX_LISTED_FINALIZING)
+                .map(ToString::to_string)
+                .collect();
+            if waiting.len() > MAX_LISTED_FINALIZING {
+                finalizing.push(format!(
+                    "and {} more",
+                    waiting.len() - MAX_LISTED_FINALIZING
+                ));
+            }
+            (
+                s.reconciles.load(Ordering::Relaxed),
+                s.failures.load(Ordering::Relaxed),
+                failing,
+                finalizing,
+            )
+        }
+        None => (0, 0, (0, None), Vec::new()),
+    };
+    let (failing_count, last_error) = failing;
     let ready = match (&m.runner, &m.setup_problem, &m.module_problem) {
         (Some((runner, _)), _, _) if !runner.synced() => condition(
             "Ready",
@@ -79,6 +106,23 @@ fn desired(m: &Managed) -> WasmControllerStatus {
             false,
             Reason::CacheBudgetExceeded,
             why.to_string(),
+            g,
+        ),
+        // Running, but an object is failing: READY says so (`kubectl get wc`), and why.
+        (Some(_), _, _) if let Some(p) = &last_error => condition(
+            "Ready",
+            false,
+            p.reason,
+            match failing_count {
+                0 | 1 => format!(
+                    "reconciling {} objects, but one is failing: {}",
+                    m.spec.parent.kind, p.message
+                ),
+                n => format!(
+                    "reconciling {} objects, but {n} are failing; the latest: {}",
+                    m.spec.parent.kind, p.message
+                ),
+            },
             g,
         ),
         (Some(_), _, _) => {
@@ -99,33 +143,8 @@ fn desired(m: &Managed) -> WasmControllerStatus {
         }
         (None, None, None) => condition("Ready", false, Reason::Starting, "starting".into(), g),
     };
-    let (reconciles, failures, last_error, finalizing) = match &m.runner {
-        Some((runner, _)) => {
-            let s = runner.stats();
-            let last = s.last_error.locked().clone();
-            let waiting = s.finalizing.locked();
-            let mut finalizing: Vec<String> = waiting
-                .iter()
-                .take(MAX_LISTED_FINALIZING)
-                .map(ToString::to_string)
-                .collect();
-            if waiting.len() > MAX_LISTED_FINALIZING {
-                finalizing.push(format!(
-                    "and {} more",
-                    waiting.len() - MAX_LISTED_FINALIZING
-                ));
-            }
-            (
-                s.reconciles.load(Ordering::Relaxed),
-                s.failures.load(Ordering::Relaxed),
-                last,
-                finalizing,
-            )
-        }
-        None => (0, 0, None, Vec::new()),
-    };
     let degraded = match &last_error {
-        Some(p) => condition("Degraded", true, p.reason, p.message.clone(), g),
+        Some(p) => condition("Degraded", true, p.reason, failing_message(failing_count, p), g),
         None => condition(
             "Degraded",
             false,
@@ -143,6 +162,14 @@ fn desired(m: &Managed) -> WasmControllerStatus {
         last_error: last_error.map(|p| p.message),
         finalizing,
         guest_state: Default::default(),
+    }
+}
+
+/// What `Degraded` says while objects are failing: the latest failure, and how many fail.
+fn failing_message(count: usize, latest: &crate::api::Problem) -> String {
+    match count {
+        0 | 1 => latest.message.clone(),
+        n => format!("{n} objects are failing; the latest: {}", latest.message),
     }
 }
 

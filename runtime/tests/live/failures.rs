@@ -1,6 +1,8 @@
 //! The SDK's contract for errors, live: a guest's permanent error is recorded in the status
 //! and not retried — not by backoff, not by a resync — until the object (or the module)
-//! changes; a change then calls the guest again, and a success clears `lastError`.
+//! changes; a change then calls the guest again, and a success clears `lastError`. While an
+//! object fails, `Ready` is False (what `kubectl get wc` shows) and `Degraded` True, however
+//! many other objects succeed after it.
 
 use std::time::Duration;
 
@@ -8,7 +10,9 @@ use anyhow::{Result, ensure};
 use kube::Client;
 use serde_json::json;
 
-use crate::cluster::{apply, controller_status, guest, module_config_map, prepare, wait_status};
+use crate::cluster::{
+    apply, controller_status, ensure_condition, guest, module_config_map, prepare, wait_status,
+};
 use crate::isolation::{controller, install_probe_crd, install_tenant, probe, probes};
 use crate::merge;
 use crate::runtime::{RuntimeProcess, finish};
@@ -40,21 +44,39 @@ async fn permanent(client: &Client, ns: &str) -> Result<()> {
         &probe(ns, "refused", "refuser", json!({"mode": "error"})),
     )
     .await?;
+    // Another object that succeeds, reconciled after the failure: it must not hide it.
+    apply(
+        client,
+        &probe(ns, "fine", "refuser", json!({"mode": "compute", "rounds": 1})),
+    )
+    .await?;
     let failed = wait_status(
         client,
         ns,
         "refuser",
-        "the permanent error in the status",
+        "the permanent error in the status, Ready=False and Degraded=True",
         |s| {
             ensure!(
                 s.failures >= 1
+                    && s.reconciles > s.failures
                     && s.last_error
                         .as_deref()
                         .is_some_and(|e| e.contains("hostile guest refuses")),
-                "failures {}, lastError {:?}",
+                "reconciles {}, failures {}, lastError {:?}",
+                s.reconciles,
                 s.failures,
                 s.last_error
             );
+            for type_ in ["Ready", "Degraded"] {
+                let want = if type_ == "Ready" { "False" } else { "True" };
+                let c = ensure_condition(s, type_, want)?;
+                ensure!(
+                    c.reason == "ReconcileFailed" && c.message.contains("hostile guest refuses"),
+                    "{type_} says {}: {}",
+                    c.reason,
+                    c.message
+                );
+            }
             Ok(())
         },
     )
@@ -62,9 +84,10 @@ async fn permanent(client: &Client, ns: &str) -> Result<()> {
     // Backoff would have called it again at 0.5, 1, 2 and 4 s; the resync every 2 s.
     tokio::time::sleep(Duration::from_secs(8)).await;
     let later = controller_status(client, ns, "refuser").await?;
+    // (The other object is resynced meanwhile: a retry shows as a failure, not a reconcile.)
     ensure!(
-        later.reconciles == failed.reconciles && later.failures == failed.failures,
-        "a permanent error was retried: {} reconciles, {} failures, then {} and {}",
+        later.failures == failed.failures && later.reconciles > failed.reconciles,
+        "a permanent error was retried, or the resync stopped: {} reconciles, {} failures, then {} and {}",
         failed.reconciles,
         failed.failures,
         later.reconciles,
@@ -85,6 +108,8 @@ async fn permanent(client: &Client, ns: &str) -> Result<()> {
             s.reconciles,
             s.last_error
         );
+        ensure_condition(s, "Ready", "True")?;
+        ensure_condition(s, "Degraded", "False")?;
         Ok(())
     })
     .await?;

@@ -3,8 +3,11 @@
 //! its status reports. Its writes outside the guest's actions (finalizers, forgotten state)
 //! are in [`writes`]; every write passes the controller's [`WriteGate`].
 
+mod failing;
 mod pipeline;
 mod writes;
+
+pub use failing::Failing;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,8 +45,8 @@ pub struct Stats {
     pub reconciles: AtomicU64,
     /// Reconcile calls that failed.
     pub failures: AtomicU64,
-    /// The last failure, cleared by the next success.
-    pub last_error: Mutex<Option<Problem>>,
+    /// The objects failing now, and why.
+    pub failing: Mutex<Failing>,
     /// Parents being deleted whose clean-up the guest has not said done.
     pub finalizing: Mutex<std::collections::BTreeSet<ObjectKey>>,
 }
@@ -343,7 +346,7 @@ impl Runner {
                 let message = guest_text(&message, MAX_LAST_ERROR_BYTES);
                 let last =
                     guest_text(&format!("{key}: {message}"), MAX_LAST_ERROR_BYTES).into_owned();
-                *self.stats.last_error.locked() = Some(Problem::new(reason, last));
+                (self.stats.failing.locked()).failed(key.clone(), Problem::new(reason, last));
                 match permanent {
                     Some(attempt) => {
                         tracing::warn!(
@@ -363,7 +366,7 @@ impl Runner {
             }
         }
         self.permanent.locked().remove(key);
-        *self.stats.last_error.locked() = None;
+        self.stats.failing.locked().succeeded(key);
     }
 }
 
