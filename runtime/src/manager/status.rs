@@ -144,7 +144,13 @@ fn desired(m: &Managed) -> WasmControllerStatus {
         (None, None, None) => condition("Ready", false, Reason::Starting, "starting".into(), g),
     };
     let degraded = match &last_error {
-        Some(p) => condition("Degraded", true, p.reason, failing_message(failing_count, p), g),
+        Some(p) => condition(
+            "Degraded",
+            true,
+            p.reason,
+            failing_message(failing_count, p),
+            g,
+        ),
         None => condition(
             "Degraded",
             false,

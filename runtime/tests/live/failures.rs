@@ -47,7 +47,12 @@ async fn permanent(client: &Client, ns: &str) -> Result<()> {
     // Another object that succeeds, reconciled after the failure: it must not hide it.
     apply(
         client,
-        &probe(ns, "fine", "refuser", json!({"mode": "compute", "rounds": 1})),
+        &probe(
+            ns,
+            "fine",
+            "refuser",
+            json!({"mode": "compute", "rounds": 1}),
+        ),
     )
     .await?;
     let failed = wait_status(
