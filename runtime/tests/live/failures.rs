@@ -2,12 +2,15 @@
 //! and not retried — not by backoff, not by a resync — until the object (or the module)
 //! changes; a change then calls the guest again, and a success clears `lastError`. While an
 //! object fails, `Ready` is False (what `kubectl get wc` shows) and `Degraded` True, however
-//! many other objects succeed after it.
+//! many other objects succeed after it, and the failure is posted once on the object itself
+//! (a Warning Event, reason `ReconcileFailed`).
 
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
-use kube::Client;
+use k8s_openapi::api::core::v1::Event;
+use kube::api::ListParams;
+use kube::{Api, Client};
 use serde_json::json;
 
 use crate::cluster::{
@@ -98,6 +101,30 @@ async fn permanent(client: &Client, ns: &str) -> Result<()> {
         later.reconciles,
         later.failures
     );
+    // Where the author looks first: one Warning Event on the Probe, counted once.
+    let events: Api<Event> = Api::namespaced(client.clone(), ns);
+    let on_probe = ListParams::default().fields("involvedObject.name=refused");
+    let failures: Vec<Event> = events
+        .list(&on_probe)
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("ReconcileFailed"))
+        .collect();
+    let shown: Vec<_> = failures
+        .iter()
+        .map(|e| (&e.type_, e.count, &e.message))
+        .collect();
+    ensure!(
+        failures.len() == 1
+            && failures[0].type_.as_deref() == Some("Warning")
+            && failures[0].count == Some(1)
+            && failures[0]
+                .message
+                .as_deref()
+                .is_some_and(|m| m.contains("hostile guest refuses") && m.contains("refuser")),
+        "want one Warning Event ReconcileFailed counted once on the Probe, got {shown:?}"
+    );
     // The object changes: called again, succeeds, and the last error is gone.
     probes(client, ns)
         .patch(
@@ -117,6 +144,75 @@ async fn permanent(client: &Client, ns: &str) -> Result<()> {
         ensure_condition(s, "Degraded", "False")?;
         Ok(())
     })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn set_status_on_a_kind_without_status_is_an_error() {
+    let control_plane = crate::support::ControlPlane::shared();
+    let (client, ns) = prepare(control_plane, "statusless").await;
+    let mut runtime = RuntimeProcess::start(&control_plane.runtime_kubeconfig(), &ns);
+    let result = statusless(&client, &ns).await;
+    finish(result, &mut [&mut runtime]);
+    let _ = control_plane.delete_namespace(&ns).await;
+}
+
+/// A guest that sets the status of a ConfigMap parent: the API server accepts the patch and
+/// drops the field, and the runtime says so instead of logging success.
+async fn statusless(client: &Client, ns: &str) -> Result<()> {
+    install_probe_crd(client).await?;
+    install_tenant(client, ns, "secret", "config").await?;
+    apply(
+        client,
+        &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "prober-configmaps", "namespace": ns},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+                "verbs": ["get", "list", "watch", "patch"]}]}),
+    )
+    .await?;
+    apply(
+        client,
+        &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "prober-configmaps", "namespace": ns},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "prober-configmaps"},
+            "subjects": [{"kind": "ServiceAccount", "name": "prober", "namespace": ns}]}),
+    )
+    .await?;
+    apply(
+        client,
+        &module_config_map(ns, "hostile", "hostile.wasm", &guest("hostile")),
+    )
+    .await?;
+    // `ok` mode: applies the ConfigMap as it is (nothing to write), then sets `{"ok": true}`.
+    apply(
+        client,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "plain", "namespace": ns, "labels": {"role": "statusless"}},
+            "data": {"mode": "ok"}}),
+    )
+    .await?;
+    let spec = json!({"module": {"configMap": {"name": "hostile", "key": "hostile.wasm"}},
+        "parent": {"apiVersion": "v1", "kind": "ConfigMap", "labelSelector": "role=statusless"}});
+    apply(client, &controller(ns, "statusless", spec)).await?;
+    wait_status(
+        client,
+        ns,
+        "statusless",
+        "Degraded saying a ConfigMap has no status, with what to do instead",
+        |s| {
+            let degraded = ensure_condition(s, "Degraded", "True")?;
+            for word in ["has no status", "set_state"] {
+                ensure!(
+                    degraded.message.contains(word),
+                    "Degraded says {}: {}",
+                    degraded.reason,
+                    degraded.message
+                );
+            }
+            Ok(())
+        },
+    )
     .await?;
     Ok(())
 }
