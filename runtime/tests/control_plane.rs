@@ -246,7 +246,7 @@ async fn a_service_account_may_list_pods_only_once_rbac_allows_it() -> Result<()
 #[tokio::test]
 async fn access_reviews_allow_from_rules_only_what_rbac_allows() -> Result<()> {
     use kubewasm::controller::Resolver;
-    use kubewasm::host::{AccessReviews, Asked, ServiceAccount as Account};
+    use kubewasm::host::{AccessReviews, Asked, NeededRules, ServiceAccount as Account};
 
     let control_plane = ControlPlane::shared();
     let admin = control_plane.client().await?;
@@ -292,7 +292,13 @@ async fn access_reviews_allow_from_rules_only_what_rbac_allows() -> Result<()> {
     eventually("prober's Role in force", WAIT, || async {
         let reviews = AccessReviews::new(runtime.clone(), ttl);
         let checked = reviews
-            .check_reads("probe", &prober, Some(&namespace), &[&config_maps])
+            .check_reads(
+                "probe",
+                &prober,
+                Some(&namespace),
+                &[&config_maps],
+                &NeededRules::default(),
+            )
             .await?;
         Ok(checked.is_ok().then_some(()))
     })
@@ -300,7 +306,13 @@ async fn access_reviews_allow_from_rules_only_what_rbac_allows() -> Result<()> {
 
     let reviews = AccessReviews::new(runtime.clone(), ttl);
     let checked = reviews
-        .check_reads("probe", &prober, Some(&namespace), &[&config_maps])
+        .check_reads(
+            "probe",
+            &prober,
+            Some(&namespace),
+            &[&config_maps],
+            &NeededRules::default(),
+        )
         .await?;
     ensure!(checked.is_ok(), "ConfigMaps refused: {checked:?}");
     ensure!(
@@ -317,7 +329,13 @@ async fn access_reviews_allow_from_rules_only_what_rbac_allows() -> Result<()> {
     // A rule that names one Secret grants no read of every Secret; `list` alone is not
     // `get` and `watch`. The refusals name exactly what is missing.
     let missing = reviews
-        .check_reads("probe", &prober, Some(&namespace), &[&secrets, &pods])
+        .check_reads(
+            "probe",
+            &prober,
+            Some(&namespace),
+            &[&secrets, &pods],
+            &NeededRules::default(),
+        )
         .await?
         .err()
         .context("Secrets and Pods were allowed")?;
@@ -351,7 +369,13 @@ async fn access_reviews_allow_from_rules_only_what_rbac_allows() -> Result<()> {
         || async {
             tokio::time::sleep(ttl).await;
             let checked = reviews
-                .check_reads("probe", &prober, Some(&namespace), &[&config_maps])
+                .check_reads(
+                    "probe",
+                    &prober,
+                    Some(&namespace),
+                    &[&config_maps],
+                    &NeededRules::default(),
+                )
                 .await?;
             Ok(checked.is_err().then_some(()))
         },
