@@ -9,6 +9,12 @@ GUEST_DIR := target/wasm32-wasip2/guest
 GUESTS := hello-world configmap-restarter guitar-reviewer pod-watcher hello-finalizer hostile intruder
 GUEST_WASM := $(GUEST_DIR)/hello_world.wasm $(GUEST_DIR)/configmap_restarter.wasm $(GUEST_DIR)/guitar_reviewer.wasm $(GUEST_DIR)/pod_watcher.wasm $(GUEST_DIR)/hello_finalizer.wasm $(GUEST_DIR)/hostile.wasm $(GUEST_DIR)/intruder.wasm
 export KUBEWASM_GUEST_DIR := $(CURDIR)/$(GUEST_DIR)
+# This checkout's own clusters: `make up`/`make down` and `make cluster-up`/`cluster-down`
+# address state directories named after the checkout, so they never stop a cluster another
+# checkout (or another engineer sharing the cache) started. `CLUSTER_DIR=...` names another.
+CHECKOUT_ID := $(shell printf '%s' '$(CURDIR)' | sha256sum | cut -c1-8)
+export KUBEWASM_DEMO_DIR ?= $(KUBEWASM_CACHE)/clusters/demo-$(CHECKOUT_ID)
+CLUSTER_DIR ?= $(or $(KUBEWASM_CLUSTER_DIR),$(KUBEWASM_CACHE)/clusters/default-$(CHECKOUT_ID))
 
 include deploy/dev/local/cluster.mk
 include deploy/install.mk
@@ -115,4 +121,7 @@ up: guests build k8s-binaries
 	@bash deploy/dev/demo/live.sh --keep
 
 down:
-	@-kill $$(cat $(KUBEWASM_CACHE)/clusters/demo/kubewasm.pid 2>/dev/null) 2>/dev/null; bash deploy/dev/local/cluster.sh down $(KUBEWASM_CACHE)/clusters/demo
+	@pid=$$(cat '$(KUBEWASM_DEMO_DIR)/kubewasm.pid' 2>/dev/null); \
+	if [ -n "$$pid" ] && tr '\0' ' ' </proc/$$pid/cmdline 2>/dev/null | grep -q 'kubewasm run'; then kill $$pid; fi; \
+	rm -f '$(KUBEWASM_DEMO_DIR)/kubewasm.pid'; \
+	bash deploy/dev/local/cluster.sh down '$(KUBEWASM_DEMO_DIR)'

@@ -1,6 +1,7 @@
 //! The local control plane (deploy/dev/local/cluster.sh) is a real one: Deployments get Pods,
 //! deleted Pods are replaced, garbage is collected, RBAC holds for ServiceAccounts, two
-//! control planes run side by side, and none outlives the process that started it.
+//! control planes run side by side (and `make down` stops only its checkout's), and none
+//! outlives the process that started it.
 
 use kubewasm_test_support as support;
 
@@ -448,10 +449,33 @@ async fn two_control_planes_run_side_by_side() -> Result<()> {
         eprintln!("skipped: the tests run against an existing cluster, which starts no others");
         return Ok(());
     }
-    let dir = tempfile::tempdir()?;
-    let second = start_own(dir.path(), std::process::id()).await?;
+    // The second lives where `make up` used to put every checkout's demo cluster: this
+    // checkout's `make down` and `make cluster-down` must leave it alone.
+    let cache = tempfile::tempdir()?;
+    let dir = cache.path().join("clusters/demo");
+    let second = start_own(&dir, std::process::id()).await?;
     let (pids, ports) = (second.recorded_pids(), second.ports());
     let result = async {
+        let make = tokio::process::Command::new("make")
+            .args(["-s", "down", "cluster-down"])
+            .current_dir(support::workspace())
+            .env("KUBEWASM_CACHE", cache.path())
+            .env_remove("KUBEWASM_DEMO_DIR")
+            .env_remove("KUBEWASM_CLUSTER_DIR")
+            .env_remove("MAKEFLAGS")
+            .output()
+            .await
+            .context("running make down cluster-down")?;
+        ensure!(
+            make.status.success(),
+            "make down cluster-down failed: {}",
+            String::from_utf8_lossy(&make.stderr)
+        );
+        ensure!(
+            pids.iter().all(|pid| process_runs(*pid)),
+            "this checkout's `make down cluster-down` stopped another's control plane: {}",
+            String::from_utf8_lossy(&make.stderr)
+        );
         ensure!(
             ports.len() == 3,
             "want 3 ports in cluster.env, got {ports:?}"
