@@ -163,22 +163,7 @@ async fn set_status_on_a_kind_without_status_is_an_error() {
 async fn statusless(client: &Client, ns: &str) -> Result<()> {
     install_probe_crd(client).await?;
     install_tenant(client, ns, "secret", "config").await?;
-    apply(
-        client,
-        &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-            "metadata": {"name": "prober-configmaps", "namespace": ns},
-            "rules": [{"apiGroups": [""], "resources": ["configmaps"],
-                "verbs": ["get", "list", "watch", "patch"]}]}),
-    )
-    .await?;
-    apply(
-        client,
-        &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": "prober-configmaps", "namespace": ns},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "prober-configmaps"},
-            "subjects": [{"kind": "ServiceAccount", "name": "prober", "namespace": ns}]}),
-    )
-    .await?;
+    grant_config_maps(client, ns).await?;
     apply(
         client,
         &module_config_map(ns, "hostile", "hostile.wasm", &guest("hostile")),
@@ -214,5 +199,94 @@ async fn statusless(client: &Client, ns: &str) -> Result<()> {
         },
     )
     .await?;
+    Ok(())
+}
+
+/// The prober may read and patch the ConfigMaps of its namespace.
+async fn grant_config_maps(client: &Client, ns: &str) -> Result<()> {
+    apply(
+        client,
+        &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "prober-configmaps", "namespace": ns},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+                "verbs": ["get", "list", "watch", "create", "patch", "delete"]}]}),
+    )
+    .await?;
+    apply(
+        client,
+        &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "prober-configmaps", "namespace": ns},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "prober-configmaps"},
+            "subjects": [{"kind": "ServiceAccount", "name": "prober", "namespace": ns}]}),
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_child_name_held_by_nobody_is_not_adopted() {
+    let control_plane = crate::support::ControlPlane::shared();
+    let (client, ns) = prepare(control_plane, "adopt").await;
+    let mut runtime = RuntimeProcess::start(&control_plane.runtime_kubeconfig(), &ns);
+    let result = not_adopted(&client, &ns).await;
+    finish(result, &mut [&mut runtime]);
+    let _ = control_plane.delete_namespace(&ns).await;
+}
+
+/// The surprise: a guest whose child ConfigMap has the name of its own module
+/// ConfigMap adopted it, and deleting the parent garbage-collected the module. Now the apply
+/// is refused, the module keeps no owner, and the controller keeps running.
+async fn not_adopted(client: &Client, ns: &str) -> Result<()> {
+    install_probe_crd(client).await?;
+    install_tenant(client, ns, "secret", "config").await?;
+    grant_config_maps(client, ns).await?;
+    apply(
+        client,
+        &module_config_map(ns, "hostile", "hostile.wasm", &guest("hostile")),
+    )
+    .await?;
+    let spec = json!({"module": {"configMap": {"name": "hostile", "key": "hostile.wasm"}},
+        "children": [{"apiVersion": "v1", "kind": "ConfigMap"}]});
+    apply(client, &controller(ns, "adopter", spec)).await?;
+    // `ok` mode applies ConfigMap `<its name>`: here, the module's.
+    apply(
+        client,
+        &probe(ns, "hostile", "adopter", json!({"mode": "ok"})),
+    )
+    .await?;
+    wait_status(
+        client,
+        ns,
+        "adopter",
+        "Degraded saying the module ConfigMap is not adopted",
+        |s| {
+            let degraded = ensure_condition(s, "Degraded", "True")?;
+            ensure!(
+                degraded.message.contains("ConfigMap")
+                    && degraded.message.contains("no controller owns it")
+                    && degraded.message.contains("does not adopt"),
+                "Degraded says {}: {}",
+                degraded.reason,
+                degraded.message
+            );
+            Ok(())
+        },
+    )
+    .await?;
+    let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), ns);
+    let module = config_maps.get("hostile").await?;
+    ensure!(
+        module
+            .metadata
+            .owner_references
+            .as_deref()
+            .unwrap_or_default()
+            .is_empty()
+            && module.data.as_ref().is_none_or(|d| !d.contains_key("mode")),
+        "the module ConfigMap was taken over: {:?} {:?}",
+        module.metadata.owner_references,
+        module.data
+    );
     Ok(())
 }

@@ -17,7 +17,7 @@ mod parent;
 #[cfg(test)]
 mod tests;
 
-pub use children::DESIRED_ANNOTATION;
+pub use children::{DESIRED_ANNOTATION, ExistingChildren, NoExistingChildren};
 pub use events::EventRecorder;
 
 use std::collections::HashSet;
@@ -97,6 +97,9 @@ pub struct Executor<'a> {
     pub child_kinds: &'a [ChildKind],
     /// Children observed for this parent.
     pub children: &'a [Value],
+    /// Objects of the child kinds as cached, whoever holds them: an apply of a name held by
+    /// another owner, or by nobody, is refused rather than adopted ([`children`]).
+    pub existing: &'a dyn ExistingChildren,
     /// The controller's Events, counted per object and reason.
     pub events: &'a EventRecorder,
     /// The controller's saved states (`setState`), and the target's key in them.

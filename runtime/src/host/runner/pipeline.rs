@@ -143,6 +143,7 @@ impl Runner {
             target: &prepared.target,
             child_kinds: &[],
             children: &[],
+            existing: &actions::NoExistingChildren,
             events: &self.events,
             state: (&s.state, &state_key),
         };
@@ -298,6 +299,7 @@ impl Runner {
             target: &prepared.target,
             child_kinds: &child_kinds,
             children: &prepared.children,
+            existing: &s.children,
             events: &self.events,
             state: (&s.state, &state_key),
         };
