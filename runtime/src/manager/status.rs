@@ -63,9 +63,10 @@ fn desired(m: &Managed) -> WasmControllerStatus {
             g,
         ),
     };
-    let (reconciles, failures, failing, finalizing) = match &m.runner {
+    let (reconciles, failures, failing, finalizing, unowned) = match &m.runner {
         Some((runner, _)) => {
             let s = runner.stats();
+            let unowned: Vec<String> = s.unowned.locked().iter().cloned().collect();
             let failing = s.failing.locked();
             let failing = (failing.count(), failing.latest().cloned());
             let waiting = s.finalizing.locked();
@@ -85,9 +86,10 @@ fn desired(m: &Managed) -> WasmControllerStatus {
                 s.failures.load(Ordering::Relaxed),
                 failing,
                 finalizing,
+                unowned,
             )
         }
-        None => (0, 0, (0, None), Vec::new()),
+        None => (0, 0, (0, None), Vec::new(), Vec::new()),
     };
     let (failing_count, last_error) = failing;
     let ready = match (&m.runner, &m.setup_problem, &m.module_problem) {
@@ -114,6 +116,12 @@ fn desired(m: &Managed) -> WasmControllerStatus {
             let clamped = m.access.as_ref().map(|a| a.clamped.join("; "));
             if let Some(c) = clamped.filter(|c| !c.is_empty()) {
                 message = format!("{message}; {c}");
+            }
+            if !unowned.is_empty() {
+                message = format!(
+                    "{message}; it applies {} without an owner (granted in spec.grants, not declared in spec.children): nothing deletes them with their parent — declare the kind in spec.children to own them",
+                    unowned.join(", ")
+                );
             }
             match (&last_error, failing_count) {
                 (None, _) => {}

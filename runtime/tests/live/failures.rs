@@ -290,3 +290,62 @@ async fn not_adopted(client: &Client, ns: &str) -> Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn an_apply_without_a_declared_child_kind_is_said_in_the_status() {
+    let control_plane = crate::support::ControlPlane::shared();
+    let (client, ns) = prepare(control_plane, "unowned").await;
+    let mut runtime = RuntimeProcess::start(&control_plane.runtime_kubeconfig(), &ns);
+    let result = unowned(&client, &ns).await;
+    finish(result, &mut [&mut runtime]);
+    let _ = control_plane.delete_namespace(&ns).await;
+}
+
+/// ConfigMaps granted (`apply`), not declared children: applied without an ownerReference,
+/// and the status says that nothing will collect them.
+async fn unowned(client: &Client, ns: &str) -> Result<()> {
+    install_probe_crd(client).await?;
+    install_tenant(client, ns, "secret", "config").await?;
+    grant_config_maps(client, ns).await?;
+    apply(
+        client,
+        &module_config_map(ns, "hostile", "hostile.wasm", &guest("hostile")),
+    )
+    .await?;
+    let spec = json!({"module": {"configMap": {"name": "hostile", "key": "hostile.wasm"}},
+        "grants": [{"apiVersion": "v1", "kind": "ConfigMap", "verbs": ["apply"]}]});
+    apply(client, &controller(ns, "granter", spec)).await?;
+    apply(
+        client,
+        &probe(ns, "loose", "granter", json!({"mode": "ok"})),
+    )
+    .await?;
+    wait_status(
+        client,
+        ns,
+        "granter",
+        "Ready saying ConfigMaps are applied without an owner",
+        |s| {
+            let ready = ensure_condition(s, "Ready", "True")?;
+            ensure!(
+                ready
+                    .message
+                    .contains("applies ConfigMap (v1) without an owner")
+                    && ready.message.contains("spec.children"),
+                "Ready says {}",
+                ready.message
+            );
+            Ok(())
+        },
+    )
+    .await?;
+    let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), ns);
+    let loose = config_maps.get("loose").await?;
+    ensure!(
+        loose.metadata.owner_references.is_none(),
+        "the granted ConfigMap got an owner: {:?}",
+        loose.metadata.owner_references
+    );
+    Ok(())
+}

@@ -120,6 +120,9 @@ pub struct Outcome {
     /// What was left undone without failing the reconcile (an Event the ServiceAccount may not
     /// create), for the log.
     pub skipped: Vec<String>,
+    /// Kinds (`Kind (apiVersion)`) applied without an owner: granted, not declared children,
+    /// so nothing collects them with the parent — said in the controller's status.
+    pub unowned: Vec<String>,
 }
 
 fn str_at<'v>(v: &'v Value, ptr: &str) -> Option<&'v str> {
@@ -218,7 +221,12 @@ impl Executor<'_> {
                 .await;
         }
         self.server_side_apply(kind, &target, &object, outcome)
-            .await
+            .await?;
+        let unowned = format!("{} ({})", target.kind, target.api_version);
+        if !outcome.unowned.contains(&unowned) {
+            outcome.unowned.push(unowned);
+        }
+        Ok(())
     }
 
     /// `PATCH` with server-side apply as this controller's field manager, forced (the guest

@@ -338,6 +338,16 @@ impl Runner {
         for skipped in &done.skipped {
             tracing::warn!("{skipped}");
         }
+        if !done.unowned.is_empty() {
+            let mut unowned = self.stats.unowned.locked();
+            for kind in &done.unowned {
+                if unowned.insert(kind.clone()) {
+                    tracing::warn!(
+                        "applied {kind} without an owner (a grant, not in spec.children): nothing deletes it with its parent"
+                    );
+                }
+            }
+        }
         if parent.is_none() {
             // The object is gone: so is what the controller kept about it.
             self.forget_state(&key.to_string()).await?;
