@@ -98,8 +98,7 @@ impl Executor<'_> {
             return Ok(());
         };
         desired.insert((r.api_version.clone(), r.kind.clone(), r.name.clone()));
-        add_owner(&mut object, parent, self.target);
-        let digest = mark_desired(&mut object)?;
+        let digest = as_child(&mut object, parent, self.target)?;
         let observed = self.children.iter().find(|c| {
             str_at(c, "/kind") == Some(r.kind.as_str())
                 && str_at(c, "/metadata/name") == Some(r.name.as_str())
@@ -171,6 +170,18 @@ impl Executor<'_> {
         }
         Ok(())
     }
+}
+
+/// A declared child as the runtime applies it: the parent's controller ownerReference, then
+/// [`DESIRED_ANNOTATION`]; returns the digest. (`kubewasm reconcile --controller` shows the
+/// same.)
+pub fn as_child(
+    object: &mut Value,
+    parent: &Value,
+    target: &ObjectRef,
+) -> Result<String, ActionError> {
+    add_owner(object, parent, target);
+    mark_desired(object)
 }
 
 /// Adds [`DESIRED_ANNOTATION`] with the sha256 of `object` as it is now, and returns it.

@@ -17,7 +17,7 @@ mod parent;
 #[cfg(test)]
 mod tests;
 
-pub use children::{DESIRED_ANNOTATION, ExistingChildren, NoExistingChildren};
+pub use children::{DESIRED_ANNOTATION, ExistingChildren, NoExistingChildren, as_child};
 pub use events::EventRecorder;
 
 use std::collections::HashSet;
