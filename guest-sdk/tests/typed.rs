@@ -4,6 +4,8 @@
 
 #[path = "../examples/typed.rs"]
 mod typed;
+#[path = "../examples/typed_configmap.rs"]
+mod typed_configmap;
 #[path = "../examples/untyped.rs"]
 mod untyped;
 
@@ -40,7 +42,9 @@ fn both(request: &Request) -> Response {
     let cluster = FakeCluster::new();
     let typed = typed::reconcile(request, &cluster).expect("typed reconcile");
     let untyped = untyped::reconcile(request, &cluster).expect("untyped reconcile");
-    assert_eq!(typed, untyped, "the twins disagree");
+    assert_eq!(typed, untyped, "typed and untyped disagree");
+    let half = typed_configmap::reconcile(request, &cluster).expect("typed_configmap reconcile");
+    assert_eq!(half, untyped, "typed_configmap and untyped disagree");
     typed
 }
 
