@@ -8,7 +8,7 @@
 //! byte-for-byte the parent's, and the runtime does not write it again.
 //!
 //! What reads what:
-//! - **kstatus** (`kubectl`'s and Flux's `kstatus`, kpt, Config Sync): `metadata.generation`
+//! - **kstatus** (`sigs.k8s.io/cli-utils`; the health checks of Flux, kpt, Config Sync): `metadata.generation`
 //!   against `status.observedGeneration` (different: *InProgress*), then `Reconciling`
 //!   `True` (*InProgress*) or `Stalled` `True` (*Failed*); otherwise a custom resource is
 //!   *Current*. It does not read `Ready` or the per-condition `observedGeneration`. Both

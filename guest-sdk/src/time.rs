@@ -1,8 +1,8 @@
 //! Wall-clock time as Kubernetes writes it: RFC 3339 in UTC, whole seconds.
 //!
-//! A guest may read the clock: the runtime's WASI context grants `wasi:clocks` (wasmtime's
-//! host clocks, its default) and nothing else, so [`SystemTime::now`] works inside the
-//! sandbox as on the host. Reconciles stay repeatable as long as a time is only written when
+//! A guest may read the clock: the runtime's WASI context (no files, no env, no network)
+//! keeps `wasi:clocks` at wasmtime's default, the host's clocks, so [`SystemTime::now`] works
+//! inside the sandbox as on the host (checked with `kubewasm reconcile`). Reconciles stay repeatable as long as a time is only written when
 //! something changed (see [`crate::conditions`]).
 //!
 //! ```
