@@ -19,7 +19,7 @@ CLUSTER_DIR ?= $(or $(KUBEWASM_CLUSTER_DIR),$(KUBEWASM_CACHE)/clusters/default-$
 include deploy/dev/local/cluster.mk
 include deploy/install.mk
 
-.PHONY: all test demo demo-offline up down toolchain guests build lint fmt unit-test integration-test bench bench-reconcile bench-storm bench-cluster bench-cluster-venv bench-density bench-cache crds guest-sizes
+.PHONY: all test demo demo-offline up down toolchain guests build lint fmt unit-test integration-test bench bench-reconcile bench-storm bench-cluster bench-cluster-venv bench-density bench-cache crds guest-sizes guest-size-typed
 
 all: build guests
 
@@ -36,6 +36,16 @@ guests: toolchain
 
 guest-sizes: guests
 	@for f in $(GUEST_WASM); do printf '%-45s %8d bytes\n' $$f $$(stat -c %s $$f); done
+
+## What k8s-openapi types cost a guest: one controller written with JSON, with the parent typed
+## (ConfigMap) and with every object typed (ConfigMap, Pods) — guest-sdk/examples/.
+guest-size-typed: toolchain
+	$(CARGO) build --profile guest --target wasm32-wasip2 -p kubewasm-guest-sdk --example untyped --example typed_configmap --example typed
+	@dir=$${CARGO_TARGET_DIR:-target}/wasm32-wasip2/guest/examples; base=$$(stat -c %s $$dir/untyped.wasm); \
+	for e in untyped typed_configmap typed; do \
+	  size=$$(stat -c %s $$dir/$$e.wasm); gz=$$(gzip -9c $$dir/$$e.wasm | wc -c); \
+	  awk -v e=$$e -v s=$$size -v b=$$base -v g=$$gz 'BEGIN { printf "%-16s %9d bytes  %4.1fx   gzip -9 %8d bytes\n", e, s, s / b, g }'; \
+	done
 
 fmt:
 	$(CARGO) fmt --all
