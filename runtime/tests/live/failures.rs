@@ -169,12 +169,12 @@ async fn statusless(client: &Client, ns: &str) -> Result<()> {
         &module_config_map(ns, "hostile", "hostile.wasm", &guest("hostile")),
     )
     .await?;
-    // `ok` mode: applies the ConfigMap as it is (nothing to write), then sets `{"ok": true}`.
+    // `read` mode: lists ConfigMaps, then sets the status `{"seen": n}`.
     apply(
         client,
         &json!({"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "plain", "namespace": ns, "labels": {"role": "statusless"}},
-            "data": {"mode": "ok"}}),
+            "metadata": {"name": "plain", "namespace": ns, "labels": {"role": "statusless"},
+                "annotations": {"kubewasm.dev/hostile-mode": "read"}}}),
     )
     .await?;
     let spec = json!({"module": {"configMap": {"name": "hostile", "key": "hostile.wasm"}},

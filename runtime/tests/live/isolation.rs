@@ -20,6 +20,7 @@ use crate::cluster::{
     wait_status,
 };
 use crate::runtime::{RuntimeProcess, finish};
+use crate::support::Kubectl;
 use crate::support::eventually;
 use crate::{StopOnDrop, merge};
 
@@ -79,7 +80,8 @@ async fn a_tenant_reads_and_touches_only_what_its_rbac_allows() {
         "",
         &["--access-review-seconds", "2"],
     );
-    let result = isolation(&client, &team_a, &team_b, &runtime).await;
+    let kubectl = control_plane.0.kubectl();
+    let result = isolation(&client, &kubectl, &team_a, &team_b, &runtime).await;
     finish(result, &mut [&mut runtime]);
 }
 
@@ -164,7 +166,13 @@ pub(crate) async fn install_tenant(
     .await
 }
 
-async fn isolation(client: &Client, a: &str, b: &str, runtime: &RuntimeProcess) -> Result<()> {
+async fn isolation(
+    client: &Client,
+    kubectl: &Kubectl,
+    a: &str,
+    b: &str,
+    runtime: &RuntimeProcess,
+) -> Result<()> {
     let markers = Markers::new();
     install_probe_crd(client).await?;
     install_tenant(client, a, &markers.a_secret, &markers.a_config).await?;
@@ -178,7 +186,7 @@ async fn isolation(client: &Client, a: &str, b: &str, runtime: &RuntimeProcess) 
     attacks_through_reads(client, a, b, &markers).await?;
     attacks_through_the_spec(client, a, &markers).await?;
     attacks_through_actions_and_errors(client, a, runtime).await?;
-    read_granted_later_makes_the_controller_ready(client, a, &markers).await?;
+    read_granted_later_makes_the_controller_ready(client, kubectl, a, &markers).await?;
 
     // team-b was served throughout, and still is.
     probes(client, b)
@@ -493,6 +501,7 @@ async fn attacks_through_actions_and_errors(
 /// command that fixes it; once an admin runs it, the controller becomes Ready by itself.
 async fn read_granted_later_makes_the_controller_ready(
     client: &Client,
+    kubectl: &Kubectl,
     a: &str,
     markers: &Markers,
 ) -> Result<()> {
@@ -569,8 +578,7 @@ async fn read_granted_later_makes_the_controller_ready(
         nosy.data.get("status")
     );
     // The admin runs the command the status gives, with kubectl.
-    crate::support::ControlPlane::shared()
-        .kubectl()
+    kubectl
         .run_with_input(&["apply", "-f", "-"], Some(fix.as_bytes()))
         .await?;
     let granted = std::time::Instant::now();
