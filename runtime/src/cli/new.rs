@@ -35,7 +35,10 @@ const BUILT_SDK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../guest-sdk");
 const TEMPLATES: &[(&str, &str)] = &[
     ("Cargo.toml", include_str!("new/template/Cargo.toml.tmpl")),
     // The toolchain kubewasm is built and tested with, and the wasm32-wasip2 target.
-    ("rust-toolchain.toml", include_str!("../../../rust-toolchain.toml")),
+    (
+        "rust-toolchain.toml",
+        include_str!("../../../rust-toolchain.toml"),
+    ),
     (".gitignore", include_str!("new/template/gitignore.tmpl")),
     ("README.md", include_str!("new/template/README.md.tmpl")),
     ("Makefile", include_str!("new/template/Makefile.tmpl")),
@@ -56,7 +59,10 @@ const TEMPLATES: &[(&str, &str)] = &[
         "deploy/controller.yaml",
         include_str!("new/template/controller.yaml.tmpl"),
     ),
-    ("deploy/rbac.yaml", include_str!("new/template/rbac.yaml.tmpl")),
+    (
+        "deploy/rbac.yaml",
+        include_str!("new/template/rbac.yaml.tmpl"),
+    ),
 ];
 
 /// Writes the crate and says what to do next.
@@ -103,7 +109,10 @@ impl Values<'_> {
             .replace("{{crate}}", self.crate_name)
             .replace("{{namespace}}", self.namespace)
             // Inside a TOML basic string.
-            .replace("{{sdk}}", &self.sdk.replace('\\', "\\\\").replace('"', "\\\""))
+            .replace(
+                "{{sdk}}",
+                &self.sdk.replace('\\', "\\\\").replace('"', "\\\""),
+            )
             .replace("{{kubewasm}}", self.kubewasm)
     }
 }
@@ -127,12 +136,65 @@ fn check_name(name: &str) -> anyhow::Result<()> {
 /// Keywords (Cargo refuses them as package names), the standard crates, and the crates a
 /// guest depends on (the same library name twice does not compile).
 const RESERVED: &[&str] = &[
-    "abstract", "as", "async", "await", "become", "box", "break", "const", "continue", "crate",
-    "do", "dyn", "else", "enum", "extern", "false", "final", "fn", "for", "gen", "if", "impl",
-    "in", "let", "loop", "macro", "match", "mod", "move", "mut", "override", "priv", "pub",
-    "ref", "return", "self", "static", "struct", "super", "trait", "true", "try", "type",
-    "typeof", "unsafe", "unsized", "use", "virtual", "where", "while", "yield", "alloc", "core",
-    "proc_macro", "std", "test", "kubewasm_guest_sdk", "serde_json", "serde",
+    "abstract",
+    "as",
+    "async",
+    "await",
+    "become",
+    "box",
+    "break",
+    "const",
+    "continue",
+    "crate",
+    "do",
+    "dyn",
+    "else",
+    "enum",
+    "extern",
+    "false",
+    "final",
+    "fn",
+    "for",
+    "gen",
+    "if",
+    "impl",
+    "in",
+    "let",
+    "loop",
+    "macro",
+    "match",
+    "mod",
+    "move",
+    "mut",
+    "override",
+    "priv",
+    "pub",
+    "ref",
+    "return",
+    "self",
+    "static",
+    "struct",
+    "super",
+    "trait",
+    "true",
+    "try",
+    "type",
+    "typeof",
+    "unsafe",
+    "unsized",
+    "use",
+    "virtual",
+    "where",
+    "while",
+    "yield",
+    "alloc",
+    "core",
+    "proc_macro",
+    "std",
+    "test",
+    "kubewasm_guest_sdk",
+    "serde_json",
+    "serde",
 ];
 
 /// A DNS-1123 label: at most 63 of `a-z`, `0-9` and `-`, starting and ending alphanumeric.
