@@ -699,3 +699,70 @@ fn check_warns_when_a_module_does_not_fit_in_a_configmap() {
     }
     assert_warns(&gzip(&dense), &[" bytes gzipped, more than"]);
 }
+
+#[test]
+fn new_writes_a_guest_crate_and_refuses_what_it_cannot_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let crate_dir = dir.path().join("summariser");
+    let run = kubewasm(&[
+        OsStr::new("new"),
+        OsStr::new("summariser"),
+        OsStr::new("--dir"),
+        crate_dir.as_os_str(),
+    ])
+    .success();
+    assert!(run.stdout.contains("make test"), "{}", run.stdout);
+    for file in [
+        "Cargo.toml",
+        "rust-toolchain.toml",
+        "Makefile",
+        "README.md",
+        "src/lib.rs",
+        "tests/reconcile.rs",
+        "tests/fixtures/example.yaml",
+        "deploy/controller.yaml",
+        "deploy/rbac.yaml",
+    ] {
+        assert!(crate_dir.join(file).is_file(), "{file} missing");
+    }
+    let manifest = std::fs::read_to_string(crate_dir.join("Cargo.toml")).unwrap();
+    let sdk = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../guest-sdk")
+        .canonicalize()
+        .unwrap();
+    assert!(
+        manifest.contains(&format!("path = \"{}\"", sdk.display()))
+            && manifest.contains("[workspace]"),
+        "{manifest}"
+    );
+    let controller = read_yaml(&crate_dir.join("deploy/controller.yaml"));
+    assert_eq!(controller["metadata"]["namespace"], "summariser");
+    assert_eq!(
+        controller["spec"]["parent"]["labelSelector"],
+        "summariser=yes"
+    );
+
+    let again = [
+        OsStr::new("new"),
+        OsStr::new("other"),
+        OsStr::new("--dir"),
+        crate_dir.as_os_str(),
+    ];
+    kubewasm(&again).failure(&["exists and is not empty"]);
+    kubewasm(&["new", "Summariser"]).failure(&["NAME `Summariser`", "DNS-1123 label"]);
+    kubewasm(&["new", "2fast"]).failure(&["starts with a digit"]);
+    let elsewhere = dir.path().join("x");
+    kubewasm(&[
+        OsStr::new("new"),
+        OsStr::new("x"),
+        OsStr::new("--dir"),
+        elsewhere.as_os_str(),
+        OsStr::new("--sdk"),
+        dir.path().as_os_str(),
+    ])
+    .failure(&["is not the kubewasm-guest-sdk crate", "--sdk PATH"]);
+    assert!(
+        !elsewhere.exists(),
+        "nothing is written when the SDK is wrong"
+    );
+}
