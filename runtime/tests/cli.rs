@@ -674,7 +674,7 @@ fn check_warns_when_a_module_does_not_fit_in_a_configmap() {
             limit,
             "Gzipped it is ",
             "which fits: `gzip -9k ",
-            "make update GZIP=1",
+            "make update GZIPPED=1",
             "--release",
         ],
     );

@@ -72,7 +72,7 @@ fn configmap_size_warning(path: &Path, raw: &[u8]) -> Option<String> {
     if gzipped <= CONFIGMAP_MAX_BYTES {
         Some(format!(
             "{too_big}. Gzipped it is {gzipped} bytes, which fits: `gzip -9k {file}` and load \
-             {file}.gz under the same key (the runtime gunzips it; `make update GZIP=1` in a \
+             {file}.gz under the same key (the runtime gunzips it; `make update GZIPPED=1` in a \
              crate from `kubewasm new`). Smaller still: {smaller}"
         ))
     } else {

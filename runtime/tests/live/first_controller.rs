@@ -181,14 +181,13 @@ impl Scaffold {
         let phase = Instant::now();
         self.kubectl(&kubectl, &["apply", "-f", "tests/fixtures/empty.yaml"])
             .await?;
-        let failed =
-            wait_status(
-                client,
-                ns,
-                NAME,
-                "the permanent error in the status, Ready=False and Degraded=True",
-                |s| {
-                    ensure!(
+        let failed = wait_status(
+            client,
+            ns,
+            NAME,
+            "the permanent error in the status, Ready=False and Degraded=True",
+            |s| {
+                ensure!(
                         s.failures >= 1
                             && s.last_error.as_deref().is_some_and(
                                 |e| e.contains("ConfigMap empty has no data to summarise")
@@ -197,12 +196,12 @@ impl Scaffold {
                         s.failures,
                         s.last_error
                     );
-                    ensure_condition(s, "Ready", "False")?;
-                    ensure_condition(s, "Degraded", "True")?;
-                    Ok(())
-                },
-            )
-            .await?;
+                ensure_condition(s, "Ready", "False")?;
+                ensure_condition(s, "Degraded", "True")?;
+                Ok(())
+            },
+        )
+        .await?;
         let row = self
             .kubectl(&kubectl, &["-n", ns, "get", "wasmcontrollers", NAME])
             .await?;
@@ -227,7 +226,7 @@ impl Scaffold {
         // Another edit, loaded gzipped under the same key with the same command.
         let phase = Instant::now();
         self.edit(" (v3)")?;
-        self.make(&["update", "GZIP=1"], BUILD).await?;
+        self.make(&["update", "GZIPPED=1"], BUILD).await?;
         let gzipped = std::fs::read(self.wasm().with_extension("wasm.gz"))?;
         ensure!(
             gzipped.starts_with(&[0x1f, 0x8b]),
@@ -245,7 +244,7 @@ impl Scaffold {
         })
         .await?;
         eprintln!(
-            "phase edit, make update GZIP=1 → the new behaviour: {:.1?}",
+            "phase edit, make update GZIPPED=1 → the new behaviour: {:.1?}",
             phase.elapsed()
         );
         Ok(())
@@ -307,6 +306,10 @@ impl Scaffold {
             .env_remove("MAKEFLAGS")
             .env_remove("MFLAGS")
             .env_remove("MAKELEVEL")
+            // Nor the cargo and toolchain this test runs under: the crate's own
+            // rust-toolchain.toml decides, as for a user.
+            .env_remove("CARGO")
+            .env_remove("RUSTUP_TOOLCHAIN")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
