@@ -25,6 +25,8 @@ enum Command {
     Reconcile(cli::reconcile::Args),
     /// Compile and validate a guest module and print its digest.
     Check(cli::check::Args),
+    /// Write a new guest crate: the controller, native tests, its manifests and a Makefile.
+    New(cli::new::Args),
     /// Host the cluster's WasmControllers (kubeconfig or in-cluster config) until SIGTERM.
     Run(Box<cli::run::Args>),
     /// Print the CustomResourceDefinitions of the kubewasm.dev API.
@@ -37,6 +39,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Reconcile(args) => cli::reconcile::run(args),
         Command::Check(args) => cli::check::run(args),
+        Command::New(args) => cli::new::run(args),
         Command::Run(args) => cli::run::run(*args),
         Command::Crds => {
             print!("{}", kubewasm::api::crds_yaml());

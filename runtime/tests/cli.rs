@@ -662,3 +662,175 @@ fn run_help_shows_the_library_defaults() {
         assert_eq!(next, default, "the default of {flag}");
     }
 }
+
+/// A guest grown to `size` bytes by a custom section (which every loader ignores): zeros, or
+/// with `random` bytes that gzip cannot shrink.
+fn padded_guest(dir: &Path, name: &str, size: usize, random: bool) -> PathBuf {
+    let mut module = std::fs::read(common::guest("hello_world")).unwrap();
+    let section_name = b"padding";
+    // id 0 (custom), its size, the name, the payload; sizes as unsigned LEB128 in 5 bytes.
+    let payload_len = size - module.len() - 1 - 5 - 1 - section_name.len();
+    let leb5 = |mut n: usize| -> [u8; 5] {
+        let mut out = [0u8; 5];
+        for (i, byte) in out.iter_mut().enumerate() {
+            *byte = (n & 0x7f) as u8 | if i < 4 { 0x80 } else { 0 };
+            n >>= 7;
+        }
+        out
+    };
+    module.push(0);
+    module.extend(leb5(1 + section_name.len() + payload_len));
+    module.push(section_name.len() as u8);
+    module.extend(section_name);
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    module.extend((0..payload_len).map(|_| {
+        if !random {
+            return 0;
+        }
+        // xorshift64: incompressible enough for gzip.
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state as u8
+    }));
+    assert_eq!(module.len(), size);
+    write(dir, name, module)
+}
+
+fn gzip(path: &Path) -> PathBuf {
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gz.write_all(&std::fs::read(path).unwrap()).unwrap();
+    let gz_path = path.with_extension("wasm.gz");
+    std::fs::write(&gz_path, gz.finish().unwrap()).unwrap();
+    gz_path
+}
+
+fn warning(run: &Run) -> Option<&str> {
+    run.stderr.lines().find(|l| l.starts_with("warning: "))
+}
+
+#[track_caller]
+fn assert_warns(module: &Path, needles: &[&str]) {
+    let run = kubewasm(&[OsStr::new("check"), module.as_os_str()]).success();
+    assert!(run.stdout.starts_with("ok: "), "{}", run.stdout);
+    let line = warning(&run).unwrap_or_else(|| panic!("no warning:\n{}", run.stderr));
+    for needle in needles {
+        assert!(line.contains(needle), "warning lacks {needle:?}:\n{line}");
+    }
+}
+
+#[test]
+fn check_warns_when_a_module_does_not_fit_in_a_configmap() {
+    let dir = tempfile::tempdir().unwrap();
+    let limit = "more than the 1048576 bytes a ConfigMap holds";
+    // The exact limit fits (the API server accepts a 1,048,576-byte value).
+    let exact = padded_guest(dir.path(), "exact.wasm", 1 << 20, true);
+    let run = kubewasm(&[OsStr::new("check"), exact.as_os_str()]).success();
+    assert_eq!(warning(&run), None, "{}", run.stderr);
+    let over = padded_guest(dir.path(), "over.wasm", (1 << 20) + 1, true);
+    assert_warns(&over, &["over.wasm is 1048577 bytes, ", limit]);
+    let small = common::guest("hello_world");
+    let run = kubewasm(&[OsStr::new("check"), small.as_os_str()]).success();
+    assert_eq!(warning(&run), None, "{}", run.stderr);
+
+    // Too big as it is, small once gzipped: the fix is gzip.
+    let sparse = padded_guest(dir.path(), "sparse.wasm", 3 << 20, false);
+    assert_warns(
+        &sparse,
+        &[
+            "sparse.wasm is 3145728 bytes, ",
+            limit,
+            "Gzipped it is ",
+            "which fits: `gzip -9k ",
+            "make update GZIPPED=1",
+            "--release",
+        ],
+    );
+    let run = kubewasm(&[OsStr::new("check"), gzip(&sparse).as_os_str()]).success();
+    assert_eq!(warning(&run), None, "gzipped, it fits:\n{}", run.stderr);
+
+    // Too big either way: a smaller build, a module file, or (later) an OCI image.
+    // (The guest itself shrinks to a third gzipped; the random padding does not.)
+    let dense = padded_guest(dir.path(), "dense.wasm", 3 << 19, true);
+    for module in [dense.clone(), gzip(&dense)] {
+        assert_warns(
+            &module,
+            &[
+                limit,
+                "the API server will refuse it",
+                "release profile",
+                "lto = true",
+                "spec.module.path",
+                "an OCI image will lift this limit",
+            ],
+        );
+    }
+    assert_warns(&gzip(&dense), &[" bytes gzipped, more than"]);
+}
+
+#[test]
+fn new_writes_a_guest_crate_and_refuses_what_it_cannot_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let crate_dir = dir.path().join("summariser");
+    let run = kubewasm(&[
+        OsStr::new("new"),
+        OsStr::new("summariser"),
+        OsStr::new("--dir"),
+        crate_dir.as_os_str(),
+    ])
+    .success();
+    assert!(run.stdout.contains("make test"), "{}", run.stdout);
+    for file in [
+        "Cargo.toml",
+        "rust-toolchain.toml",
+        "Makefile",
+        "README.md",
+        "src/lib.rs",
+        "tests/reconcile.rs",
+        "tests/fixtures/example.yaml",
+        "deploy/controller.yaml",
+        "deploy/rbac.yaml",
+    ] {
+        assert!(crate_dir.join(file).is_file(), "{file} missing");
+    }
+    let manifest = std::fs::read_to_string(crate_dir.join("Cargo.toml")).unwrap();
+    let sdk = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../guest-sdk")
+        .canonicalize()
+        .unwrap();
+    assert!(
+        manifest.contains(&format!("path = \"{}\"", sdk.display()))
+            && manifest.contains("[workspace]"),
+        "{manifest}"
+    );
+    let controller = read_yaml(&crate_dir.join("deploy/controller.yaml"));
+    assert_eq!(controller["metadata"]["namespace"], "summariser");
+    assert_eq!(
+        controller["spec"]["parent"]["labelSelector"],
+        "summariser=yes"
+    );
+
+    let again = [
+        OsStr::new("new"),
+        OsStr::new("other"),
+        OsStr::new("--dir"),
+        crate_dir.as_os_str(),
+    ];
+    kubewasm(&again).failure(&["exists and is not empty"]);
+    kubewasm(&["new", "Summariser"]).failure(&["NAME `Summariser`", "DNS-1123 label"]);
+    kubewasm(&["new", "2fast"]).failure(&["starts with a digit"]);
+    let elsewhere = dir.path().join("x");
+    kubewasm(&[
+        OsStr::new("new"),
+        OsStr::new("x"),
+        OsStr::new("--dir"),
+        elsewhere.as_os_str(),
+        OsStr::new("--sdk"),
+        dir.path().as_os_str(),
+    ])
+    .failure(&["is not the kubewasm-guest-sdk crate", "--sdk PATH"]);
+    assert!(
+        !elsewhere.exists(),
+        "nothing is written when the SDK is wrong"
+    );
+}

@@ -23,6 +23,8 @@ mod failures;
 mod fencing;
 #[path = "live/finalizers.rs"]
 mod finalizers;
+#[path = "live/first_controller.rs"]
+mod first_controller;
 #[path = "live/guitars.rs"]
 mod guitars;
 #[path = "live/identity.rs"]

@@ -1,6 +1,7 @@
 //! Subcommands of the `kubewasm` binary and what they share.
 
 pub mod check;
+pub mod new;
 pub mod reconcile;
 pub mod run;
 mod yaml;
