@@ -19,7 +19,7 @@ CLUSTER_DIR ?= $(or $(KUBEWASM_CLUSTER_DIR),$(KUBEWASM_CACHE)/clusters/default-$
 include deploy/dev/local/cluster.mk
 include deploy/install.mk
 
-.PHONY: all test demo demo-offline up down toolchain guests build lint fmt unit-test integration-test bench bench-reconcile bench-storm bench-cluster bench-cluster-venv bench-density bench-cache crds guest-sizes guest-size-typed
+.PHONY: all test demo demo-offline up down toolchain guests build lint fmt unit-test integration-test bench bench-reconcile bench-storm bench-cluster bench-cluster-venv bench-density bench-cache bench-compile crds guest-sizes guest-size-typed
 
 all: build guests
 
@@ -67,6 +67,7 @@ test: lint guests k8s-binaries image install-files
 	KUBEWASM_DENSITY_ROUNDS=1 $(CARGO) test -p kubewasm $(ALL_TIERS) --bench density -- 3 >/dev/null
 	$(CARGO) test -p kubewasm $(ALL_TIERS) --bench cluster -- tiny >/dev/null
 	$(CARGO) test -p kubewasm $(ALL_TIERS) --bench cache_memory -- 3 >/dev/null
+	$(CARGO) test -p kubewasm $(ALL_TIERS) --bench compile_cache -- 2 >/dev/null
 	@echo "make test: all tests passed"
 
 ## Tiers 1-3 only (unit, guests natively, sandbox, CLI): no cluster, no Kubernetes binaries.
@@ -80,6 +81,10 @@ integration-test: guests k8s-binaries
 ## Every benchmark, P1–P5 (BENCHMARKS.md): one reconcile four ways and epoch on/off, density,
 ## then the cluster comparisons.
 bench: bench-reconcile bench-density bench-cluster
+
+## Restart time for 1 and 100 modules: compiled each time, into an empty cache, from the cache.
+bench-compile: guests
+	$(CARGO) test -p kubewasm --bench compile_cache -- 1 100
 
 ## P1 (one reconcile: sandbox, native floor, axum webhook, Python webhook) and P5 (epochs on/off).
 bench-reconcile: guests

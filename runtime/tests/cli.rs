@@ -666,33 +666,23 @@ fn run_help_shows_the_library_defaults() {
 /// A guest grown to `size` bytes by a custom section (which every loader ignores): zeros, or
 /// with `random` bytes that gzip cannot shrink.
 fn padded_guest(dir: &Path, name: &str, size: usize, random: bool) -> PathBuf {
-    let mut module = std::fs::read(common::guest("hello_world")).unwrap();
-    let section_name = b"padding";
-    // id 0 (custom), its size, the name, the payload; sizes as unsigned LEB128 in 5 bytes.
+    let module = std::fs::read(common::guest("hello_world")).unwrap();
+    let section_name = "padding";
     let payload_len = size - module.len() - 1 - 5 - 1 - section_name.len();
-    let leb5 = |mut n: usize| -> [u8; 5] {
-        let mut out = [0u8; 5];
-        for (i, byte) in out.iter_mut().enumerate() {
-            *byte = (n & 0x7f) as u8 | if i < 4 { 0x80 } else { 0 };
-            n >>= 7;
-        }
-        out
-    };
-    module.push(0);
-    module.extend(leb5(1 + section_name.len() + payload_len));
-    module.push(section_name.len() as u8);
-    module.extend(section_name);
     let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
-    module.extend((0..payload_len).map(|_| {
-        if !random {
-            return 0;
-        }
-        // xorshift64: incompressible enough for gzip.
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state as u8
-    }));
+    let payload: Vec<u8> = (0..payload_len)
+        .map(|_| {
+            if !random {
+                return 0;
+            }
+            // xorshift64: incompressible enough for gzip.
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    let module = common::with_custom_section(module, section_name, &payload);
     assert_eq!(module.len(), size);
     write(dir, name, module)
 }

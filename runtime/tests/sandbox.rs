@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use kubewasm::api::Reason;
 use kubewasm::sandbox::{
-    Action, CallError, CallOutcome, Digest, Error, GuestPre, Limits, LoadError,
+    Action, CallError, CallOutcome, CompiledCache, Digest, Error, GuestPre, Limits, LoadError,
     MAX_GUEST_LOG_LINE_BYTES, MAX_GUEST_MESSAGE_BYTES, MIN_LOG_LINE_COST, NoReads, Reads, Request,
     Sandbox, SandboxConfig, SharedReads,
 };
@@ -884,4 +884,64 @@ async fn a_guest_blocked_in_wasi_times_out_and_frees_its_slot() {
     .expect("the only slot was still taken by a sleeping guest")
     .expect("a good guest after sleeping ones");
     assert_ok_response("ok", &ok);
+}
+
+/// `--compiled-cache-dir`: a second Sandbox on the same directory (a restarted runtime, a new
+/// leader) loads the module compiled by the first instead of compiling it, and it runs;
+/// other bytes, or an engine with other settings, are compiled anew.
+#[test]
+fn a_restart_loads_compiled_modules_from_the_cache() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let config = |epochs: bool| SandboxConfig {
+        compiled_cache: Some(CompiledCache {
+            dir: dir.path().to_owned(),
+            max_bytes: 256 << 20,
+        }),
+        epoch_interruption: epochs,
+        max_instances: 2,
+        ..SandboxConfig::default()
+    };
+    let wasm = std::fs::read(common::guest("hello_world")).expect("reading the guest");
+    let counts = |s: &Sandbox| (s.compilations().compiled(), s.compilations().cached());
+
+    let first = Sandbox::new(config(true)).expect("the sandbox starts");
+    first.load(&wasm).expect("hello_world loads");
+    assert_eq!(counts(&first), (1, 0), "a cold cache compiles");
+    drop(first);
+
+    let restarted = Sandbox::new(config(true)).expect("the sandbox starts");
+    let guest = restarted.load(&wasm).expect("hello_world loads");
+    assert_eq!(
+        counts(&restarted),
+        (0, 1),
+        "a restart takes it from the cache"
+    );
+    let outcome = guest
+        .call(
+            Request::for_object(json!({"apiVersion": "example.com/v1", "kind": "HelloWorld",
+                "metadata": {"name": "cached", "namespace": "ns"}, "spec": {"who": "Cache"}}))
+            .expect("a request"),
+            Arc::new(NoReads),
+            &Limits::default(),
+        )
+        .expect("the cached module runs");
+    assert!(
+        serde_json::to_string(&outcome.response.actions)
+            .unwrap_or_default()
+            .contains("Hello, Cache!"),
+        "{:?}",
+        outcome.response.actions
+    );
+
+    let other = common::with_custom_section(wasm.clone(), "other", b"bytes");
+    restarted.load(&other).expect("the variant loads");
+    assert_eq!(counts(&restarted), (1, 1), "other bytes are compiled");
+
+    let other_settings = Sandbox::new(config(false)).expect("the sandbox starts");
+    other_settings.load(&wasm).expect("hello_world loads");
+    assert_eq!(
+        counts(&other_settings),
+        (1, 0),
+        "an engine with other settings compiles its own"
+    );
 }

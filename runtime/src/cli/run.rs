@@ -6,7 +6,7 @@ use anyhow::Context;
 use kubewasm::api::Unit;
 use kubewasm::controller::{CacheCaps, LeaderElector};
 use kubewasm::manager::{Manager, ManagerConfig};
-use kubewasm::sandbox::SandboxConfig;
+use kubewasm::sandbox::{CompiledCache, SandboxConfig};
 
 /// A duration as whole milliseconds (the flags' unit).
 fn millis(d: Duration) -> u64 {
@@ -89,6 +89,14 @@ pub struct Args {
     /// Guest log lines a tenant may log at once after a quiet spell.
     #[arg(long, default_value_t = SandboxConfig::default().log_line_burst)]
     log_line_burst: u32,
+    /// Keep compiled modules in this directory (the runtime's own, e.g. an `emptyDir`; never
+    /// one a tenant can write), so that a restart or a new leader loads them instead of
+    /// compiling each again. Unset: every start compiles.
+    #[arg(long, value_name = "DIR")]
+    compiled_cache_dir: Option<std::path::PathBuf>,
+    /// The most bytes of compiled modules kept there (least recently used go first).
+    #[arg(long, default_value_t = CompiledCache::DEFAULT_MAX_BYTES)]
+    compiled_cache_bytes: u64,
     /// Serve `/metrics` (Prometheus), `/healthz` and `/readyz` here, e.g. `0.0.0.0:8080`.
     #[arg(long)]
     metrics_addr: Option<std::net::SocketAddr>,
@@ -117,6 +125,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config.sandbox.max_instances = args.max_instances;
         config.sandbox.log_lines_per_second = args.max_log_lines_per_second;
         config.sandbox.log_line_burst = args.log_line_burst;
+        config.sandbox.compiled_cache = args.compiled_cache_dir.map(|dir| CompiledCache {
+            dir,
+            max_bytes: args.compiled_cache_bytes,
+        });
         config.namespace = args.namespace;
         config.module_poll = Duration::from_secs(args.module_poll_seconds.max(1));
         config.module_dir = args.module_dir;

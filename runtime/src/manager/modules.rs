@@ -66,6 +66,9 @@ impl Manager {
         for ModuleRead(id, fetched) in fetched {
             self.load_module(&id, fetched);
         }
+        let compilations = self.sandbox.compilations();
+        self.metrics
+            .set_compilations(compilations.compiled(), compilations.cached());
     }
 
     /// Validates (compiles once per digest) and swaps in what [`Manager::read_module`] found.

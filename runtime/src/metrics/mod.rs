@@ -47,6 +47,8 @@ pub struct Metrics {
     controllers: Gauge,
     cache_bytes: Gauge,
     namespaces_held: Gauge,
+    modules_compiled: Gauge,
+    modules_from_cache: Gauge,
     ready: AtomicBool,
     /// When the manager loop last made progress (`None`: not running), for `/healthz`.
     manager_beat: std::sync::Mutex<Option<std::time::Instant>>,
@@ -123,8 +125,22 @@ impl Default for Metrics {
             "Namespaces whose objects are held back from the caches (over --max-cached-bytes-per-namespace, or the largest while over --max-cached-bytes)",
             namespaces_held.clone(),
         );
+        let modules_compiled = Gauge::default();
+        registry.register(
+            "modules_compiled",
+            "Modules compiled since the runtime started",
+            modules_compiled.clone(),
+        );
+        let modules_from_cache = Gauge::default();
+        registry.register(
+            "modules_from_compiled_cache",
+            "Modules loaded already compiled from --compiled-cache-dir since the runtime started",
+            modules_from_cache.clone(),
+        );
         Metrics {
             registry,
+            modules_compiled,
+            modules_from_cache,
             reconciles,
             duration,
             module_loads,
@@ -211,6 +227,14 @@ impl Metrics {
     pub fn set_controllers(&self, running: usize) {
         self.controllers
             .set(i64::try_from(running).unwrap_or(i64::MAX));
+    }
+
+    /// Sets how the modules loaded so far were had: compiled, or from the compiled cache.
+    pub fn set_compilations(&self, compiled: u64, from_cache: u64) {
+        self.modules_compiled
+            .set(i64::try_from(compiled).unwrap_or(i64::MAX));
+        self.modules_from_cache
+            .set(i64::try_from(from_cache).unwrap_or(i64::MAX));
     }
 
     /// Sets the bytes held in the caches and how many namespaces are held back.

@@ -10,6 +10,7 @@ use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAlloc
 
 use super::bindings::ControllerPre;
 use super::call::{self, CallOutcome, CallState};
+use super::compiled::{self, Compilations, CompiledCache};
 use super::error::{CallError, LoadError};
 use super::limits::Limits;
 use super::rate::TenantRate;
@@ -40,6 +41,8 @@ pub struct SandboxConfig {
     pub log_lines_per_second: f64,
     /// Lines a tenant may log at once after a quiet spell.
     pub log_line_burst: u32,
+    /// Compiled modules kept on disk across restarts; `None`: every start compiles.
+    pub compiled_cache: Option<CompiledCache>,
 }
 
 impl Default for SandboxConfig {
@@ -52,6 +55,7 @@ impl Default for SandboxConfig {
             epoch_interruption: true,
             log_lines_per_second: 100.0,
             log_line_burst: 1000,
+            compiled_cache: None,
         }
     }
 }
@@ -185,6 +189,8 @@ struct Inner {
     /// Held while compiling: modules are loaded side by side (beside the manager loop), and
     /// a thousand controllers of one module must compile it once, not once per thread.
     compiling: Mutex<()>,
+    /// How the modules loaded so far were had: compiled, or from the compiled cache.
+    compilations: Compilations,
     slots: FairSlots,
     log_rate: TenantRate,
     config: SandboxConfig,
@@ -208,7 +214,17 @@ impl Sandbox {
     /// Builds the Engine (epoch interruption, pooling allocator) and starts its epoch ticker.
     /// Without [`SandboxConfig::epoch_interruption`] there is no ticker.
     pub fn new(config: SandboxConfig) -> Result<Sandbox, LoadError> {
-        let engine = Engine::new(&engine_config(&config)).map_err(LoadError::Engine)?;
+        let mut engine_config = engine_config(&config);
+        if let Some(cache) = &config.compiled_cache {
+            let opened = cache.open().map_err(|e| {
+                LoadError::Engine(e.context(format!(
+                    "the compiled-module cache in {}",
+                    cache.dir.display()
+                )))
+            })?;
+            engine_config.cache(Some(opened));
+        }
+        let engine = Engine::new(&engine_config).map_err(LoadError::Engine)?;
         let mut linker = Linker::new(&engine);
         call::add_to_linker(&mut linker).map_err(LoadError::Engine)?;
         if config.epoch_interruption {
@@ -224,6 +240,7 @@ impl Sandbox {
                 linker,
                 modules: Mutex::new(HashMap::new()),
                 compiling: Mutex::new(()),
+                compilations: Compilations::default(),
                 slots: FairSlots::new(config.max_instances as usize),
                 log_rate: TenantRate::new(config.log_lines_per_second, config.log_line_burst),
                 config,
@@ -245,6 +262,11 @@ impl Sandbox {
         let guest = Arc::new(self.compile(bytes, digest)?);
         self.lock_modules().insert(digest, guest.clone());
         Ok(guest)
+    }
+
+    /// How the modules loaded so far were had: compiled, or from the compiled cache.
+    pub fn compilations(&self) -> &Compilations {
+        &self.inner.compilations
     }
 
     /// The compiled module of this digest, if it is loaded.
@@ -300,7 +322,11 @@ impl Sandbox {
             _ => return Err(LoadError::NotWasm),
         }
         utf8_strings_only(bytes)?;
+        let cache_dir = self.inner.config.compiled_cache.as_ref().map(|c| &c.dir);
+        let before = cache_dir.map(|dir| compiled::entries(dir));
         let component = Component::new(&self.inner.engine, bytes).map_err(LoadError::Compile)?;
+        let after = cache_dir.map(|dir| compiled::entries(dir));
+        self.inner.compilations.count(before, after);
         let instance_pre = self
             .inner
             .linker

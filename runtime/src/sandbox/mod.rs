@@ -4,6 +4,7 @@
 
 mod bindings;
 mod call;
+mod compiled;
 mod engine;
 mod error;
 mod limits;
@@ -14,6 +15,7 @@ mod text;
 mod types;
 
 pub use call::{CallOutcome, Phases};
+pub use compiled::{Compilations, CompiledCache};
 pub use engine::{Digest, GuestPre, Sandbox, SandboxConfig};
 pub use error::{CallError, LoadError};
 pub use limits::{Limits, MAX_GUEST_STATE_BYTES, MAX_GUEST_STATE_OBJECTS};

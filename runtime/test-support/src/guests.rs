@@ -21,3 +21,24 @@ pub fn guest(name: &str) -> PathBuf {
     );
     path
 }
+
+/// `module` with a custom section `name` holding `payload` appended: other bytes (another
+/// digest) for the same code, which every loader ignores. Sizes are unsigned LEB128 padded to
+/// 5 bytes, so the section's length is exactly `1 + 5 + 1 + name + payload`.
+pub fn with_custom_section(mut module: Vec<u8>, name: &str, payload: &[u8]) -> Vec<u8> {
+    let leb5 = |mut n: usize| -> [u8; 5] {
+        let mut out = [0u8; 5];
+        for (i, byte) in out.iter_mut().enumerate() {
+            *byte = (n & 0x7f) as u8 | if i < 4 { 0x80 } else { 0 };
+            n >>= 7;
+        }
+        out
+    };
+    assert!(name.len() < 0x80, "a custom section name under 128 bytes");
+    module.push(0);
+    module.extend(leb5(1 + name.len() + payload.len()));
+    module.push(name.len() as u8);
+    module.extend(name.as_bytes());
+    module.extend(payload);
+    module
+}
