@@ -9,11 +9,17 @@ GUEST_DIR := target/wasm32-wasip2/guest
 GUESTS := hello-world configmap-restarter guitar-reviewer pod-watcher hello-finalizer hostile intruder
 GUEST_WASM := $(GUEST_DIR)/hello_world.wasm $(GUEST_DIR)/configmap_restarter.wasm $(GUEST_DIR)/guitar_reviewer.wasm $(GUEST_DIR)/pod_watcher.wasm $(GUEST_DIR)/hello_finalizer.wasm $(GUEST_DIR)/hostile.wasm $(GUEST_DIR)/intruder.wasm
 export KUBEWASM_GUEST_DIR := $(CURDIR)/$(GUEST_DIR)
+# This checkout's own clusters: `make up`/`make down` and `make cluster-up`/`cluster-down`
+# address state directories named after the checkout, so they never stop a cluster another
+# checkout (or another engineer sharing the cache) started. `CLUSTER_DIR=...` names another.
+CHECKOUT_ID := $(shell printf '%s' '$(CURDIR)' | sha256sum | cut -c1-8)
+export KUBEWASM_DEMO_DIR ?= $(KUBEWASM_CACHE)/clusters/demo-$(CHECKOUT_ID)
+CLUSTER_DIR ?= $(or $(KUBEWASM_CLUSTER_DIR),$(KUBEWASM_CACHE)/clusters/default-$(CHECKOUT_ID))
 
 include deploy/dev/local/cluster.mk
 include deploy/install.mk
 
-.PHONY: all test demo demo-offline up down toolchain guests build lint fmt unit-test integration-test bench bench-reconcile bench-storm bench-cluster bench-cluster-venv bench-density bench-cache crds guest-sizes
+.PHONY: all test demo demo-offline up down toolchain guests build lint fmt unit-test integration-test bench bench-reconcile bench-storm bench-cluster bench-cluster-venv bench-density bench-cache crds guest-sizes guest-size-typed
 
 all: build guests
 
@@ -30,6 +36,16 @@ guests: toolchain
 
 guest-sizes: guests
 	@for f in $(GUEST_WASM); do printf '%-45s %8d bytes\n' $$f $$(stat -c %s $$f); done
+
+## What k8s-openapi types cost a guest: one controller written with JSON, with the parent typed
+## (ConfigMap) and with every object typed (ConfigMap, Pods) — guest-sdk/examples/.
+guest-size-typed: toolchain
+	$(CARGO) build --profile guest --target wasm32-wasip2 -p kubewasm-guest-sdk --example untyped --example typed_configmap --example typed
+	@dir=$${CARGO_TARGET_DIR:-target}/wasm32-wasip2/guest/examples; base=$$(stat -c %s $$dir/untyped.wasm); \
+	for e in untyped typed_configmap typed; do \
+	  size=$$(stat -c %s $$dir/$$e.wasm); gz=$$(gzip -9c $$dir/$$e.wasm | wc -c); \
+	  awk -v e=$$e -v s=$$size -v b=$$base -v g=$$gz 'BEGIN { printf "%-16s %9d bytes  %4.1fx   gzip -9 %8d bytes\n", e, s, s / b, g }'; \
+	done
 
 fmt:
 	$(CARGO) fmt --all
@@ -115,4 +131,7 @@ up: guests build k8s-binaries
 	@bash deploy/dev/demo/live.sh --keep
 
 down:
-	@-kill $$(cat $(KUBEWASM_CACHE)/clusters/demo/kubewasm.pid 2>/dev/null) 2>/dev/null; bash deploy/dev/local/cluster.sh down $(KUBEWASM_CACHE)/clusters/demo
+	@pid=$$(cat '$(KUBEWASM_DEMO_DIR)/kubewasm.pid' 2>/dev/null); \
+	if [ -n "$$pid" ] && tr '\0' ' ' </proc/$$pid/cmdline 2>/dev/null | grep -q 'kubewasm run'; then kill $$pid; fi; \
+	rm -f '$(KUBEWASM_DEMO_DIR)/kubewasm.pid'; \
+	bash deploy/dev/local/cluster.sh down '$(KUBEWASM_DEMO_DIR)'

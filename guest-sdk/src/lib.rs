@@ -31,6 +31,7 @@
 extern crate self as kubewasm_guest_sdk;
 
 mod cluster;
+pub mod conditions;
 mod error;
 pub mod object;
 pub mod query;
@@ -39,6 +40,7 @@ mod response;
 pub mod selector;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod testing;
+pub mod time;
 mod wire;
 
 #[cfg(target_arch = "wasm32")]

@@ -18,10 +18,17 @@
 //! assert_eq!(object::namespace(&pod), Some("demo"));
 //! assert_eq!(object::label(&pod, "app"), Some("hello"));
 //! ```
+//!
+//! Typed objects, e.g. k8s-openapi's, go through [`typed`] and [`to_value`]; they cost module
+//! size (README, "Typed objects"), so the JSON helpers stay the default.
 
 use std::collections::BTreeMap;
 
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
+
+use crate::Error;
 
 /// `apiVersion` of an object.
 pub fn api_version(obj: &Value) -> Option<&str> {
@@ -94,6 +101,86 @@ fn string_map(obj: &Value, map: &str) -> BTreeMap<String, String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// `obj` as a typed object, e.g. `k8s_openapi::api::core::v1::Pod`. Fails (permanently: the
+/// same object will not fit next time either) with a message naming the object, the field
+/// that did not fit and the type when it is not the object's kind, e.g. ``cannot read Pod
+/// demo/web: at `spec.containers[0].name`: invalid type: integer `7`, expected a string``.
+/// k8s-openapi's resource types also check `apiVersion` and `kind`.
+///
+/// ```
+/// use kubewasm_guest_sdk::object;
+/// use serde::Deserialize;
+/// use serde_json::json;
+///
+/// #[derive(Debug, Deserialize)]
+/// struct Replicas { spec: Spec }
+/// #[derive(Debug, Deserialize)]
+/// struct Spec { replicas: u32 }
+///
+/// let ok = json!({"kind": "Web", "metadata": {"name": "w"}, "spec": {"replicas": 3}});
+/// assert_eq!(object::typed::<Replicas>(&ok).unwrap().spec.replicas, 3);
+/// let bad = json!({"kind": "Web", "metadata": {"name": "w"}, "spec": {"replicas": "3"}});
+/// let err = object::typed::<Replicas>(&bad).unwrap_err();
+/// assert_eq!(
+///     err.message,
+///     "cannot read Web w as Replicas: at `spec.replicas`: invalid type: string \"3\", expected u32"
+/// );
+/// ```
+pub fn typed<T: DeserializeOwned>(obj: &Value) -> Result<T, Error> {
+    serde_path_to_error::deserialize(obj).map_err(|err| {
+        let path = err.path().to_string();
+        let at = if path == "." {
+            "at the top level".to_string()
+        } else {
+            format!("at `{path}`")
+        };
+        let target = short_type_name::<T>();
+        let what = describe(obj);
+        let what = if kind(obj) == Some(target) {
+            what
+        } else {
+            format!("{what} as {target}")
+        };
+        Error::permanent(format!("cannot read {what}: {at}: {}", err.inner()))
+    })
+}
+
+/// `Pod` for `k8s_openapi::v1_33::api::core::v1::pod::Pod` (`Vec` for `Vec<Pod>`).
+fn short_type_name<T>() -> &'static str {
+    let full = std::any::type_name::<T>();
+    let path = full.split('<').next().unwrap_or(full);
+    path.rsplit("::").next().unwrap_or(path)
+}
+
+/// A typed object as JSON, for [`crate::Response::apply`] or comparisons with observed
+/// objects. k8s-openapi's resource types write their `apiVersion` and `kind` themselves and
+/// leave out unset optional fields, so the result is the partial object server-side apply
+/// wants. Fails (permanently) only for types serde_json cannot write, e.g. maps with
+/// non-string keys.
+pub fn to_value<T: Serialize>(obj: &T) -> Result<Value, Error> {
+    serde_json::to_value(obj).map_err(|err| {
+        Error::permanent(format!(
+            "cannot write {} as JSON: {err}",
+            std::any::type_name::<T>()
+        ))
+    })
+}
+
+/// `Kind namespace/name` as far as `obj` says, for messages (at most 120 bytes of names).
+fn describe(obj: &Value) -> String {
+    let kind = kind(obj).unwrap_or("object");
+    let name = match (namespace(obj), name(obj)) {
+        (Some(ns), Some(name)) => format!(" {ns}/{name}"),
+        (None, Some(name)) => format!(" {name}"),
+        _ => String::new(),
+    };
+    let text = format!("{kind}{name}");
+    match text.char_indices().nth(120) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text,
+    }
 }
 
 /// Start an object of `api_version`/`kind` named `name` in `namespace` (`None`: cluster-scoped

@@ -181,6 +181,74 @@ fn hello_world_seed_scenario_prints_the_pod() {
     );
 }
 
+/// With `--controller`, the output is what the runtime sends: a declared child carries the
+/// parent's controller ownerReference and the drift annotation; a parent the selector leaves
+/// out is not reconciled at all.
+#[test]
+fn reconcile_with_a_controller_shows_what_the_runtime_adds_and_applies_its_selector() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut parent = read_yaml(&fixture("your-name.yaml"));
+    parent["metadata"]["namespace"] = "hello".into();
+    parent["metadata"]["uid"] = "u-1".into();
+    parent["metadata"]["labels"] = serde_json::json!({"team": "a"});
+    let object = write_yaml(dir.path(), "parent.yaml", &parent);
+    let controller =
+        kubewasm_test_support::workspace().join("deploy/examples/hello-world/controller.yaml");
+    let module = common::guest("hello_world");
+    let run = |controller: &Path| {
+        kubewasm(&[
+            OsStr::new("reconcile"),
+            OsStr::new("--controller"),
+            controller.as_os_str(),
+            OsStr::new("--module"),
+            module.as_os_str(),
+            OsStr::new("--object"),
+            object.as_os_str(),
+        ])
+        .success()
+    };
+    let shown = run(&controller);
+    let docs = shown.documents();
+    assert_eq!(docs.len(), 1, "{}", shown.stdout);
+    let owner = &docs[0]["metadata"]["ownerReferences"][0];
+    assert_eq!(
+        (
+            &owner["kind"],
+            &owner["name"],
+            &owner["uid"],
+            &owner["controller"]
+        ),
+        (
+            &Value::from("HelloWorld"),
+            &Value::from("your-name"),
+            &Value::from("u-1"),
+            &Value::from(true)
+        ),
+        "{}",
+        shown.stdout
+    );
+    assert!(
+        docs[0]["metadata"]["annotations"]["kubewasm.dev/desired-sha256"].is_string(),
+        "{}",
+        shown.stdout
+    );
+    assert!(
+        shown.stdout.contains("a declared child: the runtime adds"),
+        "{}",
+        shown.stdout
+    );
+
+    let mut selective = read_yaml(&controller);
+    selective["spec"]["parent"]["labelSelector"] = "team=b".into();
+    let selective = write_yaml(dir.path(), "selective.yaml", &selective);
+    let skipped = run(&selective);
+    assert_eq!(
+        skipped.stdout.trim(),
+        "# HelloWorld hello/your-name: not reconciled: its labels do not match spec.parent.labelSelector `team=b`"
+    );
+    assert!(skipped.documents().is_empty());
+}
+
 /// A temp dir holding the restarter's module as a ConfigMap (plain or gzipped), its
 /// WasmController and the Pods of test-space.
 struct Restarter {

@@ -1,6 +1,7 @@
 //! The local control plane (deploy/dev/local/cluster.sh) is a real one: Deployments get Pods,
 //! deleted Pods are replaced, garbage is collected, RBAC holds for ServiceAccounts, two
-//! control planes run side by side, and none outlives the process that started it.
+//! control planes run side by side (and `make down` stops only its checkout's), and none
+//! outlives the process that started it.
 
 use kubewasm_test_support as support;
 
@@ -246,7 +247,7 @@ async fn a_service_account_may_list_pods_only_once_rbac_allows_it() -> Result<()
 #[tokio::test]
 async fn access_reviews_allow_from_rules_only_what_rbac_allows() -> Result<()> {
     use kubewasm::controller::Resolver;
-    use kubewasm::host::{AccessReviews, Asked, ServiceAccount as Account};
+    use kubewasm::host::{AccessReviews, Asked, NeededRules, ServiceAccount as Account};
 
     let control_plane = ControlPlane::shared();
     let admin = control_plane.client().await?;
@@ -292,7 +293,13 @@ async fn access_reviews_allow_from_rules_only_what_rbac_allows() -> Result<()> {
     eventually("prober's Role in force", WAIT, || async {
         let reviews = AccessReviews::new(runtime.clone(), ttl);
         let checked = reviews
-            .check_reads("probe", &prober, Some(&namespace), &[&config_maps])
+            .check_reads(
+                "probe",
+                &prober,
+                Some(&namespace),
+                &[&config_maps],
+                &NeededRules::default(),
+            )
             .await?;
         Ok(checked.is_ok().then_some(()))
     })
@@ -300,7 +307,13 @@ async fn access_reviews_allow_from_rules_only_what_rbac_allows() -> Result<()> {
 
     let reviews = AccessReviews::new(runtime.clone(), ttl);
     let checked = reviews
-        .check_reads("probe", &prober, Some(&namespace), &[&config_maps])
+        .check_reads(
+            "probe",
+            &prober,
+            Some(&namespace),
+            &[&config_maps],
+            &NeededRules::default(),
+        )
         .await?;
     ensure!(checked.is_ok(), "ConfigMaps refused: {checked:?}");
     ensure!(
@@ -317,7 +330,13 @@ async fn access_reviews_allow_from_rules_only_what_rbac_allows() -> Result<()> {
     // A rule that names one Secret grants no read of every Secret; `list` alone is not
     // `get` and `watch`. The refusals name exactly what is missing.
     let missing = reviews
-        .check_reads("probe", &prober, Some(&namespace), &[&secrets, &pods])
+        .check_reads(
+            "probe",
+            &prober,
+            Some(&namespace),
+            &[&secrets, &pods],
+            &NeededRules::default(),
+        )
         .await?
         .err()
         .context("Secrets and Pods were allowed")?;
@@ -351,7 +370,13 @@ async fn access_reviews_allow_from_rules_only_what_rbac_allows() -> Result<()> {
         || async {
             tokio::time::sleep(ttl).await;
             let checked = reviews
-                .check_reads("probe", &prober, Some(&namespace), &[&config_maps])
+                .check_reads(
+                    "probe",
+                    &prober,
+                    Some(&namespace),
+                    &[&config_maps],
+                    &NeededRules::default(),
+                )
                 .await?;
             Ok(checked.is_err().then_some(()))
         },
@@ -424,10 +449,33 @@ async fn two_control_planes_run_side_by_side() -> Result<()> {
         eprintln!("skipped: the tests run against an existing cluster, which starts no others");
         return Ok(());
     }
-    let dir = tempfile::tempdir()?;
-    let second = start_own(dir.path(), std::process::id()).await?;
+    // The second lives where `make up` used to put every checkout's demo cluster: this
+    // checkout's `make down` and `make cluster-down` must leave it alone.
+    let cache = tempfile::tempdir()?;
+    let dir = cache.path().join("clusters/demo");
+    let second = start_own(&dir, std::process::id()).await?;
     let (pids, ports) = (second.recorded_pids(), second.ports());
     let result = async {
+        let make = tokio::process::Command::new("make")
+            .args(["-s", "down", "cluster-down"])
+            .current_dir(support::workspace())
+            .env("KUBEWASM_CACHE", cache.path())
+            .env_remove("KUBEWASM_DEMO_DIR")
+            .env_remove("KUBEWASM_CLUSTER_DIR")
+            .env_remove("MAKEFLAGS")
+            .output()
+            .await
+            .context("running make down cluster-down")?;
+        ensure!(
+            make.status.success(),
+            "make down cluster-down failed: {}",
+            String::from_utf8_lossy(&make.stderr)
+        );
+        ensure!(
+            pids.iter().all(|pid| process_runs(*pid)),
+            "this checkout's `make down cluster-down` stopped another's control plane: {}",
+            String::from_utf8_lossy(&make.stderr)
+        );
         ensure!(
             ports.len() == 3,
             "want 3 ports in cluster.env, got {ports:?}"

@@ -13,11 +13,12 @@
 #                         put a docker-save or OCI archive into the node's local registry
 #   make node-smoke       up --node, a Pod, a Deployment, down, nothing left (twice: NODE_SMOKE_RUNS)
 #
-# CLUSTER_DIR chooses the state directory (default: $KUBEWASM_CACHE/clusters/default).
+# CLUSTER_DIR chooses the state directory (the top Makefile's default is one per checkout,
+# $KUBEWASM_CACHE/clusters/default-<hash of the checkout's path>).
 
 CLUSTER_SH ?= $(CURDIR)/deploy/dev/local/cluster.sh
 NODE_SMOKE_SH ?= $(CURDIR)/deploy/dev/local/node-smoke.sh
-CLUSTER_DIR ?=
+CLUSTER_DIR ?= $(KUBEWASM_CACHE)/clusters/default
 NODE_SMOKE_RUNS ?= 2
 
 .PHONY: k8s-binaries cluster-up node-up cluster-down cluster-env cluster-status node-images image-push node-smoke

@@ -5,11 +5,13 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use kube::ResourceExt;
-use kubewasm::api::{ClusterWasmController, Source, WasmController, WasmControllerSpec};
+use kubewasm::api::{ClusterWasmController, Source, Verb, WasmController, WasmControllerSpec};
+use kubewasm::host::actions::as_child;
 use kubewasm::host::{GrantedReads, ObjectSet, ObjectSource, Permissions};
 use kubewasm::sandbox::{Action, Limits, ObjectRef, Request, Sandbox, SandboxConfig, parse_time};
 use kubewasm::sources::{self, OfflineOrigin};
 use kubewasm_guest_sdk::query::Query;
+use kubewasm_guest_sdk::selector::Selector;
 use serde_json::Value;
 
 use super::yaml::{read_object, read_objects};
@@ -71,11 +73,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => Permissions::allow_all(&declared.name),
     };
 
+    // What the runtime checks before it calls the guest at all.
+    if let Some(spec) = &declared.spec
+        && let Some(why) = not_reconciled(&parent, spec)?
+    {
+        println!("# {target}: not reconciled: {why}");
+        eprintln!("{target} is not one of this controller's parents: the guest was not called");
+        return Ok(());
+    }
     let sandbox = Sandbox::new(SandboxConfig::default())?;
     let guest = sandbox
         .load(&bytes)
         .context("the module is not a usable guest")?;
     let children = observed_children(&parent, &state, declared.spec.as_ref());
+    let declared_parent = declared.spec.as_ref().map(|spec| (spec, parent.clone()));
     let request = Request {
         controller: declared.name.clone(),
         target: target.clone(),
@@ -86,6 +97,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         finalizing: false,
     };
     let state = Arc::new(ObjectSet::new(state));
+    let permissions_shown = permissions.clone();
     let reads = Arc::new(GrantedReads::new(
         state.clone(),
         Arc::new(permissions),
@@ -94,7 +106,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let outcome = guest
         .call(&request, reads, &limits)
         .with_context(|| format!("reconcile of {target} failed"))?;
-    print!("{}", render(&target, &outcome.response.actions, &state)?);
+    let runtime = declared_parent.as_ref().map(|(spec, parent)| AsApplied {
+        spec,
+        parent,
+        permissions: &permissions_shown,
+    });
+    print!(
+        "{}",
+        render(&target, &outcome.response.actions, &state, runtime.as_ref())?
+    );
     eprintln!(
         "reconciled {target} with {} in {:.2} ms: {} action(s)",
         guest.digest(),
@@ -215,9 +235,87 @@ fn observed_children(
         .collect()
 }
 
+/// Why the runtime would not call the guest for `parent` at all: another kind than the
+/// spec's parent, or not matching `spec.parent.labelSelector`.
+fn not_reconciled(parent: &Value, spec: &WasmControllerSpec) -> anyhow::Result<Option<String>> {
+    let (api_version, kind) = (
+        parent
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .unwrap_or_default(),
+        parent
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or_default(),
+    );
+    if api_version != spec.parent.api_version || kind != spec.parent.kind {
+        return Ok(Some(format!(
+            "it is a {kind} ({api_version}); the controller's parent is {} ({})",
+            spec.parent.kind, spec.parent.api_version
+        )));
+    }
+    let Some(selector) = &spec.parent.label_selector else {
+        return Ok(None);
+    };
+    let parsed = Selector::parse(selector)
+        .map_err(|e| anyhow::anyhow!("spec.parent.labelSelector `{selector}`: {e}"))?;
+    let labels: std::collections::BTreeMap<String, String> = parent
+        .pointer("/metadata/labels")
+        .cloned()
+        .map(serde_json::from_value)
+        .transpose()
+        .context("the object's metadata.labels is not a map of strings")?
+        .unwrap_or_default();
+    Ok((!parsed.matches(&labels))
+        .then(|| format!("its labels do not match spec.parent.labelSelector `{selector}`")))
+}
+
+/// With a declaration: what the runtime does to an apply on the way to the API server.
+struct AsApplied<'a> {
+    spec: &'a WasmControllerSpec,
+    parent: &'a Value,
+    permissions: &'a Permissions,
+}
+
+impl AsApplied<'_> {
+    /// The object as the runtime would send it, or why it would refuse it; and a note on
+    /// what it added.
+    fn apply(&self, target: &ObjectRef, object: &mut Value) -> Result<&'static str, String> {
+        let r = ObjectRef::of(object).map_err(|e| e.message)?;
+        self.permissions
+            .check(Verb::Apply, &r.api_version, &r.kind, r.namespace.as_deref())
+            .map_err(|e| e.to_string())?;
+        let is_parent =
+            r.api_version == target.api_version && r.kind == target.kind && r.name == target.name;
+        let child = self
+            .spec
+            .children
+            .iter()
+            .any(|c| c.api_version == r.api_version && c.kind == r.kind);
+        if is_parent {
+            Ok("the parent itself (skipped when nothing changes)")
+        } else if child {
+            as_child(object, self.parent, target).map_err(|e| e.to_string())?;
+            Ok(
+                "a declared child: the runtime adds the controller ownerReference and the kubewasm.dev/desired-sha256 annotation shown",
+            )
+        } else {
+            Ok(
+                "granted, not a declared child: applied without an owner, nothing deletes it with its parent",
+            )
+        }
+    }
+}
+
 /// Objects to apply become YAML documents `kubectl apply -f -` accepts; every other action
-/// is written as a comment so the stream stays appliable.
-fn render(target: &ObjectRef, actions: &[Action], state: &ObjectSet) -> anyhow::Result<String> {
+/// is written as a comment so the stream stays appliable. With a declaration (`runtime`),
+/// applies are shown as the runtime sends them, and refused ones as comments.
+fn render(
+    target: &ObjectRef,
+    actions: &[Action],
+    state: &ObjectSet,
+    runtime: Option<&AsApplied<'_>>,
+) -> anyhow::Result<String> {
     let mut out = String::new();
     if actions.is_empty() {
         out.push_str(&format!("# {target}: nothing to do\n"));
@@ -239,7 +337,17 @@ fn render(target: &ObjectRef, actions: &[Action], state: &ObjectSet) -> anyhow::
                     .map(|r| r.to_string())
                     .unwrap_or_default();
                 out.push_str(&format!("# action {n}: apply {what}\n"));
-                out.push_str(&serde_yaml::to_string(&object)?);
+                match runtime.map(|r| r.apply(target, &mut object)) {
+                    None => out.push_str(&serde_yaml::to_string(&object)?),
+                    Some(Ok(note)) => {
+                        out.push_str(&format!("#   {note}\n"));
+                        out.push_str(&serde_yaml::to_string(&object)?);
+                    }
+                    Some(Err(why)) => {
+                        out.push_str(&format!("#   refused by the runtime: {why}\n"));
+                        out.push_str(&comment(&serde_yaml::to_string(&object)?));
+                    }
+                }
             }
             Action::Delete(r) => out.push_str(&format!("# action {n}: delete {r}\n")),
             Action::DeleteAllOf {

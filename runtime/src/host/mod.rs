@@ -12,8 +12,8 @@ mod runner;
 mod state;
 
 pub use access::{
-    AccessReviews, Acting, Asked, MissingReads, READ_VERBS, ReviewFailed, SERVICE_ACCOUNT_OPT_IN,
-    ServiceAccount,
+    AccessReviews, Acting, Asked, MissingReads, NeededRules, READ_VERBS, ReviewFailed,
+    SERVICE_ACCOUNT_OPT_IN, ServiceAccount,
 };
 pub use actions::{ActionError, ChildKind, Executor};
 pub use cache::{CacheSource, to_json};

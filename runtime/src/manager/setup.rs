@@ -12,7 +12,7 @@ use crate::api::{Reason, Verb, WasmControllerSpec};
 use crate::controller::{Kind, ResolveError, TokenBucket, WriteGate};
 use crate::host::{
     Acting, CacheSource, ChildKind, ControllerSetup, DeclaredKinds, Finalizer, GuestState,
-    Permissions, SERVICE_ACCOUNT_OPT_IN, ServiceAccount,
+    NeededRules, Permissions, SERVICE_ACCOUNT_OPT_IN, ServiceAccount,
 };
 
 use super::{ControllerId, Manager, Problem};
@@ -123,6 +123,7 @@ impl Manager {
             kinds: readable_declarations(spec)
                 .map(|(_, api_version, kind)| kind_of(api_version, kind))
                 .collect::<Result<_, _>>()?,
+            needed: needed_rules(spec, &kind_of)?,
         };
         self.check_access(id, &access).await?;
 
@@ -218,7 +219,13 @@ impl Manager {
         let kinds: Vec<&Kind> = access.kinds.iter().collect();
         match self
             .access
-            .check_reads(&id.name, &access.account, id.namespace.as_deref(), &kinds)
+            .check_reads(
+                &id.name,
+                &access.account,
+                id.namespace.as_deref(),
+                &kinds,
+                &access.needed,
+            )
             .await
         {
             Ok(Ok(())) => Ok(()),
@@ -264,6 +271,46 @@ pub(super) struct ReadAccess {
     pub(super) clamped: Vec<String>,
     account: ServiceAccount,
     kinds: Vec<Kind>,
+    /// The RBAC rules the spec needs, for the fix a refusal names.
+    needed: NeededRules,
+}
+
+/// The RBAC rules a spec needs of its ServiceAccount: the parent read and patched (applying
+/// itself, finalizers) with its status; children read, created, patched and deleted; each
+/// grant's verbs (a read: get, list, watch — the controller is handed a watch's objects; apply:
+/// create and patch, server-side apply; delete: delete, and list for delete-all-of); Events.
+fn needed_rules(
+    spec: &WasmControllerSpec,
+    kind_of: &dyn Fn(&str, &str) -> Result<Kind, Problem>,
+) -> Result<NeededRules, Problem> {
+    const READ: [&str; 3] = ["get", "list", "watch"];
+    let mut needed = NeededRules::default();
+    let parent = kind_of(&spec.parent.api_version, &spec.parent.kind)?;
+    needed.add_kind(&parent, &["get", "list", "watch", "patch"]);
+    if parent.has_status {
+        let status = format!("{}/status", parent.resource.plural);
+        needed.add(&parent.resource.group, &status, &["patch"]);
+    }
+    for c in &spec.children {
+        let child = kind_of(&c.api_version, &c.kind)?;
+        needed.add_kind(
+            &child,
+            &["get", "list", "watch", "create", "patch", "delete"],
+        );
+    }
+    for g in &spec.grants {
+        let kind = kind_of(&g.api_version, &g.kind)?;
+        for verb in &g.verbs {
+            let rbac: &[&'static str] = match verb {
+                Verb::Get | Verb::List => &READ,
+                Verb::Apply => &["create", "patch"],
+                Verb::Delete => &["delete", "list"],
+            };
+            needed.add_kind(&kind, rbac);
+        }
+    }
+    needed.add("", "events", &["create", "patch"]);
+    Ok(needed)
 }
 
 fn is_read(verb: &Verb) -> bool {

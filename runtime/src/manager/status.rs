@@ -63,9 +63,10 @@ fn desired(m: &Managed) -> WasmControllerStatus {
             g,
         ),
     };
-    let (reconciles, failures, failing, finalizing) = match &m.runner {
+    let (reconciles, failures, failing, finalizing, unowned) = match &m.runner {
         Some((runner, _)) => {
             let s = runner.stats();
+            let unowned: Vec<String> = s.unowned.locked().iter().cloned().collect();
             let failing = s.failing.locked();
             let failing = (failing.count(), failing.latest().cloned());
             let waiting = s.finalizing.locked();
@@ -85,9 +86,10 @@ fn desired(m: &Managed) -> WasmControllerStatus {
                 s.failures.load(Ordering::Relaxed),
                 failing,
                 finalizing,
+                unowned,
             )
         }
-        None => (0, 0, (0, None), Vec::new()),
+        None => (0, 0, (0, None), Vec::new(), Vec::new()),
     };
     let (failing_count, last_error) = failing;
     let ready = match (&m.runner, &m.setup_problem, &m.module_problem) {
@@ -108,34 +110,31 @@ fn desired(m: &Managed) -> WasmControllerStatus {
             why.to_string(),
             g,
         ),
-        // Running, but an object is failing: READY says so (`kubectl get wc`), and why.
-        (Some(_), _, _) if let Some(p) = &last_error => condition(
-            "Ready",
-            false,
-            p.reason,
-            match failing_count {
-                0 | 1 => format!(
-                    "reconciling {} objects, but one is failing: {}",
-                    m.spec.parent.kind, p.message
-                ),
-                n => format!(
-                    "reconciling {} objects, but {n} are failing; the latest: {}",
-                    m.spec.parent.kind, p.message
-                ),
-            },
-            g,
-        ),
         (Some(_), _, _) => {
-            let clamped = m
-                .access
-                .as_ref()
-                .map(|a| a.clamped.join("; "))
-                .filter(|c| !c.is_empty());
-            let message = match clamped {
-                Some(c) => format!("reconciling {} objects; {c}", m.spec.parent.kind),
-                None => format!("reconciling {} objects", m.spec.parent.kind),
-            };
-            condition("Ready", true, Reason::Running, message, g)
+            // The operator's clamps first: a long failure message must not cut them off.
+            let mut message = format!("reconciling {} objects", m.spec.parent.kind);
+            let clamped = m.access.as_ref().map(|a| a.clamped.join("; "));
+            if let Some(c) = clamped.filter(|c| !c.is_empty()) {
+                message = format!("{message}; {c}");
+            }
+            if !unowned.is_empty() {
+                message = format!(
+                    "{message}; it applies {} without an owner (granted in spec.grants, not declared in spec.children): nothing deletes them with their parent — declare the kind in spec.children to own them",
+                    unowned.join(", ")
+                );
+            }
+            match (&last_error, failing_count) {
+                (None, _) => {}
+                (Some(p), 0 | 1) => message = format!("{message}; one is failing: {}", p.message),
+                (Some(p), n) => {
+                    message = format!("{message}; {n} are failing, the latest: {}", p.message);
+                }
+            }
+            // Running, but an object is failing: READY says so (`kubectl get wc`), and why.
+            match &last_error {
+                Some(p) => condition("Ready", false, p.reason, message, g),
+                None => condition("Ready", true, Reason::Running, message, g),
+            }
         }
         (None, Some(p), _) => condition("Ready", false, p.reason, p.message.clone(), g),
         (None, None, Some(p)) => {

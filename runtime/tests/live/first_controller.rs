@@ -14,7 +14,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Event};
+use kube::api::ListParams;
 use kube::{Api, Client};
 
 use crate::cluster::{controller_status, ensure_condition, sha256, wait_status, workspace};
@@ -214,7 +215,6 @@ impl Scaffold {
             "phase empty ConfigMap → the failure in the status: {:.1?}",
             phase.elapsed()
         );
-        // TODO(lead): assert the Warning Event on ConfigMap `empty` (one, counted), here.
         tokio::time::sleep(NOT_RETRIED).await;
         let later = controller_status(client, ns, NAME).await?;
         ensure!(
@@ -222,6 +222,30 @@ impl Scaffold {
             "the permanent error was retried: {} failures, then {} after {NOT_RETRIED:?}",
             failed.failures,
             later.failures
+        );
+        // Reported once, on the object itself: one Warning Event, counted once.
+        let events: Api<Event> = Api::namespaced(client.clone(), ns);
+        let on_empty = ListParams::default().fields("involvedObject.name=empty");
+        let failures: Vec<Event> = events
+            .list(&on_empty)
+            .await?
+            .items
+            .into_iter()
+            .filter(|e| e.type_.as_deref() == Some("Warning"))
+            .collect();
+        let shown: Vec<_> = failures
+            .iter()
+            .map(|e| (&e.reason, e.count, &e.message))
+            .collect();
+        ensure!(
+            failures.len() == 1
+                && failures[0].reason.as_deref() == Some("ReconcileFailed")
+                && failures[0].count == Some(1)
+                && failures[0]
+                    .message
+                    .as_deref()
+                    .is_some_and(|m| m.contains("has no data to summarise")),
+            "want one Warning Event ReconcileFailed counted once on ConfigMap empty, got {shown:?}"
         );
 
         // Another edit, loaded gzipped under the same key with the same command.

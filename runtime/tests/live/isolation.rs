@@ -20,6 +20,7 @@ use crate::cluster::{
     wait_status,
 };
 use crate::runtime::{RuntimeProcess, finish};
+use crate::support::Kubectl;
 use crate::support::eventually;
 use crate::{StopOnDrop, merge};
 
@@ -79,7 +80,8 @@ async fn a_tenant_reads_and_touches_only_what_its_rbac_allows() {
         "",
         &["--access-review-seconds", "2"],
     );
-    let result = isolation(&client, &team_a, &team_b, &runtime).await;
+    let kubectl = control_plane.0.kubectl();
+    let result = isolation(&client, &kubectl, &team_a, &team_b, &runtime).await;
     finish(result, &mut [&mut runtime]);
 }
 
@@ -164,7 +166,13 @@ pub(crate) async fn install_tenant(
     .await
 }
 
-async fn isolation(client: &Client, a: &str, b: &str, runtime: &RuntimeProcess) -> Result<()> {
+async fn isolation(
+    client: &Client,
+    kubectl: &Kubectl,
+    a: &str,
+    b: &str,
+    runtime: &RuntimeProcess,
+) -> Result<()> {
     let markers = Markers::new();
     install_probe_crd(client).await?;
     install_tenant(client, a, &markers.a_secret, &markers.a_config).await?;
@@ -178,7 +186,7 @@ async fn isolation(client: &Client, a: &str, b: &str, runtime: &RuntimeProcess) 
     attacks_through_reads(client, a, b, &markers).await?;
     attacks_through_the_spec(client, a, &markers).await?;
     attacks_through_actions_and_errors(client, a, runtime).await?;
-    read_granted_later_makes_the_controller_ready(client, a, &markers).await?;
+    read_granted_later_makes_the_controller_ready(client, kubectl, a, &markers).await?;
 
     // team-b was served throughout, and still is.
     probes(client, b)
@@ -493,6 +501,7 @@ async fn attacks_through_actions_and_errors(
 /// command that fixes it; once an admin runs it, the controller becomes Ready by itself.
 async fn read_granted_later_makes_the_controller_ready(
     client: &Client,
+    kubectl: &Kubectl,
     a: &str,
     markers: &Markers,
 ) -> Result<()> {
@@ -509,10 +518,15 @@ async fn read_granted_later_makes_the_controller_ready(
         ),
     )
     .await?;
-    let fix = format!(
-        "kubectl -n {a} create role kubewasm-reads-nosy --verb=get,list,watch --resource=configmaps && kubectl -n {a} create rolebinding kubewasm-reads-nosy --role=kubewasm-reads-nosy --serviceaccount={a}:prober"
-    );
-    wait_status(
+    let fix_of = |message: &str| {
+        message
+            .split("echo '")
+            .nth(1)
+            .and_then(|rest| rest.split("' | kubectl apply -f -").next())
+            .map(str::to_owned)
+            .with_context(|| format!("no `echo '…' | kubectl apply -f -` in {message}"))
+    };
+    let refused = wait_status(
         client,
         a,
         "nosy",
@@ -525,15 +539,37 @@ async fn read_granted_later_makes_the_controller_ready(
                 c.reason,
                 c.message
             );
+            fix_of(&c.message)?;
             ensure!(
-                c.message.contains(&fix),
-                "the message does not give `{fix}`: {}",
+                c.message.contains("asks again every 2 s"),
+                "the message does not say when RBAC is asked again: {}",
                 c.message
             );
             Ok(())
         },
     )
     .await?;
+    let fix = fix_of(&condition(&refused, "Ready")?.message)?;
+    // The fix grants everything the spec needs at once: the parent with its status, Events,
+    // and the granted reads — not one 403 at a time.
+    let list: Value = serde_json::from_str(&fix)?;
+    let rules = &list["items"][0]["rules"];
+    for (resource, verb) in [
+        ("probes", "patch"),
+        ("probes/status", "patch"),
+        ("events", "create"),
+        ("configmaps", "watch"),
+    ] {
+        ensure!(
+            rules
+                .as_array()
+                .is_some_and(|rules| rules.iter().any(|r| r["resources"][0] == resource
+                    && r["verbs"]
+                        .as_array()
+                        .is_some_and(|v| v.iter().any(|v| v == verb)))),
+            "the fix's Role lacks {verb} {resource}: {rules}"
+        );
+    }
     tokio::time::sleep(Duration::from_secs(3)).await;
     let nosy = probes(client, a).get("nosy").await?;
     ensure!(
@@ -541,20 +577,10 @@ async fn read_granted_later_makes_the_controller_ready(
         "a Forbidden controller reconciled: {:?}",
         nosy.data.get("status")
     );
-    // What the command creates.
-    apply_all(
-        client,
-        &[
-            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                "metadata": {"name": "kubewasm-reads-nosy", "namespace": a},
-                "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}]}),
-            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                "metadata": {"name": "kubewasm-reads-nosy", "namespace": a},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "kubewasm-reads-nosy"},
-                "subjects": [{"kind": "ServiceAccount", "name": "prober", "namespace": a}]}),
-        ],
-    )
-    .await?;
+    // The admin runs the command the status gives, with kubectl.
+    kubectl
+        .run_with_input(&["apply", "-f", "-"], Some(fix.as_bytes()))
+        .await?;
     let granted = std::time::Instant::now();
     wait_status(
         client,

@@ -1,9 +1,10 @@
 //! A hostile guest for the runtime's sandbox tests: one build, the misbehaviour chosen by the
-//! parent object's `spec.mode`.
+//! parent object's `spec.mode` (or, for a kind without a spec such as a ConfigMap, its
+//! annotation [`MODE_ANNOTATION`]).
 //!
 //! | `spec.mode` | behaviour |
 //! | --- | --- |
-//! | `ok` (or no parent, or no mode) | Apply ConfigMap `<target name>` with `data.mode: ok`, SetStatus `{"ok": true}` |
+//! | `ok` (or no parent, or no mode) | Apply ConfigMap `<target name>` with `data.mode: ok`, SetStatus `{"ok": true}` (not on a ConfigMap parent, which has no status) |
 //! | `loop` | computes forever, no host calls |
 //! | `alloc` | allocates 1 MiB chunks filled with data, forever |
 //! | `panic` | panics with `hostile guest panicked on purpose` |
@@ -44,6 +45,9 @@ use std::io::Write as _;
 use kubewasm_guest_sdk::{Cluster, Error, EventType, LogLevel, Request, Response, object};
 use serde_json::json;
 
+/// Where a parent without a spec (a ConfigMap) names its mode.
+pub const MODE_ANNOTATION: &str = "kubewasm.dev/hostile-mode";
+
 /// The line `flood` writes, so tests can recognise it in captured output.
 pub const FLOOD_LINE: &str = "hostile guest flooding stdout";
 
@@ -76,7 +80,9 @@ pub fn reconcile(req: &Request, cluster: &dyn Cluster) -> Result<Response, Error
     let mode = req
         .parent
         .as_ref()
-        .and_then(|parent| object::spec_str(parent, "mode"))
+        .and_then(|parent| {
+            object::spec_str(parent, "mode").or_else(|| object::annotation(parent, MODE_ANNOTATION))
+        })
         .unwrap_or("ok");
     match mode {
         "ok" => Ok(well_behaved(req)),
@@ -153,9 +159,12 @@ fn well_behaved(req: &Request) -> Response {
         &req.target.name,
     )
     .data(json!({ "mode": "ok" }));
-    Response::new()
-        .apply(config_map)
-        .set_status(json!({ "ok": true }))
+    let response = Response::new().apply(config_map);
+    if req.target.kind == "ConfigMap" {
+        response
+    } else {
+        response.set_status(json!({ "ok": true }))
+    }
 }
 
 fn compose(req: &Request) -> Response {

@@ -72,6 +72,10 @@ pub struct MissingReads {
     controller: String,
     /// resource (`pods`, `helloworlds.example.com`) -> missing verbs.
     missing: BTreeMap<String, Vec<&'static str>>,
+    /// Everything the controller's spec needs, reads and writes: what the fix grants.
+    needed: NeededRules,
+    /// How often the runtime asks again (`--access-review-seconds`).
+    every: Duration,
 }
 
 impl MissingReads {
@@ -87,35 +91,87 @@ impl MissingReads {
             .iter()
             .map(|(r, verbs)| format!("{} {r}", verbs.join("/")))
             .collect();
-        let resources: Vec<&str> = self.missing.keys().map(String::as_str).collect();
-        let role = format!("kubewasm-reads-{}", self.controller);
-        let verbs = READ_VERBS.join(",");
-        let (scope, fix) = match &self.namespace {
-            Some(ns) => (
-                format!("in namespace {ns}"),
-                format!(
-                    "kubectl -n {ns} create role {role} --verb={verbs} --resource={res} && kubectl -n {ns} create rolebinding {role} --role={role} --serviceaccount={}:{}",
-                    sa.namespace,
-                    sa.name,
-                    res = resources.join(",")
-                ),
-            ),
-            None => (
-                "cluster-wide".to_owned(),
-                format!(
-                    "kubectl create clusterrole {role} --verb={verbs} --resource={res} && kubectl create clusterrolebinding {role} --clusterrole={role} --serviceaccount={}:{}",
-                    sa.namespace,
-                    sa.name,
-                    res = resources.join(",")
-                ),
-            ),
+        let scope = match &self.namespace {
+            Some(ns) => format!("in namespace {ns}"),
+            None => "cluster-wide".to_owned(),
         };
+        let role = format!("kubewasm-{}", self.controller);
+        let fix = self
+            .needed
+            .apply_command(&role, self.namespace.as_deref(), sa);
         format!(
-            "ServiceAccount {}/{} may not {} {scope}, and the controller is handed objects of those kinds; grant them with: {fix}",
+            "ServiceAccount {}/{} may not {} {scope}, and the controller is handed objects of those kinds; grant everything its spec needs (reads, and the writes it declares) with: {fix} — the runtime asks again every {} s (--access-review-seconds) and starts the controller by itself once allowed",
             sa.namespace,
             sa.name,
-            what.join(", ")
+            what.join(", "),
+            self.every.as_secs().max(1)
         )
+    }
+}
+
+/// The RBAC rules a controller's declaration needs of its ServiceAccount, by API group and
+/// resource (`pods`, `helloworlds/status`): the reads of every kind it is handed and the
+/// writes its spec declares, so that the fix a refusal names is complete, not one 403 at a
+/// time.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NeededRules(BTreeMap<(String, String), std::collections::BTreeSet<&'static str>>);
+
+impl NeededRules {
+    /// `verbs` on `resource` (a plural, optionally `plural/subresource`) of `group`.
+    pub fn add(&mut self, group: &str, resource: &str, verbs: &[&'static str]) {
+        self.0
+            .entry((group.to_owned(), resource.to_owned()))
+            .or_default()
+            .extend(verbs.iter().copied());
+    }
+
+    /// `verbs` on every object of `kind`.
+    pub fn add_kind(&mut self, kind: &Kind, verbs: &[&'static str]) {
+        self.add(&kind.resource.group, &kind.resource.plural, verbs);
+    }
+
+    /// The rules, one per resource, as RBAC writes them.
+    fn rules(&self) -> Vec<serde_json::Value> {
+        self.0
+            .iter()
+            .map(|((group, resource), verbs)| {
+                serde_json::json!({"apiGroups": [group], "resources": [resource], "verbs": verbs})
+            })
+            .collect()
+    }
+
+    /// One command that creates the rules as a Role named `name` in `namespace` (a
+    /// ClusterRole when `None`) and binds it to `account`: a `kubectl apply` of a List, so it
+    /// also updates a Role created before.
+    pub fn apply_command(
+        &self,
+        name: &str,
+        namespace: Option<&str>,
+        account: &ServiceAccount,
+    ) -> String {
+        const RBAC: &str = "rbac.authorization.k8s.io/v1";
+        let subject = serde_json::json!({"kind": "ServiceAccount", "name": account.name, "namespace": account.namespace});
+        let (role, binding) = match namespace {
+            Some(ns) => (
+                serde_json::json!({"apiVersion": RBAC, "kind": "Role",
+                    "metadata": {"name": name, "namespace": ns}, "rules": self.rules()}),
+                serde_json::json!({"apiVersion": RBAC, "kind": "RoleBinding",
+                    "metadata": {"name": name, "namespace": ns},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                    "subjects": [subject]}),
+            ),
+            None => (
+                serde_json::json!({"apiVersion": RBAC, "kind": "ClusterRole",
+                    "metadata": {"name": name}, "rules": self.rules()}),
+                serde_json::json!({"apiVersion": RBAC, "kind": "ClusterRoleBinding",
+                    "metadata": {"name": name},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+                    "subjects": [subject]}),
+            ),
+        };
+        let list =
+            serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [role, binding]});
+        format!("echo '{list}' | kubectl apply -f -")
     }
 }
 
@@ -228,7 +284,7 @@ pub(crate) fn rules_allow(rules: &[ResourceRule], verb: &str, group: &str, resou
     })
 }
 
-/// `plural.group` as `kubectl create role --resource` takes it.
+/// `plural.group`, as `kubectl` names a resource.
 fn resource_name(kind: &Kind) -> String {
     let r = &kind.resource;
     if r.group.is_empty() {
@@ -343,6 +399,7 @@ impl AccessReviews {
         account: &ServiceAccount,
         namespace: Option<&str>,
         kinds: &[&Kind],
+        needed: &NeededRules,
     ) -> Result<Result<(), MissingReads>, ReviewFailed> {
         let rules = match namespace {
             Some(ns) => self.rules(account, ns).await,
@@ -386,6 +443,8 @@ impl AccessReviews {
                 .unwrap_or(controller)
                 .to_owned(),
             missing,
+            needed: needed.clone(),
+            every: self.ttl,
         }))
     }
 

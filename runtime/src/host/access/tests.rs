@@ -33,7 +33,21 @@ fn rules_allow_as_rbac_does() {
 }
 
 #[test]
-fn missing_reads_say_what_and_how_to_grant_it() {
+fn missing_reads_say_what_and_grant_everything_the_spec_needs_at_once() {
+    let mut needed = NeededRules::default();
+    needed.add("", "configmaps", &["get", "list", "watch"]);
+    needed.add(
+        "example.com",
+        "helloworlds",
+        &["get", "list", "watch", "patch"],
+    );
+    needed.add("example.com", "helloworlds/status", &["patch"]);
+    needed.add(
+        "",
+        "pods",
+        &["create", "patch", "delete", "get", "list", "watch"],
+    );
+    needed.add("", "configmaps", &["get"]);
     let missing = MissingReads {
         account: ServiceAccount {
             namespace: "team-a".into(),
@@ -45,24 +59,51 @@ fn missing_reads_say_what_and_how_to_grant_it() {
             ("configmaps".to_owned(), vec!["get", "list", "watch"]),
             ("helloworlds.example.com".to_owned(), vec!["watch"]),
         ]),
+        needed,
+        every: Duration::from_secs(60),
     };
     let text = missing.to_string();
     assert!(
         text.contains("ServiceAccount team-a/prober may not get/list/watch configmaps, watch helloworlds.example.com in namespace team-a"),
         "{text}"
     );
-    assert!(
-        text.contains("kubectl -n team-a create role kubewasm-reads-probes --verb=get,list,watch --resource=configmaps,helloworlds.example.com && kubectl -n team-a create rolebinding kubewasm-reads-probes --role=kubewasm-reads-probes --serviceaccount=team-a:prober"),
-        "{text}"
+    assert!(text.contains("asks again every 60 s"), "{text}");
+    // The fix is one command whose JSON is a Role with every rule and its binding.
+    let json = text
+        .split("echo '")
+        .nth(1)
+        .and_then(|rest| rest.split("' | kubectl apply -f -").next())
+        .unwrap_or_else(|| panic!("no `echo '…' | kubectl apply -f -` in {text}"));
+    let list: serde_json::Value = serde_json::from_str(json).unwrap();
+    let role = &list["items"][0];
+    assert_eq!(role["kind"], "Role");
+    assert_eq!(role["metadata"]["name"], "kubewasm-probes");
+    assert_eq!(role["metadata"]["namespace"], "team-a");
+    assert_eq!(
+        role["rules"],
+        serde_json::json!([
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "delete", "get", "list", "patch", "watch"]},
+            {"apiGroups": ["example.com"], "resources": ["helloworlds"], "verbs": ["get", "list", "patch", "watch"]},
+            {"apiGroups": ["example.com"], "resources": ["helloworlds/status"], "verbs": ["patch"]},
+        ])
+    );
+    let binding = &list["items"][1];
+    assert_eq!(binding["kind"], "RoleBinding");
+    assert_eq!(binding["roleRef"]["name"], "kubewasm-probes");
+    assert_eq!(
+        binding["subjects"][0],
+        serde_json::json!({"kind": "ServiceAccount", "name": "prober", "namespace": "team-a"})
     );
     let cluster = MissingReads {
         namespace: None,
         ..missing
     };
+    let text = cluster.to_string();
     assert!(
-        cluster
-            .to_string()
-            .contains("watch helloworlds.example.com cluster-wide, and the controller is handed objects of those kinds; grant them with: kubectl create clusterrole kubewasm-reads-probes"),
-        "{cluster}"
+        text.contains("watch helloworlds.example.com cluster-wide, and the controller is handed objects of those kinds")
+            && text.contains(r#""kind":"ClusterRole","metadata":{"name":"kubewasm-probes"}"#)
+            && text.contains(r#""kind":"ClusterRoleBinding""#),
+        "{text}"
     );
 }

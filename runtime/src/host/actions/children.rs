@@ -12,15 +12,69 @@
 //! What it does not see is a child edited by someone else: that is put right when the
 //! desired object next changes (`InPlace` re-applies then, `Recreate` replaces it).
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use kube::api::DynamicObject;
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 
 use crate::api::{UpdateStrategy, Verb};
+use crate::controller::{ObjectKey, Watch};
 use crate::sandbox::ObjectRef;
 
 use super::{ActionError, ChildKind, DesiredChildren, Executor, Outcome, str_at};
+
+/// Where the executor looks up an object of a child kind that this parent does not control.
+pub trait ExistingChildren: Send + Sync {
+    /// The object of `kind` named as `r` says, as cached (`None`: not seen).
+    fn existing(&self, kind: &ChildKind, r: &ObjectRef) -> Option<Arc<DynamicObject>>;
+}
+
+impl ExistingChildren for Vec<(ChildKind, Arc<Watch>)> {
+    fn existing(&self, kind: &ChildKind, r: &ObjectRef) -> Option<Arc<DynamicObject>> {
+        let (_, watch) = self
+            .iter()
+            .find(|(c, _)| c.kind.resource == kind.kind.resource)?;
+        watch.get(&ObjectKey {
+            namespace: r.namespace.clone(),
+            name: r.name.clone(),
+        })
+    }
+}
+
+/// No cache: every name is free (offline runs, unit tests).
+pub struct NoExistingChildren;
+
+impl ExistingChildren for NoExistingChildren {
+    fn existing(&self, _: &ChildKind, _: &ObjectRef) -> Option<Arc<DynamicObject>> {
+        None
+    }
+}
+
+/// Why an apply must not take over `existing`, an object of a child kind that the parent
+/// (`parent_uid`) does not control: a guest never adopts. An object another controller holds
+/// would get a second controller reference (or be taken from its owner); an object nobody
+/// owns may be anything — a team's hand-made ConfigMap, the controller's own module — and
+/// owning it means deleting it with the parent. Kubernetes' own controllers adopt orphans by
+/// label selector; a sandboxed tenant gets no such reach.
+fn held_elsewhere(existing: &DynamicObject, parent_uid: &str, r: &ObjectRef) -> Option<String> {
+    let owners = existing
+        .metadata
+        .owner_references
+        .as_deref()
+        .unwrap_or_default();
+    match owners.iter().find(|o| o.controller == Some(true)) {
+        Some(o) if o.uid == parent_uid => None,
+        Some(o) => Some(format!(
+            "{r} exists and is controlled by {} {} (uid {}), not by this parent: not taken over; give the child another name (or, if that owner is being deleted, this is retried)",
+            o.kind, o.name, o.uid
+        )),
+        None => Some(format!(
+            "{r} exists and no controller owns it (made by hand, by another tool, or a module ConfigMap): a controller does not adopt it; give the child another name, or delete the object so that the controller creates its own"
+        )),
+    }
+}
 
 /// The annotation on every child holding the sha256 of the object its controller last asked
 /// for.
@@ -44,12 +98,21 @@ impl Executor<'_> {
             return Ok(());
         };
         desired.insert((r.api_version.clone(), r.kind.clone(), r.name.clone()));
-        add_owner(&mut object, parent, self.target);
-        let digest = mark_desired(&mut object)?;
+        let digest = as_child(&mut object, parent, self.target)?;
         let observed = self.children.iter().find(|c| {
             str_at(c, "/kind") == Some(r.kind.as_str())
                 && str_at(c, "/metadata/name") == Some(r.name.as_str())
         });
+        if observed.is_none()
+            && let Some(existing) = self.existing.existing(child, r)
+            && let Some(why) = held_elsewhere(
+                &existing,
+                str_at(parent, "/metadata/uid").unwrap_or_default(),
+                r,
+            )
+        {
+            return Err(ActionError::Invalid(why));
+        }
         if let Some(observed) = observed {
             if observed.pointer("/metadata/deletionTimestamp").is_some() {
                 outcome.requeue_after = Some(Duration::from_secs(2));
@@ -107,6 +170,18 @@ impl Executor<'_> {
         }
         Ok(())
     }
+}
+
+/// A declared child as the runtime applies it: the parent's controller ownerReference, then
+/// [`DESIRED_ANNOTATION`]; returns the digest. (`kubewasm reconcile --controller` shows the
+/// same.)
+pub fn as_child(
+    object: &mut Value,
+    parent: &Value,
+    target: &ObjectRef,
+) -> Result<String, ActionError> {
+    add_owner(object, parent, target);
+    mark_desired(object)
 }
 
 /// Adds [`DESIRED_ANNOTATION`] with the sha256 of `object` as it is now, and returns it.
@@ -182,6 +257,37 @@ mod tests {
         stored["spec"]["containers"][0]["resources"]["requests"]["cpu"] = json!("500m");
         stored["spec"]["tolerations"] = json!([{"key": "node.kubernetes.io/not-ready"}]);
         assert_eq!(str_at(&stored, DESIRED_POINTER), Some(digest.as_str()));
+    }
+
+    #[test]
+    fn a_child_name_held_by_another_owner_or_by_nobody_is_not_taken_over() {
+        let r = ObjectRef::new("v1", "ConfigMap", Some("ns"), "stamp");
+        let object = |owners: Value| -> DynamicObject {
+            serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "stamp", "namespace": "ns", "ownerReferences": owners}}))
+            .unwrap()
+        };
+        let owner = |uid: &str, controller: bool| {
+            json!({"apiVersion": "example.com/v1", "kind": "Stamp", "name": "other",
+                "uid": uid, "controller": controller})
+        };
+        assert_eq!(
+            held_elsewhere(&object(json!([owner("u-1", true)])), "u-1", &r),
+            None
+        );
+        let other = held_elsewhere(&object(json!([owner("u-2", true)])), "u-1", &r).unwrap();
+        assert!(
+            other.contains("controlled by Stamp other (uid u-2)"),
+            "{other}"
+        );
+        // Owned, but not controlled (a plain ownerReference): still nobody's to adopt.
+        let orphan = held_elsewhere(&object(json!([owner("u-1", false)])), "u-1", &r).unwrap();
+        assert!(
+            orphan.contains("ConfigMap ns/stamp exists and no controller owns it"),
+            "{orphan}"
+        );
+        let module = held_elsewhere(&object(json!(null)), "u-1", &r).unwrap();
+        assert!(module.contains("module ConfigMap"), "{module}");
     }
 
     #[test]

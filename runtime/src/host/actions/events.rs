@@ -81,6 +81,20 @@ impl EventRecorder {
 }
 
 impl Executor<'_> {
+    /// Records one Event on the parent outside a guest's actions (the runtime's own, such as
+    /// a failed reconcile's): [`Executor::record_event`] alone, nothing else of `execute`.
+    pub async fn record_event_only(
+        &self,
+        event_type: EventType,
+        reason: &str,
+        message: &str,
+    ) -> Result<Outcome, ActionError> {
+        let mut outcome = Outcome::default();
+        self.record_event(event_type, reason, message, &mut outcome)
+            .await?;
+        Ok(outcome)
+    }
+
     /// Records an Event on the parent, or counts it on the Event recorded for the same
     /// object, type and reason less than [`SERIES_TTL`] ago.
     pub(super) async fn record_event(

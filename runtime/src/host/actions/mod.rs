@@ -17,7 +17,7 @@ mod parent;
 #[cfg(test)]
 mod tests;
 
-pub use children::DESIRED_ANNOTATION;
+pub use children::{DESIRED_ANNOTATION, ExistingChildren, NoExistingChildren, as_child};
 pub use events::EventRecorder;
 
 use std::collections::HashSet;
@@ -97,6 +97,9 @@ pub struct Executor<'a> {
     pub child_kinds: &'a [ChildKind],
     /// Children observed for this parent.
     pub children: &'a [Value],
+    /// Objects of the child kinds as cached, whoever holds them: an apply of a name held by
+    /// another owner, or by nobody, is refused rather than adopted ([`children`]).
+    pub existing: &'a dyn ExistingChildren,
     /// The controller's Events, counted per object and reason.
     pub events: &'a EventRecorder,
     /// The controller's saved states (`setState`), and the target's key in them.
@@ -117,6 +120,9 @@ pub struct Outcome {
     /// What was left undone without failing the reconcile (an Event the ServiceAccount may not
     /// create), for the log.
     pub skipped: Vec<String>,
+    /// Kinds (`Kind (apiVersion)`) applied without an owner: granted, not declared children,
+    /// so nothing collects them with the parent — said in the controller's status.
+    pub unowned: Vec<String>,
 }
 
 fn str_at<'v>(v: &'v Value, ptr: &str) -> Option<&'v str> {
@@ -215,7 +221,12 @@ impl Executor<'_> {
                 .await;
         }
         self.server_side_apply(kind, &target, &object, outcome)
-            .await
+            .await?;
+        let unowned = format!("{} ({})", target.kind, target.api_version);
+        if !outcome.unowned.contains(&unowned) {
+            outcome.unowned.push(unowned);
+        }
+        Ok(())
     }
 
     /// `PATCH` with server-side apply as this controller's field manager, forced (the guest

@@ -63,14 +63,32 @@ impl Executor<'_> {
             )
             .await
         };
-        result.map_err(|source| ActionError::Api {
+        let written = result.map_err(|source| ActionError::Api {
             what: format!("set status of {}", self.target),
             source,
         })?;
+        // A kind without a status (a ConfigMap, a Secret) accepts the patch and drops the
+        // field: said, not logged as done.
+        if !self.parent_kind.has_status && !is_empty(status) && written.data.get("status").is_none()
+        {
+            return Err(ActionError::Invalid(format!(
+                "set_status on {}: {} ({}) has no status, the API server dropped it; keep what the controller must remember with Response::set_state, or write it into an annotation or a field of the object (apply), or make the parent a kind with a status (a CRD with `subresources: {{status: {{}}}}`)",
+                self.target, self.target.kind, self.target.api_version
+            )));
+        }
         outcome
             .changes
             .push(format!("set status of {}", self.target));
         Ok(())
+    }
+}
+
+/// A status that says nothing (`null`, `{}`): a kind without a status keeps it as well.
+fn is_empty(status: &Value) -> bool {
+    match status {
+        Value::Null => true,
+        Value::Object(m) => m.is_empty(),
+        _ => false,
     }
 }
 

@@ -141,6 +141,7 @@ async fn run(
         target: &target,
         child_kinds: &child_kinds,
         children: &observed,
+        existing: &super::NoExistingChildren,
         events,
         state: (&GuestState::in_memory(), "ns/web"),
     };

@@ -49,6 +49,9 @@ pub struct Stats {
     pub failing: Mutex<Failing>,
     /// Parents being deleted whose clean-up the guest has not said done.
     pub finalizing: Mutex<std::collections::BTreeSet<ObjectKey>>,
+    /// Kinds the guest applied without an owner (granted, not declared in `spec.children`):
+    /// at most the kinds it declared.
+    pub unowned: Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// Everything a running controller needs; built by the manager from a WasmController.

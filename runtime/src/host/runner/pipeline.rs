@@ -103,14 +103,63 @@ impl Runner {
         let outcome = match self.call(&prepared, guest, request).await {
             Ok(outcome) => outcome,
             Err(e) => {
+                let problem = Problem::new(Reason::from(&e), e.to_string());
+                self.report_failure(&prepared, &problem).await;
                 return Err(Failure {
-                    problem: Problem::new(Reason::from(&e), e.to_string()),
+                    problem,
                     permanent: (!e.retryable()).then_some(attempt),
                 });
             }
         };
-        let applied = self.apply(&prepared, outcome).await?;
+        let applied = match self.apply(&prepared, outcome).await {
+            Ok(applied) => applied,
+            Err(problem) => {
+                self.report_failure(&prepared, &problem).await;
+                return Err(problem.into());
+            }
+        };
         Ok(self.settle(*prepared, applied).await?)
+    }
+
+    /// A failed reconcile, told where its author looks: a Warning Event on the parent (reason
+    /// the failure's, e.g. `ReconcileFailed`), counted on one Event while it repeats (a
+    /// retried failure backs off; a permanent one is not called again), with the controller's
+    /// own identity and write budget like any Event of its guest. A ServiceAccount that may
+    /// not create Events still has the failure in its WasmController's status.
+    async fn report_failure(&self, prepared: &Prepared, problem: &Problem) {
+        if prepared.parent_json.is_none() {
+            return; // nothing to post it on
+        }
+        let s = &self.setup;
+        let state_key = prepared.key.to_string();
+        let executor = Executor {
+            client: s.client.clone(),
+            kinds: &s.kinds,
+            writes: &s.writes,
+            permissions: &s.permissions,
+            field_manager: format!("kubewasm/{}", s.id),
+            parent_kind: s.parent.kind(),
+            parent: prepared.parent_json.as_ref(),
+            target: &prepared.target,
+            child_kinds: &[],
+            children: &[],
+            existing: &actions::NoExistingChildren,
+            events: &self.events,
+            state: (&s.state, &state_key),
+        };
+        let message = format!("controller {}: {}", s.id, problem.message);
+        let message = crate::sandbox::guest_text(&message, crate::sandbox::MAX_GUEST_MESSAGE_BYTES);
+        match executor
+            .record_event_only(EventType::Warning, problem.reason.as_str(), &message)
+            .await
+        {
+            Ok(outcome) => {
+                for skipped in &outcome.skipped {
+                    tracing::debug!("{skipped}");
+                }
+            }
+            Err(e) => tracing::debug!("the failure's Event was not recorded: {e}"),
+        }
     }
 
     /// Whether the key last failed with a permanent error on the parent and module it has
@@ -250,6 +299,7 @@ impl Runner {
             target: &prepared.target,
             child_kinds: &child_kinds,
             children: &prepared.children,
+            existing: &s.children,
             events: &self.events,
             state: (&s.state, &state_key),
         };
@@ -287,6 +337,16 @@ impl Runner {
         } = applied;
         for skipped in &done.skipped {
             tracing::warn!("{skipped}");
+        }
+        if !done.unowned.is_empty() {
+            let mut unowned = self.stats.unowned.locked();
+            for kind in &done.unowned {
+                if unowned.insert(kind.clone()) {
+                    tracing::warn!(
+                        "applied {kind} without an owner (a grant, not in spec.children): nothing deletes it with its parent"
+                    );
+                }
+            }
         }
         if parent.is_none() {
             // The object is gone: so is what the controller kept about it.
