@@ -114,6 +114,7 @@ impl Scaffold {
 
     /// The README's offline steps: `make test`, `make build`, `make run`.
     async fn offline(&self) -> Result<()> {
+        self.cargo_fmt_check().await?;
         let tests = self.make(&["test"], BUILD).await?;
         ensure!(
             tests.contains("test result: ok. 4 passed"),
@@ -270,6 +271,27 @@ impl Scaffold {
         eprintln!(
             "phase edit, make update GZIPPED=1 → the new behaviour: {:.1?}",
             phase.elapsed()
+        );
+        Ok(())
+    }
+
+    /// The crate is written as rustfmt writes it, whatever its name (the user's own
+    /// `cargo fmt` changes nothing).
+    async fn cargo_fmt_check(&self) -> Result<()> {
+        let mut command = tokio::process::Command::new("cargo");
+        command
+            .args(["fmt", "--check"])
+            .current_dir(&self.path)
+            .env_remove("CARGO")
+            .env_remove("RUSTUP_TOOLCHAIN")
+            .kill_on_drop(true);
+        let out = tokio::time::timeout(KUBECTL, command.output())
+            .await
+            .with_context(|| format!("`cargo fmt --check` did not finish within {KUBECTL:?}"))??;
+        ensure!(
+            out.status.success(),
+            "the new crate is not formatted as rustfmt does:\n{}",
+            String::from_utf8_lossy(&out.stdout)
         );
         Ok(())
     }
