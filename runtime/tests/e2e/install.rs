@@ -154,7 +154,8 @@ pub async fn install(
 }
 
 /// The Pod runs as ServiceAccount kubewasm-system/kubewasm, and its only credential is that
-/// account's own token: no kubeconfig, no other Secret mounted, no admin token anywhere.
+/// account's own token: no kubeconfig, no other Secret mounted, no admin token anywhere (its
+/// other volumes: the module files' ConfigMap and the compiled-module cache's emptyDir).
 async fn runs_as_its_service_account(cluster: &NodeCluster, pod: &Pod) -> Result<()> {
     let name = pod.name_any();
     let spec = pod.spec.as_ref().context("a Pod without spec")?;
@@ -222,6 +223,13 @@ async fn runs_as_its_service_account(cluster: &NodeCluster, pod: &Pod) -> Result
                     volume.name
                 );
             }
+        } else if let Some(dir) = &volume.empty_dir {
+            // The compiled-module cache: the runtime's own scratch space, bounded.
+            ensure!(
+                volume.name == "compiled" && dir.size_limit.is_some(),
+                "Pod {name} mounts an emptyDir {} without a size limit: {dir:?}",
+                volume.name
+            );
         } else {
             bail!("Pod {name} mounts an unexpected volume: {volume:?}");
         }
