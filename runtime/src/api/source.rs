@@ -76,11 +76,12 @@ impl ImageRef {
         }
         let last = rest.rsplit('/').next().unwrap_or(rest);
         if !last.contains(':') && !last.contains('@') {
-            return bad("name a tag (`:v1`) or a digest (`@sha256:…`): there is no implicit `latest`");
+            return bad(
+                "name a tag (`:v1`) or a digest (`@sha256:…`): there is no implicit `latest`",
+            );
         }
-        let reference = oci_client::Reference::try_from(text).map_err(|e| {
-            format!("spec.module.image `{text}` is not an image reference: {e}")
-        })?;
+        let reference = oci_client::Reference::try_from(text)
+            .map_err(|e| format!("spec.module.image `{text}` is not an image reference: {e}"))?;
         if let Some(digest) = reference.digest() {
             let hex = digest.strip_prefix("sha256:").unwrap_or_default();
             if hex.len() != 64 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
@@ -146,10 +147,11 @@ impl ModuleSource {
         .flatten()
         .collect();
         if given.len() > 1 {
-            return Err(format!(
-                "spec.module names {}; name exactly one",
-                given.join(" and ")
-            ));
+            let names = match given.as_slice() {
+                [a, b] => format!("both {a} and {b}"),
+                all => all.join(", "),
+            };
+            return Err(format!("spec.module names {names}; name exactly one"));
         }
         if self.image_pull_secret.is_some() && self.image.is_none() {
             return Err(
@@ -274,10 +276,7 @@ mod tests {
         assert_eq!(ok("localhost/hello:v1").registry(), "localhost");
         let pinned = ok(&format!("127.0.0.1:5000/hello@{digest}"));
         assert_eq!(pinned.digest(), Some(digest.as_str()));
-        assert_eq!(
-            pinned.at(&digest),
-            format!("127.0.0.1:5000/hello@{digest}")
-        );
+        assert_eq!(pinned.at(&digest), format!("127.0.0.1:5000/hello@{digest}"));
         let both = ok(&format!("127.0.0.1:5000/hello:v1@{digest}"));
         assert_eq!(both.digest(), Some(digest.as_str()));
         for (text, why) in [
@@ -289,14 +288,24 @@ mod tests {
             ("127.0.0.1:5000/hello:v1\n", "printable ASCII"),
             ("", "printable ASCII"),
             ("127.0.0.1:5000/Hello:v1", "is not an image reference"),
-            ("127.0.0.1:5000/hello@sha256:abc", "is not an image reference"),
-            ("127.0.0.1:5000/hello@sha512:abc", "is not an image reference"),
+            (
+                "127.0.0.1:5000/hello@sha256:abc",
+                "is not an image reference",
+            ),
+            (
+                "127.0.0.1:5000/hello@sha512:abc",
+                "is not an image reference",
+            ),
         ] {
             let err = ImageRef::parse(text).unwrap_err();
             assert!(err.contains(why), "{text}: {err}");
         }
         let long = format!("127.0.0.1:5000/{}:v1", "a".repeat(600));
-        assert!(ImageRef::parse(&long).unwrap_err().contains("longer than 512"));
+        assert!(
+            ImageRef::parse(&long)
+                .unwrap_err()
+                .contains("longer than 512")
+        );
     }
 
     #[test]

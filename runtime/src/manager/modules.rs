@@ -96,8 +96,9 @@ impl Manager {
                 // The same bytes would fail the same way: read again only once they change.
                 if let Some(m) = self.controllers.get_mut(id) {
                     if let Version::Image(digest) = &version
-                        && let Ok(Source::Oci { image: reference, .. }) =
-                            m.spec.module.source(id.namespace.as_deref())
+                        && let Ok(Source::Oci {
+                            image: reference, ..
+                        }) = m.spec.module.source(id.namespace.as_deref())
                     {
                         image = Some(reference.at(digest));
                     }

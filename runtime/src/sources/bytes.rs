@@ -250,7 +250,9 @@ mod tests {
             )),
             "{err}"
         );
-        let err = unpack(raw, Some("00"), false, DEFAULT_MAX_MODULE_BYTES).unwrap_err().to_string();
+        let err = unpack(raw, Some("00"), false, DEFAULT_MAX_MODULE_BYTES)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("does not match the spec.module.sha256 pin sha256:00"),
             "{err}"
@@ -277,7 +279,10 @@ mod tests {
         std::fs::write(root.path().join("secret"), b"hush").unwrap();
         std::os::unix::fs::symlink(root.path().join("secret"), dir.join("link.wasm")).unwrap();
         std::fs::create_dir(dir.join("sub")).unwrap();
-        assert_eq!(read_module_file(&dir, "ok.wasm", MAX_TEST).unwrap(), b"\0asm");
+        assert_eq!(
+            read_module_file(&dir, "ok.wasm", MAX_TEST).unwrap(),
+            b"\0asm"
+        );
         let ok = dir.join("ok.wasm");
         assert_eq!(
             read_module_file(&dir, ok.to_str().unwrap(), MAX_TEST).unwrap(),
@@ -291,7 +296,9 @@ mod tests {
             "sub",
             "/proc/self/environ",
         ] {
-            let err = read_module_file(&dir, outside, MAX_TEST).unwrap_err().to_string();
+            let err = read_module_file(&dir, outside, MAX_TEST)
+                .unwrap_err()
+                .to_string();
             assert!(
                 err.contains("is not a regular file under the module directory"),
                 "{outside}: {err}"
@@ -307,7 +314,9 @@ mod tests {
         );
         let big = std::fs::File::create(dir.join("big.wasm")).unwrap();
         big.set_len(MAX_TEST + 1).unwrap();
-        let err = read_module_file(&dir, "big.wasm", MAX_TEST).unwrap_err().to_string();
+        let err = read_module_file(&dir, "big.wasm", MAX_TEST)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("larger than 1Mi"), "{err}");
     }
 }

@@ -145,6 +145,71 @@ impl WasmConfig {
     }
 }
 
+impl ComponentInfo {
+    /// What a component's top level imports and exports, and the world it targets when it is
+    /// a kubewasm controller's (it imports `kubewasm:controller/host@V` and exports
+    /// `reconcile`: [`CONTROLLER_WORLD`]`@V`); `None` for any other world (a component binary
+    /// does not name its world). An error for bytes that are no component.
+    pub fn of(bytes: &[u8]) -> Result<ComponentInfo, String> {
+        use wasmparser::{Parser, Payload};
+        if !Parser::is_component(bytes) {
+            return Err("not a WebAssembly component (a core module or no wasm at all)".into());
+        }
+        let (mut imports, mut exports) = (Vec::new(), Vec::new());
+        // Nested modules and components are parsed inline: only depth 0 is the component's.
+        let mut depth = 0usize;
+        for payload in Parser::new(0).parse_all(bytes) {
+            match payload.map_err(|e| format!("not a valid component: {e}"))? {
+                Payload::ModuleSection { .. } | Payload::ComponentSection { .. } => depth += 1,
+                Payload::End(_) => depth = depth.saturating_sub(1),
+                Payload::ComponentImportSection(section) if depth == 0 => {
+                    for import in section {
+                        let import = import.map_err(|e| format!("not a valid component: {e}"))?;
+                        imports.push(import.name.name.to_owned());
+                    }
+                }
+                Payload::ComponentExportSection(section) if depth == 0 => {
+                    for export in section {
+                        let export = export.map_err(|e| format!("not a valid component: {e}"))?;
+                        exports.push(export.name.name.to_owned());
+                    }
+                }
+                _ => {}
+            }
+        }
+        let host = format!(
+            "{}/host@",
+            CONTROLLER_WORLD.split('/').next().unwrap_or_default()
+        );
+        let version = imports.iter().find_map(|i| i.strip_prefix(&host));
+        let target = match version {
+            Some(v) if exports.iter().any(|e| e == "reconcile") => {
+                Some(format!("{CONTROLLER_WORLD}@{v}"))
+            }
+            _ => None,
+        };
+        Ok(ComponentInfo {
+            exports,
+            imports,
+            target,
+        })
+    }
+}
+
+impl WasmConfig {
+    /// The config of a component with `info`, made now, whose one layer has `layer_digest`.
+    pub fn for_component(info: ComponentInfo, layer_digest: String) -> WasmConfig {
+        WasmConfig {
+            created: Some(k8s_openapi::jiff::Timestamp::now().to_string()),
+            author: None,
+            architecture: "wasm".into(),
+            os: "wasip2".into(),
+            layer_digests: vec![layer_digest],
+            component: Some(info),
+        }
+    }
+}
+
 /// Why a module could not be pulled from a registry.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PullError {
@@ -341,10 +406,7 @@ fn wasm_layer(manifest: &OciImageManifest) -> Result<&OciDescriptor, String> {
         ));
     }
     let [layer] = manifest.layers.as_slice() else {
-        return Err(format!(
-            "it has {} layers, not one",
-            manifest.layers.len()
-        ));
+        return Err(format!("it has {} layers, not one", manifest.layers.len()));
     };
     if layer.media_type != LAYER_MEDIA_TYPE {
         return Err(format!(
@@ -355,7 +417,9 @@ fn wasm_layer(manifest: &OciImageManifest) -> Result<&OciDescriptor, String> {
     for descriptor in [&manifest.config, layer] {
         // A descriptor's `urls` would make the client fetch from wherever they point.
         if descriptor.urls.as_ref().is_some_and(|u| !u.is_empty()) {
-            return Err("a descriptor names foreign `urls`, which this runtime never follows".into());
+            return Err(
+                "a descriptor names foreign `urls`, which this runtime never follows".into(),
+            );
         }
     }
     Ok(layer)
@@ -472,29 +536,44 @@ pub fn docker_config_auth(json: &[u8], registry: &str) -> Result<Option<Registry
     let Some((user, password)) = decoded.split_once(':') else {
         return Err(format!("its `auth` for {registry} is not `user:password`"));
     };
-    Ok(Some(RegistryAuth::Basic(user.to_owned(), password.to_owned())))
+    Ok(Some(RegistryAuth::Basic(
+        user.to_owned(),
+        password.to_owned(),
+    )))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn chunks(parts: Vec<&'static [u8]>) -> impl futures::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Unpin {
+    fn chunks(
+        parts: Vec<&'static [u8]>,
+    ) -> impl futures::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Unpin {
         futures::stream::iter(parts.into_iter().map(|p| Ok(bytes::Bytes::from_static(p))))
     }
 
     #[tokio::test]
     async fn a_blob_is_read_to_its_declared_size_and_not_a_byte_more() {
         assert_eq!(
-            read_capped(chunks(vec![b"ab", b"cd"]), 4, "module").await.unwrap(),
+            read_capped(chunks(vec![b"ab", b"cd"]), 4, "module")
+                .await
+                .unwrap(),
             b"abcd"
         );
         let err = read_capped(chunks(vec![b"ab", b"cde"]), 4, "module")
             .await
             .unwrap_err();
-        assert!(err.to_string().contains("goes on past the 4 bytes"), "{err}");
-        let err = read_capped(chunks(vec![b"ab"]), 4, "module").await.unwrap_err();
-        assert!(err.to_string().contains("ended after 2 of the 4 bytes"), "{err}");
+        assert!(
+            err.to_string().contains("goes on past the 4 bytes"),
+            "{err}"
+        );
+        let err = read_capped(chunks(vec![b"ab"]), 4, "module")
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("ended after 2 of the 4 bytes"),
+            "{err}"
+        );
         assert_eq!(err.reason(), Reason::DigestMismatch);
     }
 
@@ -527,12 +606,28 @@ mod tests {
                 target: target.map(Into::into),
             }),
         };
-        assert!(config(Some("kubewasm:controller/controller@0.3.0")).controller_world().is_ok());
-        assert!(config(Some("kubewasm:controller/controller")).controller_world().is_ok());
-        let err = config(Some("wasi:cli/command@0.2.0")).controller_world().unwrap_err();
-        assert!(err.to_string().contains("targets world `wasi:cli/command@0.2.0`"), "{err}");
+        assert!(
+            config(Some("kubewasm:controller/controller@0.3.0"))
+                .controller_world()
+                .is_ok()
+        );
+        assert!(
+            config(Some("kubewasm:controller/controller"))
+                .controller_world()
+                .is_ok()
+        );
+        let err = config(Some("wasi:cli/command@0.2.0"))
+            .controller_world()
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("targets world `wasi:cli/command@0.2.0`"),
+            "{err}"
+        );
         assert_eq!(err.reason(), Reason::ModuleInvalid);
-        let err = config(Some("kubewasm:controller/controllerX")).controller_world().unwrap_err();
+        let err = config(Some("kubewasm:controller/controllerX"))
+            .controller_world()
+            .unwrap_err();
         assert!(matches!(err, PullError::WrongWorld { .. }));
         let err = config(None).controller_world().unwrap_err();
         assert!(err.to_string().contains("targets no world"), "{err}");
@@ -557,10 +652,21 @@ mod tests {
             docker_config_auth(json.as_bytes(), "other.example").unwrap(),
             Some(RegistryAuth::Basic("bob".into(), "pw".into()))
         );
-        assert_eq!(docker_config_auth(json.as_bytes(), "nowhere:1").unwrap(), None);
-        assert!(docker_config_auth(b"[]", "x").unwrap_err().contains("not a docker config"));
+        assert_eq!(
+            docker_config_auth(json.as_bytes(), "nowhere:1").unwrap(),
+            None
+        );
+        assert!(
+            docker_config_auth(b"{auths", "x")
+                .unwrap_err()
+                .contains("not a docker config")
+        );
         let bad = r#"{"auths": {"r.example": {"auth": "!!"}}}"#;
-        assert!(docker_config_auth(bad.as_bytes(), "r.example").unwrap_err().contains("not base64"));
+        assert!(
+            docker_config_auth(bad.as_bytes(), "r.example")
+                .unwrap_err()
+                .contains("not base64")
+        );
     }
 
     #[test]
@@ -569,8 +675,7 @@ mod tests {
             media_type: media_type.into(),
             digest: format!("sha256:{}", "0".repeat(64)),
             size: 1,
-            urls: None,
-            annotations: None,
+            ..OciDescriptor::default()
         };
         let manifest = |config: OciDescriptor, layers: Vec<OciDescriptor>| OciImageManifest {
             schema_version: 2,
@@ -581,7 +686,10 @@ mod tests {
             artifact_type: None,
             annotations: None,
         };
-        let ok = manifest(descriptor(CONFIG_MEDIA_TYPE), vec![descriptor(LAYER_MEDIA_TYPE)]);
+        let ok = manifest(
+            descriptor(CONFIG_MEDIA_TYPE),
+            vec![descriptor(LAYER_MEDIA_TYPE)],
+        );
         assert!(wasm_layer(&ok).is_ok());
         let docker = manifest(
             descriptor("application/vnd.docker.container.image.v1+json"),

@@ -5,8 +5,9 @@
 //! or sends an endless blob holds one task until its deadline, never the manager.
 //!
 //! Memory: a pull's bytes are at most `--max-module-bytes`; a pull keeps its permit until
-//! the manager has taken its module, so at most [`PARALLEL_PULLS`] modules are in memory
-//! between the registry and the compiler at once.
+//! the manager has taken its module (or [`UNTAKEN_TTL`] has passed: a module nobody takes
+//! must not hold a permit), so at most [`PARALLEL_PULLS`] modules are in memory between the
+//! registry and the compiler at once.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -22,6 +23,9 @@ use crate::sync::Locks as _;
 
 /// Pulls under way (or done and not yet taken) at once, for all controllers.
 pub const PARALLEL_PULLS: usize = 4;
+
+/// How long a pulled module waits to be taken before it is dropped (and its permit freed).
+pub const UNTAKEN_TTL: Duration = Duration::from_secs(30);
 
 /// Whose credentials a pull uses.
 #[derive(Clone)]
@@ -141,9 +145,16 @@ struct Slot {
     generation: u64,
     running: bool,
     started: Option<tokio::time::Instant>,
-    finished: Option<(Result<Pulled, PullError>, Option<OwnedSemaphorePermit>)>,
+    finished: Option<Finished>,
     /// The error of the last pull, taken, until one succeeds.
     last_error: Option<PullError>,
+}
+
+/// A pull's answer, until it is taken.
+struct Finished {
+    result: Result<Pulled, PullError>,
+    at: tokio::time::Instant,
+    _permit: Option<OwnedSemaphorePermit>,
 }
 
 /// The runtime's registry pulls, one slot per controller (see the module doc).
@@ -195,7 +206,7 @@ impl Pulls {
                 ..Slot::default()
             };
         }
-        if let Some((result, _permit)) = slot.finished.take() {
+        if let Some(Finished { result, .. }) = slot.finished.take() {
             slot.last_error = result.as_ref().err().cloned();
             return Polled::Done(result);
         }
@@ -209,9 +220,7 @@ impl Pulls {
             let (key, image, known) = (key.to_owned(), image.clone(), known.map(str::to_owned));
             tokio::spawn(async move {
                 let permit = this.permits.clone().acquire_owned().await.ok();
-                let result = this
-                    .pull(&image, &credentials, known.as_deref())
-                    .await;
+                let result = this.pull(&image, &credentials, known.as_deref()).await;
                 // Only a module's bytes are held with the permit until they are taken.
                 let permit = permit.filter(|_| matches!(result, Ok(Pulled::Module { .. })));
                 this.finish(&key, generation, result, permit);
@@ -254,7 +263,11 @@ impl Pulls {
                 return;
             }
             slot.running = false;
-            slot.finished = Some((result, permit));
+            slot.finished = Some(Finished {
+                result,
+                at: tokio::time::Instant::now(),
+                _permit: permit,
+            });
         }
         self.done.locked().insert(key.to_owned());
         self.notify.notify_one();
@@ -267,8 +280,21 @@ impl Pulls {
     }
 
     /// Forgets the pulls of keys `keep` says no: their controllers are gone or no longer
-    /// name an image (their bytes and permits are freed).
+    /// name an image (their bytes and permits are freed); and drops answers untaken for
+    /// [`UNTAKEN_TTL`].
     pub fn retain(&self, keep: impl Fn(&str) -> bool) {
-        self.slots.locked().retain(|key, _| keep(key));
+        let now = tokio::time::Instant::now();
+        let mut slots = self.slots.locked();
+        slots.retain(|key, _| keep(key));
+        for slot in slots.values_mut() {
+            if slot
+                .finished
+                .as_ref()
+                .is_some_and(|f| now >= f.at + UNTAKEN_TTL)
+            {
+                slot.finished = None;
+                slot.started = None;
+            }
+        }
     }
 }
