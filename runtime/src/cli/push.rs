@@ -93,7 +93,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             client
                 .push(reference, &layers, config, &auth, Some(manifest))
                 .await
-                .with_context(|| format!("cannot push to {}", args.reference))?;
+                .with_context(|| match args.insecure {
+                    true => format!("cannot push to {}", args.reference),
+                    false => format!(
+                        "cannot push to {} over HTTPS (a registry that speaks plain HTTP needs --insecure)",
+                        args.reference
+                    ),
+                })?;
             // What the registry stores, as it says it.
             client
                 .fetch_manifest_digest(reference, &auth)

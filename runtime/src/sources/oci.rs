@@ -592,6 +592,56 @@ mod tests {
         assert!(read <= (1 << 20) + (64 << 10), "read {read} bytes");
     }
 
+    #[tokio::test]
+    async fn a_registry_that_never_answers_ends_at_the_deadline() {
+        // Accepts connections and never says a byte.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                open.push(socket);
+            }
+        });
+        let config = RegistryConfig {
+            insecure: vec![addr.clone()],
+            pull_timeout: Duration::from_millis(500),
+            ..RegistryConfig::new(1 << 20)
+        };
+        let image = ImageRef::parse(&format!("{addr}/silent:v1")).unwrap();
+        let started = std::time::Instant::now();
+        let err = pull(&config, &image, &RegistryAuth::Anonymous, None)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, PullError::TimedOut { .. }), "{err}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(err.reason(), Reason::ModuleNotFound);
+        held.abort();
+    }
+
+    #[test]
+    fn the_world_is_read_from_a_components_imports_and_exports() {
+        let other = wat::parse_str("(component)").unwrap();
+        let info = ComponentInfo::of(&other).unwrap();
+        assert_eq!(info.target, None);
+        assert!(info.exports.is_empty() && info.imports.is_empty());
+        let core = wat::parse_str("(module)").unwrap();
+        assert!(
+            ComponentInfo::of(&core)
+                .unwrap_err()
+                .contains("core module")
+        );
+        assert!(
+            ComponentInfo::of(b"junk")
+                .unwrap_err()
+                .contains("not a WebAssembly component")
+        );
+    }
+
     #[test]
     fn only_the_controller_world_is_taken() {
         let config = |target: Option<&str>| WasmConfig {
