@@ -64,8 +64,18 @@ impl RegistryConfig {
         }
     }
 
-    /// An `oci-client` client for one pull or push (never shared between credentials).
+    /// An `oci-client` client for one pull or push (never shared between credentials), which
+    /// trusts the system's CA roots. Without any roots it is refused here: `oci-client` builds
+    /// a default reqwest client inside, which panics without roots — even for plain HTTP.
     pub fn client(&self) -> Result<oci_client::Client, PullError> {
+        static SYSTEM_ROOTS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        let roots =
+            *SYSTEM_ROOTS.get_or_init(|| rustls_native_certs::load_native_certs().certs.len());
+        if roots == 0 {
+            return Err(PullError::Client(
+                "this runtime has no CA certificates (none in /etc/ssl/certs, $SSL_CERT_FILE or $SSL_CERT_DIR), and its registry client cannot start without them, even for plain HTTP; its operator mounts a CA bundle and sets SSL_CERT_FILE".into(),
+            ));
+        }
         install_crypto_provider();
         let config = ClientConfig {
             protocol: ClientProtocol::HttpsExcept(self.insecure.clone()),
