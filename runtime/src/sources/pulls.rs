@@ -4,6 +4,10 @@
 //! woken ([`Pulls::notified`]) and asks again. So a registry that never answers, drips bytes
 //! or sends an endless blob holds one task until its deadline, never the manager.
 //!
+//! Fairness: one tenant (a namespace's controllers, or the cluster's) pulls one image at a
+//! time, so a tenant naming many images on a registry that never answers holds one of the
+//! [`PARALLEL_PULLS`] permits, not all of them.
+//!
 //! Memory: a pull's bytes are at most `--max-module-bytes`; a pull keeps its permit until
 //! the manager has taken its module (or [`UNTAKEN_TTL`] has passed: a module nobody takes
 //! must not hold a permit), so at most [`PARALLEL_PULLS`] modules are in memory between the
@@ -163,6 +167,8 @@ pub struct Pulls {
     /// The least time between two pulls of one controller's image.
     poll: Duration,
     permits: Arc<Semaphore>,
+    /// One pull at a time per tenant (the namespace part of a key).
+    tenants: Mutex<HashMap<String, Arc<Semaphore>>>,
     slots: Mutex<HashMap<String, Slot>>,
     done: Mutex<HashSet<String>>,
     notify: Notify,
@@ -175,6 +181,7 @@ impl Pulls {
             config,
             poll,
             permits: Arc::new(Semaphore::new(PARALLEL_PULLS)),
+            tenants: Mutex::default(),
             slots: Mutex::default(),
             done: Mutex::default(),
             notify: Notify::new(),
@@ -218,7 +225,14 @@ impl Pulls {
             let generation = slot.generation;
             let this = self.clone();
             let (key, image, known) = (key.to_owned(), image.clone(), known.map(str::to_owned));
+            let tenant = this
+                .tenants
+                .locked()
+                .entry(tenant_of(&key).to_owned())
+                .or_insert_with(|| Arc::new(Semaphore::new(1)))
+                .clone();
             tokio::spawn(async move {
+                let _turn = tenant.acquire_owned().await.ok();
                 let permit = this.permits.clone().acquire_owned().await.ok();
                 let result = this.pull(&image, &credentials, known.as_deref()).await;
                 // Only a module's bytes are held with the permit until they are taken.
@@ -286,6 +300,10 @@ impl Pulls {
         let now = tokio::time::Instant::now();
         let mut slots = self.slots.locked();
         slots.retain(|key, _| keep(key));
+        let tenants: std::collections::HashSet<&str> = slots.keys().map(|k| tenant_of(k)).collect();
+        self.tenants.locked().retain(|tenant, turn| {
+            tenants.contains(tenant.as_str()) || turn.available_permits() == 0
+        });
         for slot in slots.values_mut() {
             if slot
                 .finished
@@ -295,6 +313,50 @@ impl Pulls {
                 slot.finished = None;
                 slot.started = None;
             }
+        }
+    }
+}
+
+/// The tenant of a controller's key: its namespace (`ns/name`), or `""` for the cluster's.
+fn tenant_of(key: &str) -> &str {
+    key.split_once('/').map_or("", |(ns, _)| ns)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_namespace_is_one_tenant_and_the_cluster_controllers_another() {
+        assert_eq!(tenant_of("team-a/hello"), "team-a");
+        assert_eq!(tenant_of("pod-watcher"), "");
+    }
+
+    #[tokio::test]
+    async fn a_pull_answers_at_once_and_wakes_the_manager_when_it_ends() {
+        // Nothing listens on port 9 of loopback: the pull fails fast, beside the caller.
+        let pulls = Pulls::new(
+            RegistryConfig {
+                insecure: vec!["127.0.0.1:9".into()],
+                ..RegistryConfig::new(1 << 20)
+            },
+            Duration::from_secs(5),
+        );
+        let image = ImageRef::parse("127.0.0.1:9/team/hello:v1").unwrap();
+        let first = pulls.module("team/hello", &image, Credentials::Anonymous, None);
+        assert!(matches!(first, Polled::Waiting(None)), "{first:?}");
+        let woken = tokio::time::timeout(Duration::from_secs(60), pulls.notified())
+            .await
+            .expect("the manager is woken when the pull ends");
+        assert!(woken.contains("team/hello"));
+        match pulls.module("team/hello", &image, Credentials::Anonymous, None) {
+            Polled::Done(Err(e)) => assert_eq!(e.reason(), Reason::ModuleNotFound, "{e}"),
+            other => panic!("{other:?}"),
+        }
+        // Asked again at once: a new pull, the last error still said.
+        match pulls.module("team/hello", &image, Credentials::Anonymous, None) {
+            Polled::Waiting(Some(e)) => assert_eq!(e.reason(), Reason::ModuleNotFound),
+            other => panic!("{other:?}"),
         }
     }
 }
