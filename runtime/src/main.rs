@@ -29,6 +29,8 @@ enum Command {
     New(cli::new::Args),
     /// Host the cluster's WasmControllers (kubeconfig or in-cluster config) until SIGTERM.
     Run(Box<cli::run::Args>),
+    /// Push a built component to a registry (as a wasm OCI artifact) and print its digest.
+    Push(cli::push::Args),
     /// Print the CustomResourceDefinitions of the kubewasm.dev API.
     Crds,
 }
@@ -41,6 +43,7 @@ fn main() -> ExitCode {
         Command::Check(args) => cli::check::run(args),
         Command::New(args) => cli::new::run(args),
         Command::Run(args) => cli::run::run(*args),
+        Command::Push(args) => cli::push::run(args),
         Command::Crds => {
             print!("{}", kubewasm::api::crds_yaml());
             Ok(())

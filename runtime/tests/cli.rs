@@ -824,3 +824,71 @@ fn new_writes_a_guest_crate_and_refuses_what_it_cannot_write() {
         "nothing is written when the SDK is wrong"
     );
 }
+
+#[test]
+fn push_refuses_what_it_cannot_push_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let guest = common::guest("hostile");
+    let guest = guest.to_str().unwrap();
+    // Nothing listens here: bound, then released.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let at = |repo: &str| format!("127.0.0.1:{port}/{repo}");
+    kubewasm(&["push", guest, "hello:v1"])
+        .failure(&["the reference `hello:v1`", "name the registry"]);
+    kubewasm(&["push", guest, &at("hello")]).failure(&["no implicit `latest`"]);
+    let digest = format!("{}@sha256:{}", at("hello"), "0".repeat(64));
+    kubewasm(&["push", guest, &digest]).failure(&["push to a tag"]);
+    kubewasm(&["push", "/nonexistent/guest.wasm", &at("hello:v1")])
+        .failure(&["cannot read /nonexistent/guest.wasm"]);
+    let junk = write(dir.path(), "junk.wasm", b"not wasm at all");
+    kubewasm(&["push", junk.to_str().unwrap(), &at("hello:v1")])
+        .failure(&["junk.wasm", "not a WebAssembly component"]);
+    let core = write(dir.path(), "core.wasm", wat::parse_str("(module)").unwrap());
+    kubewasm(&["push", core.to_str().unwrap(), &at("hello:v1")])
+        .failure(&["not a WebAssembly component (a core module"]);
+    kubewasm(&["push", guest, &at("hello:v1"), "--insecure"])
+        .failure(&[&format!("cannot push to {}", at("hello:v1"))]);
+    kubewasm(&["push", guest, &at("hello:v1")]).failure(&["over HTTPS", "needs --insecure"]);
+    // A docker config that is not one is named, not ignored.
+    let config_dir = tempfile::tempdir().unwrap();
+    write(config_dir.path(), "config.json", "{not json");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kubewasm"))
+        .args(["push", guest, &at("hello:v1"), "--insecure"])
+        .env("DOCKER_CONFIG", config_dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(!child.wait().unwrap().success());
+    assert!(
+        stderr.contains("config.json: not a docker config"),
+        "{stderr}"
+    );
+    // --username needs --password-stdin (clap's usage error, exit code 2).
+    let run = kubewasm(&["push", guest, &at("hello:v1"), "--username", "u"]);
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(run.stderr.contains("--password-stdin"), "{}", run.stderr);
+}
+
+#[test]
+fn run_help_shows_the_module_cap_and_the_insecure_registries() {
+    let help = kubewasm(&["run", "--help"]).success().stdout;
+    assert!(
+        help.contains("--max-module-bytes <MAX_MODULE_BYTES>"),
+        "{help}"
+    );
+    assert!(help.contains("[default: 64Mi]"), "{help}");
+    assert!(help.contains("--insecure-registry <HOST:PORT>"), "{help}");
+}

@@ -31,6 +31,8 @@ mod guitars;
 mod identity;
 #[path = "live/isolation.rs"]
 mod isolation;
+#[path = "live/oci.rs"]
+mod oci;
 #[path = "live/pods.rs"]
 mod pods;
 #[path = "live/quarantine.rs"]

@@ -21,7 +21,7 @@ pub use limits::{
 };
 pub use quantity::parse_bytes;
 pub use reason::{Problem, Reason};
-pub use source::Source;
+pub use source::{ImageRef, MAX_IMAGE_REFERENCE_BYTES, Source};
 
 /// What the CRD schema lets through as an `apiVersion`: `VERSION` or `GROUP/VERSION`, the
 /// group a DNS subdomain and the version a DNS label. The API server checks it before the
@@ -125,7 +125,7 @@ pub struct ClusterWasmControllerSpec {
     pub controller: WasmControllerSpec,
 }
 
-/// Where a module comes from: exactly one of `configMap` or `path`.
+/// Where a module comes from: exactly one of `configMap`, `path` or `image`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ModuleSource {
@@ -137,11 +137,30 @@ pub struct ModuleSource {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 4096))]
     pub path: Option<String>,
+    /// An OCI artifact in a registry (the CNCF wasm layout, as `kubewasm push` makes it):
+    /// `registry/repository:tag`, `registry/repository@sha256:<hex>` or both (the digest wins).
+    /// A tag is resolved again every `--module-poll-seconds`, and a moved tag rolls the
+    /// controller forward; a digest never changes. The registry must be named (no implicit
+    /// `docker.io`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 512), pattern(IMAGE_REFERENCE_PATTERN))]
+    pub image: Option<String>,
+    /// Only with `image`: a `kubernetes.io/dockerconfigjson` Secret of the controller's
+    /// namespace (a ClusterWasmController: its ServiceAccount's namespace) with credentials
+    /// for the image's registry. It is read as the controller's ServiceAccount, which needs
+    /// `get` on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253), pattern(DNS_SUBDOMAIN_PATTERN))]
+    pub image_pull_secret: Option<String>,
     /// If set, the module is only loaded when its sha256 (hex, after gunzip) matches.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 71))]
     pub sha256: Option<String>,
 }
+
+/// What the CRD schema lets through as `spec.module.image`: printable, no spaces (the runtime
+/// parses it with its registry client's grammar).
+pub const IMAGE_REFERENCE_PATTERN: &str = r"^[!-~]+$";
 
 /// One key of one ConfigMap.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -315,8 +334,9 @@ pub const NO_MODULE_FILES: &str = "a WasmController may not load a module from a
 ///
 /// The two kinds share one spec type; their schemas differ where the API server itself
 /// must refuse: a `WasmController` takes no `spec.module.path` (the 1.20 API server has no
-/// CEL, so `maxLength: 0` does it) and needs `configMap`; a `ClusterWasmController` needs
-/// exactly one of the two.
+/// CEL, so `maxLength: 0` does it) and needs exactly one of `configMap` and `image`; a
+/// `ClusterWasmController` needs exactly one of the three (`oneOf` of `required`, which a
+/// structural schema allows).
 #[allow(clippy::expect_used)]
 pub fn crds_yaml() -> String {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps;
@@ -331,11 +351,15 @@ pub fn crds_yaml() -> String {
             path.max_length = Some(0);
             path.description = Some(format!("Must be empty: {NO_MODULE_FILES}."));
         }
-        module.required = Some(vec!["configMap".to_owned()]);
+        module.one_of = Some(vec![required("configMap"), required("image")]);
     });
     let mut cluster = ClusterWasmController::crd();
     with_module_schema(&mut cluster, |module| {
-        module.one_of = Some(vec![required("configMap"), required("path")]);
+        module.one_of = Some(vec![
+            required("configMap"),
+            required("path"),
+            required("image"),
+        ]);
     });
     for crd in [&mut namespaced, &mut cluster] {
         with_spec_field(crd, "limits", |limits| {

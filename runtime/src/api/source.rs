@@ -1,6 +1,6 @@
 //! A spec's module source and ServiceAccount, parsed once: the CRD keeps its union shape
-//! (`spec.module.configMap` / `spec.module.path`), and everything after this reads a
-//! [`Source`].
+//! (`spec.module.configMap` / `spec.module.path` / `spec.module.image`), and everything after
+//! this reads a [`Source`].
 
 use super::{ModuleSource, NO_MODULE_FILES, WasmControllerSpec};
 
@@ -23,16 +23,98 @@ pub enum Source {
         /// As the spec gives it.
         path: String,
     },
+    /// An OCI artifact in a registry.
+    Oci {
+        /// The image, parsed.
+        image: ImageRef,
+        /// The name of the `kubernetes.io/dockerconfigjson` Secret with the registry's
+        /// credentials, in the namespace of the controller's ServiceAccount (read as it).
+        pull_secret: Option<String>,
+    },
 }
 
 impl Source {
-    /// Whether the runtime looks at the source again every `--module-poll-seconds` (a file);
-    /// a ConfigMap is watched instead.
+    /// Whether the runtime looks at the source again every `--module-poll-seconds` (a file,
+    /// an image by tag); a ConfigMap is watched instead, and an image by digest never changes.
     pub fn is_polled(&self) -> bool {
         match self {
             Source::ConfigMap { .. } => false,
             Source::File { .. } => true,
+            Source::Oci { image, .. } => image.digest().is_none(),
         }
+    }
+}
+
+/// The most bytes `spec.module.image` may have (the CRD says the same).
+pub const MAX_IMAGE_REFERENCE_BYTES: usize = 512;
+
+/// An image reference the runtime will pull: a registry named explicitly (no implicit
+/// `docker.io`: a tenant's typo must not send its credentials there), a repository, and a tag,
+/// a `sha256` digest or both. Parsed with the registry client's own grammar.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageRef(oci_client::Reference);
+
+impl ImageRef {
+    /// Parses `text`; the error says what is wrong, for a status.
+    pub fn parse(text: &str) -> Result<ImageRef, String> {
+        let bad = |why: &str| Err(format!("spec.module.image `{text}`: {why}"));
+        if text.len() > MAX_IMAGE_REFERENCE_BYTES {
+            return Err(format!(
+                "spec.module.image is longer than {MAX_IMAGE_REFERENCE_BYTES} bytes"
+            ));
+        }
+        if text.is_empty() || text.chars().any(|c| !c.is_ascii_graphic()) {
+            return bad("must be printable ASCII without spaces");
+        }
+        let Some((host, rest)) = text.split_once('/') else {
+            return bad("name the registry, e.g. `registry.example.com/team/controller:v1`");
+        };
+        if !(host.contains('.') || host.contains(':') || host == "localhost") {
+            return bad(
+                "name the registry (a host with a dot or a port, or `localhost`) before the repository, e.g. `registry.example.com/team/controller:v1`",
+            );
+        }
+        let last = rest.rsplit('/').next().unwrap_or(rest);
+        if !last.contains(':') && !last.contains('@') {
+            return bad(
+                "name a tag (`:v1`) or a digest (`@sha256:…`): there is no implicit `latest`",
+            );
+        }
+        let reference = oci_client::Reference::try_from(text)
+            .map_err(|e| format!("spec.module.image `{text}` is not an image reference: {e}"))?;
+        if let Some(digest) = reference.digest() {
+            let hex = digest.strip_prefix("sha256:").unwrap_or_default();
+            if hex.len() != 64 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+                return bad("the digest must be `sha256:` and 64 lowercase hex digits");
+            }
+        }
+        Ok(ImageRef(reference))
+    }
+
+    /// The registry client's form of it.
+    pub fn reference(&self) -> &oci_client::Reference {
+        &self.0
+    }
+
+    /// The registry, `host[:port]`.
+    pub fn registry(&self) -> &str {
+        self.0.registry()
+    }
+
+    /// The digest it pins, `sha256:<hex>`, if any.
+    pub fn digest(&self) -> Option<&str> {
+        self.0.digest()
+    }
+
+    /// The same repository at `digest` (what a tag resolved to).
+    pub fn at(&self, digest: &str) -> String {
+        format!("{}/{}@{digest}", self.0.registry(), self.0.repository())
+    }
+}
+
+impl std::fmt::Display for ImageRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.whole())
     }
 }
 
@@ -45,20 +127,52 @@ impl std::fmt::Display for Source {
                 key,
             } => write!(f, "ConfigMap {namespace}/{name} key {key}"),
             Source::File { path } => write!(f, "file {path}"),
+            Source::Oci { image, .. } => write!(f, "image {image}"),
         }
     }
 }
 
 impl ModuleSource {
     /// The source, for a controller of `namespace` (`None`: a ClusterWasmController).
-    /// Exactly one of `configMap` and `path` must be given; only a cluster controller may
-    /// name a file or another namespace's ConfigMap. The error says what to change.
+    /// Exactly one of `configMap`, `path` and `image` must be given; only a cluster controller
+    /// may name a file or another namespace's ConfigMap; `imagePullSecret` only with `image`.
+    /// The error says what to change.
     pub fn source(&self, namespace: Option<&str>) -> Result<Source, String> {
+        let given: Vec<&str> = [
+            self.config_map.as_ref().map(|_| "configMap"),
+            self.path.as_ref().map(|_| "path"),
+            self.image.as_ref().map(|_| "image"),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if given.len() > 1 {
+            let names = match given.as_slice() {
+                [a, b] => format!("both {a} and {b}"),
+                all => all.join(", "),
+            };
+            return Err(format!("spec.module names {names}; name exactly one"));
+        }
+        if self.image_pull_secret.is_some() && self.image.is_none() {
+            return Err(
+                "spec.module.imagePullSecret is only for spec.module.image; remove it".into(),
+            );
+        }
+        if let Some(image) = &self.image {
+            if let Some(secret) = &self.image_pull_secret {
+                kubewasm_guest_sdk::query::validate_dns_subdomain(secret)
+                    .map_err(|e| format!("spec.module.imagePullSecret: {e}"))?;
+            }
+            return Ok(Source::Oci {
+                image: ImageRef::parse(image)?,
+                pull_secret: self.image_pull_secret.clone(),
+            });
+        }
         match (&self.config_map, &self.path) {
             (Some(_), Some(_)) => {
                 Err("spec.module names both configMap and path; name exactly one".into())
             }
-            (None, None) => Err("spec.module names neither configMap nor path".into()),
+            (None, None) => Err("spec.module names none of configMap, path and image".into()),
             (None, Some(_)) if namespace.is_some() => Err(NO_MODULE_FILES.into()),
             (None, Some(path)) => Ok(Source::File { path: path.clone() }),
             (Some(cm), None) => {
@@ -112,6 +226,7 @@ impl WasmControllerSpec {
                         match other {
                             Source::File { .. } => "file",
                             Source::ConfigMap { .. } => "ConfigMap",
+                            Source::Oci { .. } => "image",
                         }
                     ));
                 }
@@ -134,8 +249,90 @@ mod tests {
                 namespace: namespace.map(Into::into),
             }),
             path: path.map(Into::into),
+            image: None,
+            image_pull_secret: None,
             sha256: None,
         }
+    }
+
+    fn image(image: &str, secret: Option<&str>) -> ModuleSource {
+        ModuleSource {
+            image: Some(image.into()),
+            image_pull_secret: secret.map(Into::into),
+            ..module(None, None)
+        }
+    }
+
+    #[test]
+    fn image_references_name_a_registry_and_a_tag_or_digest() {
+        let digest = format!("sha256:{}", "ab".repeat(32));
+        let ok = |text: &str| ImageRef::parse(text).unwrap();
+        let by_tag = ok("registry.example.com/team/hello:v1");
+        assert_eq!(by_tag.registry(), "registry.example.com");
+        assert_eq!(by_tag.digest(), None);
+        assert_eq!(by_tag.to_string(), "registry.example.com/team/hello:v1");
+        let local = ok("127.0.0.1:5000/hello:v1");
+        assert_eq!(local.registry(), "127.0.0.1:5000");
+        assert_eq!(ok("localhost/hello:v1").registry(), "localhost");
+        let pinned = ok(&format!("127.0.0.1:5000/hello@{digest}"));
+        assert_eq!(pinned.digest(), Some(digest.as_str()));
+        assert_eq!(pinned.at(&digest), format!("127.0.0.1:5000/hello@{digest}"));
+        let both = ok(&format!("127.0.0.1:5000/hello:v1@{digest}"));
+        assert_eq!(both.digest(), Some(digest.as_str()));
+        for (text, why) in [
+            ("hello:v1", "name the registry"),
+            ("team/hello:v1", "name the registry"),
+            ("docker.io/library/hello", "no implicit `latest`"),
+            ("127.0.0.1:5000/hello", "no implicit `latest`"),
+            ("127.0.0.1:5000/hello:v1 x", "printable ASCII"),
+            ("127.0.0.1:5000/hello:v1\n", "printable ASCII"),
+            ("", "printable ASCII"),
+            ("127.0.0.1:5000/Hello:v1", "is not an image reference"),
+            (
+                "127.0.0.1:5000/hello@sha256:abc",
+                "is not an image reference",
+            ),
+            (
+                "127.0.0.1:5000/hello@sha512:abc",
+                "is not an image reference",
+            ),
+        ] {
+            let err = ImageRef::parse(text).unwrap_err();
+            assert!(err.contains(why), "{text}: {err}");
+        }
+        let long = format!("127.0.0.1:5000/{}:v1", "a".repeat(600));
+        assert!(
+            ImageRef::parse(&long)
+                .unwrap_err()
+                .contains("longer than 512")
+        );
+    }
+
+    #[test]
+    fn an_image_is_one_source_of_three_and_polled_only_by_tag() {
+        let tag = image("127.0.0.1:5000/hello:v1", Some("regcred"))
+            .source(Some("team"))
+            .unwrap();
+        assert!(tag.is_polled());
+        assert!(matches!(&tag, Source::Oci { pull_secret: Some(s), .. } if s == "regcred"));
+        let digest = format!("127.0.0.1:5000/hello@sha256:{}", "0".repeat(64));
+        assert!(!image(&digest, None).source(None).unwrap().is_polled());
+        let both = ModuleSource {
+            config_map: module(Some(("m", None)), None).config_map,
+            ..image("127.0.0.1:5000/hello:v1", None)
+        };
+        let err = both.source(Some("team")).unwrap_err();
+        assert!(err.contains("configMap and image"), "{err}");
+        let secret_alone = ModuleSource {
+            image_pull_secret: Some("regcred".into()),
+            ..module(Some(("m", None)), None)
+        };
+        let err = secret_alone.source(Some("team")).unwrap_err();
+        assert!(err.contains("only for spec.module.image"), "{err}");
+        let err = image("127.0.0.1:5000/hello:v1", Some("Bad_Name"))
+            .source(Some("team"))
+            .unwrap_err();
+        assert!(err.starts_with("spec.module.imagePullSecret"), "{err}");
     }
 
     #[test]
@@ -174,7 +371,7 @@ mod tests {
             module(None, None)
                 .source(None)
                 .unwrap_err()
-                .contains("neither")
+                .contains("none of")
         );
     }
 

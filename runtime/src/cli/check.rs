@@ -18,7 +18,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let raw = std::fs::read(&args.module)
         .with_context(|| format!("cannot read `{}`", args.module.display()))?;
     let warning = configmap_size_warning(&args.module, &raw);
-    let bytes = kubewasm::sources::unpack(raw, None, true)?;
+    let bytes =
+        kubewasm::sources::unpack(raw, None, true, kubewasm::sources::DEFAULT_MAX_MODULE_BYTES)?;
     let sandbox = Sandbox::new(SandboxConfig::default())?;
     let guest = sandbox
         .load(&bytes)

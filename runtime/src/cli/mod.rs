@@ -2,6 +2,7 @@
 
 pub mod check;
 pub mod new;
+pub mod push;
 pub mod reconcile;
 pub mod run;
 mod yaml;

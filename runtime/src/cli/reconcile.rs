@@ -195,7 +195,9 @@ fn module_bytes(args: &Args, declared: &Declared, state: &[Value]) -> anyhow::Re
     match fetched {
         sources::Fetched::Module { bytes, .. } => Ok(bytes),
         // Nothing was loaded before, so nothing can be unchanged.
-        sources::Fetched::Unchanged => bail!("no module was read from {source}"),
+        sources::Fetched::Unchanged | sources::Fetched::Pending => {
+            bail!("no module was read from {source}")
+        }
     }
 }
 

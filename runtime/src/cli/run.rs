@@ -86,6 +86,15 @@ pub struct Args {
     /// journal.
     #[arg(long, env = "KUBEWASM_QUARANTINE_NAMESPACE")]
     quarantine_namespace: Option<String>,
+    /// The most bytes a module may have, a quantity: a module file, a ConfigMap's module after
+    /// gunzip, an image's layer (refused unread when its manifest says more, and cut off when
+    /// a registry sends more than it said).
+    #[arg(long, default_value_t = Unit::Bytes.show(ManagerConfig::default().max_module_bytes))]
+    max_module_bytes: String,
+    /// A registry (`HOST:PORT`, as image references name it) spoken to over plain HTTP instead
+    /// of HTTPS; repeatable. Every other registry is HTTPS only.
+    #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
+    insecure_registries: Vec<String>,
     /// Guest log lines a tenant may log at once after a quiet spell.
     #[arg(long, default_value_t = SandboxConfig::default().log_line_burst)]
     log_line_burst: u32,
@@ -144,6 +153,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config.max_controllers_per_namespace = args.max_controllers_per_namespace.max(1);
         config.max_modules_per_namespace = args.max_modules_per_namespace.max(1);
         config.quarantine_namespace = args.quarantine_namespace;
+        config.max_module_bytes = match kubewasm::api::parse_bytes(&args.max_module_bytes) {
+            Ok(0) | Err(_) => anyhow::bail!(
+                "--max-module-bytes {}: give a quantity above 0, e.g. 64Mi",
+                args.max_module_bytes
+            ),
+            Ok(bytes) => bytes as u64,
+        };
+        config.insecure_registries = args.insecure_registries;
         let cap = |flag: &str, value: &str| -> anyhow::Result<u64> {
             let bytes = kubewasm::api::parse_bytes(value)
                 .map_err(|e| anyhow::anyhow!("--{flag} {value}: {e}"))?;

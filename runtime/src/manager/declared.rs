@@ -96,6 +96,7 @@ impl Manager {
         self.stop(&id).await; // already stopped by `on_declared`: returns at once
         let old = self.controllers.remove(&id);
         let guest = old.as_ref().and_then(|m| m.guest.clone());
+        let image = old.as_ref().and_then(|m| m.image.clone());
         // The state in memory is at least as new as the status the watch brings (this
         // process wrote it); the status is read only the first time.
         let state = match old {
@@ -112,6 +113,8 @@ impl Manager {
             runner: None,
             guest,
             module_version: None,
+            image,
+            unreachable_since: None,
             module_problem: None,
             setup_problem: None,
             access: None,

@@ -81,6 +81,10 @@ pub struct ManagerConfig {
     pub max_controllers_per_namespace: usize,
     /// Distinct modules one namespace's WasmControllers may run.
     pub max_modules_per_namespace: usize,
+    /// The most bytes a module may have (a file, a ConfigMap's after gunzip, an image's layer).
+    pub max_module_bytes: u64,
+    /// Registries (`host:port`) spoken to over plain HTTP.
+    pub insecure_registries: Vec<String>,
     /// The namespace of the journal of modules being compiled (see [`quarantine`]); `None`:
     /// no journal, and nothing quarantined.
     pub quarantine_namespace: Option<String>,
@@ -106,6 +110,8 @@ impl Default for ManagerConfig {
             write_burst: 50,
             max_controllers_per_namespace: 64,
             max_modules_per_namespace: 8,
+            max_module_bytes: crate::sources::DEFAULT_MAX_MODULE_BYTES,
+            insecure_registries: Vec::new(),
             quarantine_namespace: None,
             cache_caps: crate::controller::CacheCaps::default(),
         }
@@ -178,6 +184,11 @@ struct Managed {
     guest: Option<Arc<GuestPre>>,
     /// The version of its source `guest` was read from.
     module_version: Option<crate::sources::Version>,
+    /// The image (`registry/repository@sha256:…`) `guest` was pulled as, if it was.
+    image: Option<String>,
+    /// Its source could not be read: the module problem before that, shown again once the
+    /// source answers that it is still at the version loaded.
+    unreachable_since: Option<Option<Problem>>,
     module_problem: Option<Problem>,
     setup_problem: Option<Problem>,
     /// What its ServiceAccount was found allowed to read when it started.
@@ -227,6 +238,8 @@ pub struct Manager {
     status_rate: crate::sandbox::TenantRate,
     /// Metadata of the ConfigMaps modules may come from (see [`modules`]).
     module_config_maps: Option<reflector::Store<PartialObjectMeta<ConfigMap>>>,
+    /// Registry pulls, beside the loop.
+    pulls: Arc<crate::sources::Pulls>,
 }
 
 impl Manager {
@@ -243,7 +256,13 @@ impl Manager {
         let base_config = request_config(base_config);
         let client = Client::try_from(base_config.clone())?;
         let sandbox = Sandbox::new(config.sandbox.clone())?;
+        let registries = crate::sources::oci::RegistryConfig {
+            insecure: config.insecure_registries.clone(),
+            ..crate::sources::oci::RegistryConfig::new(config.max_module_bytes)
+        };
+        let pulls = crate::sources::Pulls::new(registries, config.module_poll);
         Ok(Manager {
+            pulls,
             watches: SharedWatches::new(
                 watch_client.clone(),
                 config.namespace.clone(),
@@ -354,6 +373,7 @@ impl Manager {
             connecting.elapsed()
         );
         let fence = self.fence.clone();
+        let pulls = self.pulls.clone();
         // `/healthz` fails when this loop stops making progress (see MANAGER_STALL_LIMIT).
         let mut heartbeat = tokio::time::interval(HEARTBEAT);
         loop {
@@ -393,6 +413,7 @@ impl Manager {
                 _ = retry_tick.tick() => self.retry_failed().await,
                 _ = access_tick.tick() => self.recheck_access().await,
                 _ = poll_tick.tick() => self.reload_polled().await,
+                pulled = pulls.notified() => self.on_pulled(&pulled).await,
             }
         }
         self.metrics.manager_beat(false);

@@ -7,6 +7,11 @@
 //! whenever the ConfigMap's uid or resourceVersion is not the one the controller's module
 //! came from ([`sources::ClusterOrigin`]), so a changed module is noticed as before, and an
 //! unchanged one costs nothing.
+//!
+//! Images are pulled beside the manager loop ([`sources::Pulls`]): asking for one answers at
+//! once, and the loop is woken when a pull ends ([`Manager::on_pulled`]). A tag is resolved
+//! again every `--module-poll-seconds` with the files; a moved tag loads like a changed
+//! ConfigMap (the last good module keeps running if the new one fails).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -16,7 +21,7 @@ use futures::StreamExt;
 use crate::api::{Reason, Source, WasmControllerSpec};
 use crate::controller::ObjectKey;
 use crate::sandbox::{Digest, GuestPre};
-use crate::sources::{self, ClusterOrigin, Version};
+use crate::sources::{self, ClusterOrigin, ImagePuller, Version};
 
 use super::{ControllerId, Manager, PARALLEL_STARTS, Problem};
 
@@ -25,8 +30,10 @@ pub(super) struct ModuleRead(ControllerId, Result<Fetched, Problem>);
 
 /// What reading a controller's module found.
 enum Fetched {
-    /// Its ConfigMap is still the version its module came from.
+    /// Its source is still the version its module came from.
     Unchanged,
+    /// Nothing new yet (a pull under way).
+    Pending,
     /// These bytes, compiled (or why not), from this version of the source.
     Compiled(Result<Arc<GuestPre>, crate::sandbox::LoadError>, Version),
 }
@@ -73,18 +80,44 @@ impl Manager {
 
     /// Validates (compiles once per digest) and swaps in what [`Manager::read_module`] found.
     fn load_module(&mut self, id: &ControllerId, fetched: Result<Fetched, Problem>) {
+        let mut image = None;
         let loaded = match fetched {
-            Ok(Fetched::Unchanged) => return,
+            Ok(Fetched::Pending) => return,
+            Ok(Fetched::Unchanged) => {
+                // The source answers again, at the version loaded: what was wrong before it
+                // stopped answering is what is wrong now.
+                if let Some(m) = self.controllers.get_mut(id)
+                    && let Some(before) = m.unreachable_since.take()
+                {
+                    m.module_problem = before;
+                }
+                return;
+            }
             Ok(Fetched::Compiled(compiled, version)) => {
                 let loaded =
                     compiled.map_err(|e| Problem::new(Reason::ModuleInvalid, e.to_string()));
                 // The same bytes would fail the same way: read again only once they change.
                 if let Some(m) = self.controllers.get_mut(id) {
+                    if let Version::Image(digest) = &version
+                        && let Ok(Source::Oci {
+                            image: reference, ..
+                        }) = m.spec.module.source(id.namespace.as_deref())
+                    {
+                        image = Some(reference.at(digest));
+                    }
                     m.module_version = Some(version);
+                    m.unreachable_since = None;
                 }
                 loaded
             }
-            Err(problem) => Err(problem),
+            Err(problem) => {
+                if let Some(m) = self.controllers.get_mut(id)
+                    && m.unreachable_since.is_none()
+                {
+                    m.unreachable_since = Some(m.module_problem.clone());
+                }
+                Err(problem)
+            }
         };
         // Each distinct module stays compiled while a controller runs it: a namespace may
         // hold only so many (its controllers running one module share it).
@@ -117,8 +150,11 @@ impl Manager {
                 self.metrics.module_loaded(&id.to_string(), "success");
                 m.module_problem = None;
                 let changed = m.guest.as_ref().map(|g| g.digest()) != Some(guest.digest());
+                if image.is_some() || changed {
+                    m.image = image.clone();
+                }
                 if changed {
-                    tracing::info!(controller = %id, digest = %guest.digest(), size = guest.size(), "module loaded");
+                    tracing::info!(controller = %id, digest = %guest.digest(), size = guest.size(), image = image.as_deref().unwrap_or_default(), "module loaded");
                     if let Some((runner, _)) = &m.runner {
                         runner.swap_guest(guest.clone());
                     }
@@ -159,16 +195,38 @@ impl Manager {
             .module
             .source(id.namespace.as_deref())
             .map_err(|e| Problem::new(Reason::InvalidSpec, e))?;
-        let origin = ClusterOrigin::new(
+        let mut origin = ClusterOrigin::new(
             self.client.clone(),
             self.module_config_maps.clone(),
             self.config.module_dir.clone(),
+            self.config.max_module_bytes,
         );
+        if let Source::Oci { pull_secret, .. } = &source {
+            // A pull secret is read as the controller's ServiceAccount, once the runtime may
+            // act as it at all.
+            let account = match pull_secret {
+                None => None,
+                Some(_) => {
+                    let account = super::setup::service_account(id, spec)?;
+                    self.check_acting(&account).await?;
+                    let client = self
+                        .impersonating(&account.namespace, &account.name)
+                        .map_err(|e| Problem::new(Reason::ClientError, e.to_string()))?;
+                    Some((account.namespace, account.name, client))
+                }
+            };
+            origin = origin.with_puller(ImagePuller {
+                pulls: self.pulls.clone(),
+                key: id.to_string(),
+                account,
+            });
+        }
         let fetched = sources::fetch(&origin, &source, spec.module.sha256.as_deref(), loaded)
             .await
             .map_err(|e| Problem::new(e.reason(), e.to_string()))?;
         let (bytes, version) = match fetched {
             sources::Fetched::Unchanged => return Ok(Fetched::Unchanged),
+            sources::Fetched::Pending => return Ok(Fetched::Pending),
             sources::Fetched::Module { bytes, version } => (bytes, version),
         };
         // Compiled beside the manager loop (a compile takes as long as the tenant's module
@@ -226,9 +284,39 @@ impl Manager {
         self.start_all(&stopped).await;
     }
 
+    /// Pulls of these controllers' images ended: they load what was pulled (or start).
+    /// Pulls of controllers that are gone, or no longer name an image, are forgotten.
+    pub(super) async fn on_pulled(&mut self, keys: &HashSet<String>) {
+        let ids: Vec<ControllerId> = self
+            .controllers
+            .keys()
+            .filter(|id| keys.contains(&id.to_string()))
+            .cloned()
+            .collect();
+        self.forget_pulls();
+        self.reload(&ids).await;
+    }
+
+    /// Forgets the pulls of controllers that no longer name an image.
+    fn forget_pulls(&self) {
+        let images: HashSet<String> = self
+            .controllers
+            .iter()
+            .filter(|(id, m)| {
+                matches!(
+                    m.spec.module.source(id.namespace.as_deref()),
+                    Ok(Source::Oci { .. })
+                )
+            })
+            .map(|(id, _)| id.to_string())
+            .collect();
+        self.pulls.retain(|key| images.contains(key));
+    }
+
     /// Loads again the modules whose source nothing watches ([`Source::is_polled`]): every
     /// `--module-poll-seconds`.
     pub(super) async fn reload_polled(&mut self) {
+        self.forget_pulls();
         let ids: Vec<ControllerId> = self
             .controllers
             .iter()

@@ -183,7 +183,11 @@ impl Manager {
     /// A client that acts as the ServiceAccount (impersonation), so RBAC judges every write.
     /// No groups are named: the API server gives an impersonated ServiceAccount its own, and
     /// the runtime needs `impersonate` on `serviceaccounts` only, not on `groups`.
-    fn impersonating(&self, namespace: &str, name: &str) -> Result<kube::Client, kube::Error> {
+    pub(super) fn impersonating(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<kube::Client, kube::Error> {
         let mut config = self.base_config.clone();
         config.auth_info.impersonate = Some(format!("system:serviceaccount:{namespace}:{name}"));
         kube::Client::try_from(config)
@@ -192,7 +196,28 @@ impl Manager {
     /// Whether the runtime may still act as the controller's ServiceAccount (its namespace
     /// opted in), and the ServiceAccount may still read what it is handed.
     async fn check_access(&self, id: &ControllerId, access: &ReadAccess) -> Result<(), Problem> {
-        let account = &access.account;
+        self.check_acting(&access.account).await?;
+        let kinds: Vec<&Kind> = access.kinds.iter().collect();
+        match self
+            .access
+            .check_reads(
+                &id.name,
+                &access.account,
+                id.namespace.as_deref(),
+                &kinds,
+                &access.needed,
+            )
+            .await
+        {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(missing)) => Err(Problem::new(Reason::Forbidden, missing.to_string())),
+            Err(failed) => Err(Problem::new(Reason::AccessReviewFailed, failed.to_string())),
+        }
+    }
+
+    /// Whether the runtime may act as `account` (its namespace and the account opted in):
+    /// before anything is done as it (a controller's setup, reading its image pull secret).
+    pub(super) async fn check_acting(&self, account: &ServiceAccount) -> Result<(), Problem> {
         let (ns, name) = (&account.namespace, &account.name);
         let refused = |why: String| Err(Problem::new(Reason::Forbidden, why));
         match self.access.may_act_as(account).await {
@@ -216,22 +241,7 @@ impl Manager {
                 return Err(Problem::new(Reason::AccessReviewFailed, failed.to_string()));
             }
         }
-        let kinds: Vec<&Kind> = access.kinds.iter().collect();
-        match self
-            .access
-            .check_reads(
-                &id.name,
-                &access.account,
-                id.namespace.as_deref(),
-                &kinds,
-                &access.needed,
-            )
-            .await
-        {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(missing)) => Err(Problem::new(Reason::Forbidden, missing.to_string())),
-            Err(failed) => Err(Problem::new(Reason::AccessReviewFailed, failed.to_string())),
-        }
+        Ok(())
     }
 
     /// Stops running controllers whose ServiceAccount lost a read they need; they start
@@ -379,7 +389,7 @@ pub(super) fn validate_declarations(spec: &WasmControllerSpec) -> Result<(), Pro
 }
 
 /// The ServiceAccount a controller acts as (the rule: [`WasmControllerSpec::service_account`]).
-fn service_account(
+pub(super) fn service_account(
     id: &ControllerId,
     spec: &WasmControllerSpec,
 ) -> Result<ServiceAccount, Problem> {

@@ -39,7 +39,12 @@ fn condition(
 fn desired(m: &Managed) -> WasmControllerStatus {
     let g = m.generation;
     let digest = m.guest.as_ref().map(|g| g.digest().to_string());
-    let module_ready = match (&m.module_problem, &digest) {
+    // The image a module was pulled as: `module sha256:… (image registry/repo@sha256:…)`.
+    let shown = digest.as_ref().map(|d| match &m.image {
+        Some(image) => format!("{d} (image {image})"),
+        None => d.clone(),
+    });
+    let module_ready = match (&m.module_problem, &shown) {
         (None, Some(d)) => condition(
             "ModuleReady",
             true,

@@ -38,8 +38,14 @@ pub enum ModuleError {
         pinned: String,
     },
     /// More bytes than any module may have.
-    #[error("the module is larger than {} MiB (after gunzip), the most a module may be", MAX_MODULE_BYTES >> 20)]
-    TooBig,
+    #[error(
+        "the module is larger than {}, the most a module may be (after gunzip; the runtime's operator sets it with `kubewasm run --max-module-bytes`)",
+        crate::api::Unit::Bytes.show(*.max)
+    )]
+    TooBig {
+        /// The cap, in bytes.
+        max: u64,
+    },
     /// The operator allows no module files.
     #[error(
         "spec.module.path `{path}`: this runtime loads no module files; its operator can allow a directory with `kubewasm run --module-dir DIR`, or put the module in a ConfigMap"
@@ -86,6 +92,9 @@ pub enum ModuleError {
     /// The spec names no usable source.
     #[error("{0}")]
     InvalidSpec(String),
+    /// A registry did not give the image's module.
+    #[error(transparent)]
+    Registry(#[from] super::oci::PullError),
 }
 
 impl ModuleError {
@@ -94,7 +103,8 @@ impl ModuleError {
         use crate::api::Reason;
         match self {
             ModuleError::DigestMismatch { .. } => Reason::DigestMismatch,
-            ModuleError::Gzip(_) | ModuleError::TooBig => Reason::ModuleInvalid,
+            ModuleError::Gzip(_) | ModuleError::TooBig { .. } => Reason::ModuleInvalid,
+            ModuleError::Registry(e) => e.reason(),
             ModuleError::Unreachable(_) => Reason::ClientError,
             ModuleError::InvalidSpec(_) => Reason::InvalidSpec,
             ModuleError::MissingKey { .. }
@@ -134,13 +144,15 @@ pub fn bytes_from_configmap(config_map: &ConfigMap, key: &str) -> Result<Vec<u8>
     })
 }
 
-/// The most bytes a module may have, read from a file or after gunzip.
-pub const MAX_MODULE_BYTES: u64 = 32 << 20;
+/// The most bytes a module may have by default, read from a file, pulled from a registry or
+/// after gunzip: the default of `kubewasm run --max-module-bytes` (`ManagerConfig`), and the
+/// cap of the offline commands.
+pub const DEFAULT_MAX_MODULE_BYTES: u64 = 64 << 20;
 
 /// Reads a module file of a ClusterWasmController: `path` (absolute, or relative to `dir`)
 /// must resolve — symlinks and `..` followed — to a regular file inside `dir`, and is read
-/// up to [`MAX_MODULE_BYTES`]. Blocking: call it off the async workers.
-pub fn read_module_file(dir: &Path, path: &str) -> Result<Vec<u8>, ModuleError> {
+/// up to `max` bytes. Blocking: call it off the async workers.
+pub fn read_module_file(dir: &Path, path: &str, max: u64) -> Result<Vec<u8>, ModuleError> {
     let outside = || ModuleError::OutsideModuleDir {
         path: path.to_owned(),
         dir: dir.display().to_string(),
@@ -162,30 +174,31 @@ pub fn read_module_file(dir: &Path, path: &str) -> Result<Vec<u8>, ModuleError> 
         return Err(outside());
     }
     let mut bytes = Vec::new();
-    file.take(MAX_MODULE_BYTES + 1)
+    file.take(max.saturating_add(1))
         .read_to_end(&mut bytes)
         .map_err(file_error)?;
-    if bytes.len() as u64 > MAX_MODULE_BYTES {
-        return Err(ModuleError::TooBig);
+    if bytes.len() as u64 > max {
+        return Err(ModuleError::TooBig { max });
     }
     Ok(bytes)
 }
 
-/// Gunzips when the bytes are gzip, then checks the optional sha256 pin. `show_digest`: the
-/// error may name the digest found (not for files of the runtime).
+/// Gunzips when the bytes are gzip (to at most `max` bytes), then checks the optional sha256
+/// pin. `show_digest`: the error may name the digest found (not for files of the runtime).
 pub fn unpack(
     bytes: Vec<u8>,
     pinned_sha256: Option<&str>,
     show_digest: bool,
+    max: u64,
 ) -> Result<Vec<u8>, ModuleError> {
     let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
         let mut out = Vec::new();
         flate2::read::GzDecoder::new(bytes.as_slice())
-            .take(MAX_MODULE_BYTES + 1)
+            .take(max.saturating_add(1))
             .read_to_end(&mut out)
             .map_err(ModuleError::Gzip)?;
-        if out.len() as u64 > MAX_MODULE_BYTES {
-            return Err(ModuleError::TooBig);
+        if out.len() as u64 > max {
+            return Err(ModuleError::TooBig { max });
         }
         out
     } else {
@@ -225,10 +238,10 @@ mod tests {
         let raw = bytes_from_configmap(&cm, "g.wasm").unwrap();
         let pin = Digest::of(b"\0asm-module").hex();
         assert_eq!(
-            unpack(raw.clone(), Some(&pin), true).unwrap(),
+            unpack(raw.clone(), Some(&pin), true, DEFAULT_MAX_MODULE_BYTES).unwrap(),
             b"\0asm-module"
         );
-        let err = unpack(raw.clone(), Some("00"), true)
+        let err = unpack(raw.clone(), Some("00"), true, DEFAULT_MAX_MODULE_BYTES)
             .unwrap_err()
             .to_string();
         assert!(
@@ -237,7 +250,9 @@ mod tests {
             )),
             "{err}"
         );
-        let err = unpack(raw, Some("00"), false).unwrap_err().to_string();
+        let err = unpack(raw, Some("00"), false, DEFAULT_MAX_MODULE_BYTES)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("does not match the spec.module.sha256 pin sha256:00"),
             "{err}"
@@ -252,6 +267,9 @@ mod tests {
         );
     }
 
+    /// The cap the file tests read under.
+    const MAX_TEST: u64 = 1 << 20;
+
     #[test]
     fn module_files_come_only_from_regular_files_inside_the_module_dir() {
         let root = tempfile::tempdir().unwrap();
@@ -261,10 +279,13 @@ mod tests {
         std::fs::write(root.path().join("secret"), b"hush").unwrap();
         std::os::unix::fs::symlink(root.path().join("secret"), dir.join("link.wasm")).unwrap();
         std::fs::create_dir(dir.join("sub")).unwrap();
-        assert_eq!(read_module_file(&dir, "ok.wasm").unwrap(), b"\0asm");
+        assert_eq!(
+            read_module_file(&dir, "ok.wasm", MAX_TEST).unwrap(),
+            b"\0asm"
+        );
         let ok = dir.join("ok.wasm");
         assert_eq!(
-            read_module_file(&dir, ok.to_str().unwrap()).unwrap(),
+            read_module_file(&dir, ok.to_str().unwrap(), MAX_TEST).unwrap(),
             b"\0asm"
         );
         for outside in [
@@ -275,14 +296,16 @@ mod tests {
             "sub",
             "/proc/self/environ",
         ] {
-            let err = read_module_file(&dir, outside).unwrap_err().to_string();
+            let err = read_module_file(&dir, outside, MAX_TEST)
+                .unwrap_err()
+                .to_string();
             assert!(
                 err.contains("is not a regular file under the module directory"),
                 "{outside}: {err}"
             );
             assert!(!err.contains("hush"), "{err}");
         }
-        let err = read_module_file(&dir, "missing.wasm")
+        let err = read_module_file(&dir, "missing.wasm", MAX_TEST)
             .unwrap_err()
             .to_string();
         assert!(
@@ -290,8 +313,10 @@ mod tests {
             "{err}"
         );
         let big = std::fs::File::create(dir.join("big.wasm")).unwrap();
-        big.set_len(MAX_MODULE_BYTES + 1).unwrap();
-        let err = read_module_file(&dir, "big.wasm").unwrap_err().to_string();
-        assert!(err.contains("larger than 32 MiB"), "{err}");
+        big.set_len(MAX_TEST + 1).unwrap();
+        let err = read_module_file(&dir, "big.wasm", MAX_TEST)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("larger than 1Mi"), "{err}");
     }
 }

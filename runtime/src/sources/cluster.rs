@@ -1,5 +1,5 @@
 //! The runtime's origin: module ConfigMaps read from the cluster, files from the operator's
-//! `--module-dir`.
+//! `--module-dir`, images from registries (pulled beside the manager: [`super::Pulls`]).
 //!
 //! Module ConfigMaps are watched by their metadata only (see `manager::modules`): a copy of
 //! every ConfigMap's bytes in memory would be most of the runtime's memory. A ConfigMap's
@@ -7,13 +7,17 @@
 //! only when its uid or resourceVersion is not the one the loaded module came from.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ListParams, PartialObjectMeta, VersionMatch};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client};
 
+use super::oci::{PullError, Pulled};
+use super::pulls::{Credentials, Polled, Pulls};
 use super::{Found, ModuleError, Origin, Version, read_module_file};
+use crate::api::ImageRef;
 
 /// Module sources as the runtime reads them.
 pub struct ClusterOrigin {
@@ -21,6 +25,18 @@ pub struct ClusterOrigin {
     /// The metadata of the ConfigMaps modules may come from.
     config_maps: Option<Store<PartialObjectMeta<ConfigMap>>>,
     module_dir: Option<PathBuf>,
+    max_module_bytes: u64,
+    puller: Option<ImagePuller>,
+}
+
+/// Pulls for one controller.
+pub struct ImagePuller {
+    /// The runtime's pulls.
+    pub pulls: Arc<Pulls>,
+    /// The controller (its slot in `pulls`).
+    pub key: String,
+    /// Its ServiceAccount (namespace, name) and a client acting as it, for a pull secret.
+    pub account: Option<(String, String, Client)>,
 }
 
 impl ClusterOrigin {
@@ -30,12 +46,22 @@ impl ClusterOrigin {
         client: Client,
         config_maps: Option<Store<PartialObjectMeta<ConfigMap>>>,
         module_dir: Option<PathBuf>,
+        max_module_bytes: u64,
     ) -> Self {
         ClusterOrigin {
             client,
             config_maps,
             module_dir,
+            max_module_bytes,
+            puller: None,
         }
+    }
+
+    /// Pulls images with `puller`.
+    #[must_use]
+    pub fn with_puller(mut self, puller: ImagePuller) -> Self {
+        self.puller = Some(puller);
+        self
     }
 
     /// ConfigMap `namespace/name`, listed by name. With `seen` (the resourceVersion the
@@ -105,12 +131,59 @@ impl Origin for ClusterOrigin {
         };
         // Off the async workers: a file read can block.
         let path = path.to_owned();
-        tokio::task::spawn_blocking(move || read_module_file(&dir, &path))
+        let max = self.max_module_bytes;
+        tokio::task::spawn_blocking(move || read_module_file(&dir, &path, max))
             .await
             .map_err(|e| ModuleError::Unreachable(format!("reading the module file failed: {e}")))?
     }
 
     fn shows_file_digests(&self) -> bool {
         false
+    }
+
+    async fn image(
+        &self,
+        image: &ImageRef,
+        pull_secret: Option<&str>,
+        known: Option<&Version>,
+    ) -> Result<Found<Vec<u8>>, ModuleError> {
+        let Some(puller) = &self.puller else {
+            return Err(ModuleError::Unreachable("no registry client".into()));
+        };
+        let credentials = match (pull_secret, &puller.account) {
+            (None, _) => Credentials::Anonymous,
+            (Some(name), Some((namespace, account, client))) => Credentials::Secret {
+                client: client.clone(),
+                namespace: namespace.clone(),
+                name: name.to_owned(),
+                account: account.clone(),
+            },
+            (Some(_), None) => {
+                return Err(ModuleError::Unreachable(
+                    "no client for the controller's ServiceAccount".into(),
+                ));
+            }
+        };
+        let known = match known {
+            Some(Version::Image(digest)) => Some(digest.as_str()),
+            _ => None,
+        };
+        match puller.pulls.module(&puller.key, image, credentials, known) {
+            Polled::Waiting(_) if known.is_some() => Ok(Found::Pending),
+            Polled::Waiting(last) => Err(last
+                .unwrap_or_else(|| PullError::Pulling {
+                    image: image.to_string(),
+                })
+                .into()),
+            Polled::Done(Ok(Pulled::Unchanged)) => Ok(Found::Unchanged),
+            Polled::Done(Ok(Pulled::Module { digest, bytes })) => {
+                Ok(Found::At(bytes, Version::Image(digest)))
+            }
+            Polled::Done(Err(e)) => Err(e.into()),
+        }
+    }
+
+    fn max_module_bytes(&self) -> u64 {
+        self.max_module_bytes
     }
 }

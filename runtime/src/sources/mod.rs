@@ -5,23 +5,29 @@
 //! cluster for the runtime ([`ClusterOrigin`]), the user's files and `--state` for
 //! `kubewasm reconcile` ([`OfflineOrigin`]). It returns the module's bytes (gunzipped,
 //! checked against the spec's pin) and the [`Version`] they came from, or says that the
-//! version already loaded is still current. A new kind of source adds a variant to `Source`,
+//! version already loaded is still current. Registries are asked beside the manager loop
+//! ([`Pulls`]): their answer may be "nothing yet" ([`Fetched::Pending`]). A new kind of source adds a variant to `Source`,
 //! a method to `Origin` and an arm to `fetch`: the compiler names every origin that lacks it.
 
 mod bytes;
 mod cluster;
+pub mod oci;
 mod offline;
+mod pulls;
 
 use std::future::Future;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 
-use crate::api::Source;
+use crate::api::{ImageRef, Source};
 use crate::sandbox::Digest;
 
-pub use bytes::{MAX_MODULE_BYTES, ModuleError, bytes_from_configmap, read_module_file, unpack};
-pub use cluster::ClusterOrigin;
+pub use bytes::{
+    DEFAULT_MAX_MODULE_BYTES, ModuleError, bytes_from_configmap, read_module_file, unpack,
+};
+pub use cluster::{ClusterOrigin, ImagePuller};
 pub use offline::OfflineOrigin;
+pub use pulls::{Credentials, PARALLEL_PULLS, Pulls};
 
 /// Which version of its source a module came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,6 +42,9 @@ pub enum Version {
     },
     /// The bytes themselves, where the source has no revisions (a file).
     Digest(Digest),
+    /// The digest of the image manifest a reference resolved to (`sha256:…`): the same digest
+    /// always names the same module.
+    Image(String),
 }
 
 impl Version {
@@ -53,6 +62,8 @@ impl Version {
 pub enum Fetched {
     /// The source is still at the version loaded.
     Unchanged,
+    /// Nothing new to say yet (a registry pull is under way, or not due).
+    Pending,
     /// The module's bytes (gunzipped, pin checked) and their version.
     Module {
         /// The component.
@@ -67,6 +78,8 @@ pub enum Fetched {
 pub enum Found<T> {
     /// Still at the version loaded: not read again.
     Unchanged,
+    /// Nothing new to say yet.
+    Pending,
     /// The object, at this version.
     At(T, Version),
 }
@@ -89,6 +102,18 @@ pub trait Origin: Sync {
     /// Whether an error may name the digest of a file's bytes (not of the runtime's own
     /// files: a tenant's status must not learn what an operator's file holds).
     fn shows_file_digests(&self) -> bool;
+
+    /// The module of `image` (with the credentials of Secret `pull_secret`, read as the
+    /// controller's ServiceAccount), unless it still resolves to `known`.
+    fn image(
+        &self,
+        image: &ImageRef,
+        pull_secret: Option<&str>,
+        known: Option<&Version>,
+    ) -> impl Future<Output = Result<Found<Vec<u8>>, ModuleError>> + Send;
+
+    /// The most bytes a module may have.
+    fn max_module_bytes(&self) -> u64;
 }
 
 /// The module `source` names, through `origin`: its bytes (gunzipped off the async workers,
@@ -107,14 +132,23 @@ pub async fn fetch(
             key,
         } => match origin.config_map(namespace, name, key, known).await? {
             Found::Unchanged => return Ok(Fetched::Unchanged),
+            Found::Pending => return Ok(Fetched::Pending),
             Found::At(config_map, version) => {
                 (bytes_from_configmap(&config_map, key)?, Some(version), true)
             }
         },
         Source::File { path } => (origin.file(path).await?, None, origin.shows_file_digests()),
+        Source::Oci { image, pull_secret } => {
+            match origin.image(image, pull_secret.as_deref(), known).await? {
+                Found::Unchanged => return Ok(Fetched::Unchanged),
+                Found::Pending => return Ok(Fetched::Pending),
+                Found::At(bytes, version) => (bytes, Some(version), true),
+            }
+        }
     };
     let pin = pin.map(str::to_owned);
-    let bytes = tokio::task::spawn_blocking(move || unpack(raw, pin.as_deref(), show_digest))
+    let max = origin.max_module_bytes();
+    let bytes = tokio::task::spawn_blocking(move || unpack(raw, pin.as_deref(), show_digest, max))
         .await
         .map_err(|e| ModuleError::Unreachable(format!("unpacking the module failed: {e}")))??;
     let version = version.unwrap_or_else(|| Version::Digest(Digest::of(&bytes)));

@@ -3,7 +3,8 @@
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde_json::Value;
 
-use super::{Found, ModuleError, Origin, Version};
+use super::{DEFAULT_MAX_MODULE_BYTES, Found, ModuleError, Origin, Version};
+use crate::api::ImageRef;
 
 /// Module sources read on the user's machine.
 pub struct OfflineOrigin<'s> {
@@ -54,5 +55,21 @@ impl Origin for OfflineOrigin<'_> {
 
     fn shows_file_digests(&self) -> bool {
         true
+    }
+
+    async fn image(
+        &self,
+        image: &ImageRef,
+        _pull_secret: Option<&str>,
+        _known: Option<&Version>,
+    ) -> Result<Found<Vec<u8>>, ModuleError> {
+        // Offline means offline: no registry is asked.
+        Err(ModuleError::Unreachable(format!(
+            "the controller's module is image {image}; pass the built module with --module"
+        )))
+    }
+
+    fn max_module_bytes(&self) -> u64 {
+        DEFAULT_MAX_MODULE_BYTES
     }
 }

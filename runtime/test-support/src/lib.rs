@@ -20,6 +20,7 @@ mod identity;
 mod kubectl;
 mod logs;
 mod manifest;
+pub mod registry;
 pub mod runtime;
 mod wait;
 

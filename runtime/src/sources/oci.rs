@@ -1,0 +1,769 @@
+//! Modules from OCI registries: the CNCF wasm artifact layout (one `application/wasm` layer,
+//! config `application/vnd.wasm.config.v0+json` naming the component's world), pulled with
+//! `oci-client`, every byte of it bounded.
+//!
+//! A pull reads the manifest, then the config (at most [`MAX_CONFIG_BYTES`]), refuses a
+//! component of another world before the layer is asked for, refuses a layer declared larger
+//! than the cap, and streams the layer, stopping at the cap whatever the registry said, and
+//! checks its digest. A tag is first resolved with a `HEAD` (no body): a tag that has not
+//! moved costs one small request. `oci-client` itself reads a manifest whole; the pull's
+//! deadline ([`PULL_TIMEOUT`]) bounds that one read.
+//!
+//! One `oci_client::Client` per pull: the client remembers credentials per registry, and
+//! tenants naming the same registry must never share them.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::manifest::{OciDescriptor, OciImageManifest};
+use oci_client::secrets::RegistryAuth;
+use serde::{Deserialize, Serialize};
+
+use crate::api::{ImageRef, Reason};
+use crate::sandbox::Digest;
+
+/// The manifest media type of the layout.
+pub const MANIFEST_MEDIA_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
+/// The config media type of the layout.
+pub const CONFIG_MEDIA_TYPE: &str = "application/vnd.wasm.config.v0+json";
+/// The layer media type of the layout.
+pub const LAYER_MEDIA_TYPE: &str = "application/wasm";
+/// The world every kubewasm controller targets (`component.target` in the config, with or
+/// without `@version`; the sandbox checks the exact version when it loads the component).
+pub const CONTROLLER_WORLD: &str = "kubewasm:controller/controller";
+
+/// The most bytes an image's config may have: it names a world and some interfaces.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+/// How long connecting to a registry may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a registry may leave a request without a byte of answer.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long one whole pull may take (credentials, manifest, config, layer): a registry that
+/// drips bytes ends here.
+pub const PULL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// What the runtime's operator allows of registries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegistryConfig {
+    /// Registries (`host:port`) spoken to over plain HTTP; every other one over HTTPS.
+    pub insecure: Vec<String>,
+    /// The most bytes a module (the layer) may have.
+    pub max_module_bytes: u64,
+    /// The deadline of one pull.
+    pub pull_timeout: Duration,
+}
+
+impl RegistryConfig {
+    /// HTTPS everywhere, the default module cap.
+    pub fn new(max_module_bytes: u64) -> Self {
+        RegistryConfig {
+            insecure: Vec::new(),
+            max_module_bytes,
+            pull_timeout: PULL_TIMEOUT,
+        }
+    }
+
+    /// An `oci-client` client for one pull or push (never shared between credentials), which
+    /// trusts the system's CA roots. Without any roots it is refused here: `oci-client` builds
+    /// a default reqwest client inside, which panics without roots — even for plain HTTP.
+    pub fn client(&self) -> Result<oci_client::Client, PullError> {
+        static SYSTEM_ROOTS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        let roots =
+            *SYSTEM_ROOTS.get_or_init(|| rustls_native_certs::load_native_certs().certs.len());
+        if roots == 0 {
+            return Err(PullError::Client(
+                "this runtime has no CA certificates (none in /etc/ssl/certs, $SSL_CERT_FILE or $SSL_CERT_DIR), and its registry client cannot start without them, even for plain HTTP; its operator mounts a CA bundle and sets SSL_CERT_FILE".into(),
+            ));
+        }
+        install_crypto_provider();
+        let config = ClientConfig {
+            protocol: ClientProtocol::HttpsExcept(self.insecure.clone()),
+            connect_timeout: Some(CONNECT_TIMEOUT),
+            read_timeout: Some(READ_TIMEOUT),
+            // One layer, pulled by this module; no image indexes.
+            max_concurrent_download: 1,
+            platform_resolver: None,
+            ..ClientConfig::default()
+        };
+        // `try_from`, not `new`: `new` falls back to a default client without the timeouts.
+        oci_client::Client::try_from(config).map_err(|e| PullError::Client(e.to_string()))
+    }
+}
+
+/// reqwest (under oci-client) is built without a crypto provider of its own: it uses the
+/// process's default, which is set here to the ring provider kube already uses.
+fn install_crypto_provider() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // Err: another part of the process installed one first; that one is used.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+/// The config of the CNCF wasm OCI artifact (`application/vnd.wasm.config.v0+json`), as the
+/// `oci-wasm` crate and `wkg` write it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WasmConfig {
+    /// When it was made (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created: Option<String>,
+    /// Who made it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub author: Option<String>,
+    /// Always `wasm`.
+    pub architecture: String,
+    /// `wasip2` for a component.
+    pub os: String,
+    /// The digests of the manifest's layers, in order.
+    #[serde(default)]
+    pub layer_digests: Vec<String>,
+    /// What the component imports and exports, and the world it targets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub component: Option<ComponentInfo>,
+}
+
+/// The `component` part of a [`WasmConfig`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ComponentInfo {
+    /// Exported names.
+    #[serde(default)]
+    pub exports: Vec<String>,
+    /// Imported names.
+    #[serde(default)]
+    pub imports: Vec<String>,
+    /// The world, e.g. `kubewasm:controller/controller@0.3.0`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+}
+
+impl WasmConfig {
+    /// The world the config says its component targets, when it is a kubewasm controller's;
+    /// otherwise why not.
+    pub fn controller_world(&self) -> Result<&str, PullError> {
+        let target = self.component.as_ref().and_then(|c| c.target.as_deref());
+        match target {
+            Some(t) if t == CONTROLLER_WORLD || t.starts_with(&format!("{CONTROLLER_WORLD}@")) => {
+                Ok(t)
+            }
+            other => Err(PullError::WrongWorld {
+                world: other.map(|t| crate::sandbox::guest_text(t, 200).into_owned()),
+            }),
+        }
+    }
+}
+
+impl ComponentInfo {
+    /// What a component's top level imports and exports, and the world it targets when it is
+    /// a kubewasm controller's (it imports `kubewasm:controller/host@V` and exports
+    /// `reconcile`: [`CONTROLLER_WORLD`]`@V`); `None` for any other world (a component binary
+    /// does not name its world). An error for bytes that are no component.
+    pub fn of(bytes: &[u8]) -> Result<ComponentInfo, String> {
+        use wasmparser::{Parser, Payload};
+        if !Parser::is_component(bytes) {
+            return Err("not a WebAssembly component (a core module or no wasm at all)".into());
+        }
+        let (mut imports, mut exports) = (Vec::new(), Vec::new());
+        // Nested modules and components are parsed inline: only depth 0 is the component's.
+        let mut depth = 0usize;
+        for payload in Parser::new(0).parse_all(bytes) {
+            match payload.map_err(|e| format!("not a valid component: {e}"))? {
+                Payload::ModuleSection { .. } | Payload::ComponentSection { .. } => depth += 1,
+                Payload::End(_) => depth = depth.saturating_sub(1),
+                Payload::ComponentImportSection(section) if depth == 0 => {
+                    for import in section {
+                        let import = import.map_err(|e| format!("not a valid component: {e}"))?;
+                        imports.push(import.name.name.to_owned());
+                    }
+                }
+                Payload::ComponentExportSection(section) if depth == 0 => {
+                    for export in section {
+                        let export = export.map_err(|e| format!("not a valid component: {e}"))?;
+                        exports.push(export.name.name.to_owned());
+                    }
+                }
+                _ => {}
+            }
+        }
+        let host = format!(
+            "{}/host@",
+            CONTROLLER_WORLD.split('/').next().unwrap_or_default()
+        );
+        let version = imports.iter().find_map(|i| i.strip_prefix(&host));
+        let target = match version {
+            Some(v) if exports.iter().any(|e| e == "reconcile") => {
+                Some(format!("{CONTROLLER_WORLD}@{v}"))
+            }
+            _ => None,
+        };
+        Ok(ComponentInfo {
+            exports,
+            imports,
+            target,
+        })
+    }
+}
+
+impl WasmConfig {
+    /// The config of a component with `info`, made now, whose one layer has `layer_digest`.
+    pub fn for_component(info: ComponentInfo, layer_digest: String) -> WasmConfig {
+        WasmConfig {
+            created: Some(k8s_openapi::jiff::Timestamp::now().to_string()),
+            author: None,
+            architecture: "wasm".into(),
+            os: "wasip2".into(),
+            layer_digests: vec![layer_digest],
+            component: Some(info),
+        }
+    }
+}
+
+/// Why a module could not be pulled from a registry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PullError {
+    /// No registry client could be made.
+    #[error("cannot make a registry client: {0}")]
+    Client(String),
+    /// The registry did not answer, or answered with an error.
+    #[error("registry {registry}: {message}")]
+    Registry {
+        /// `host:port`.
+        registry: String,
+        /// What went wrong, as the client says it.
+        message: String,
+    },
+    /// The image is not the CNCF wasm artifact layout.
+    #[error(
+        "{image} is not a wasm component artifact: {why}; push it with `kubewasm push FILE {image}`"
+    )]
+    NotWasm {
+        /// The image.
+        image: String,
+        /// What differs.
+        why: String,
+    },
+    /// The config names another world, or none.
+    #[error(
+        "the image's config says its component targets {}, not {CONTROLLER_WORLD}: it is not a kubewasm controller (its layer was not pulled); build it with kubewasm-guest-sdk and push it with `kubewasm push`",
+        match .world { Some(w) => format!("world `{w}`"), None => "no world".to_owned() }
+    )]
+    WrongWorld {
+        /// The world it names.
+        world: Option<String>,
+    },
+    /// A blob is, or would be, larger than allowed.
+    #[error(
+        "the image's {what} is larger than {}, the most this runtime takes (`kubewasm run --max-module-bytes`); nothing more of it was read",
+        crate::api::Unit::Bytes.show(*.max)
+    )]
+    TooBig {
+        /// `module` or `config`.
+        what: &'static str,
+        /// The cap.
+        max: u64,
+    },
+    /// A blob's bytes differ from its descriptor (digest or size): the registry lies.
+    #[error("the registry sent a {what} that differs from its manifest: {why}")]
+    Corrupt {
+        /// `module` or `config`.
+        what: &'static str,
+        /// What differs.
+        why: String,
+    },
+    /// The pull took longer than its deadline.
+    #[error("pulling {image} took more than {}s; retrying", .after.as_secs())]
+    TimedOut {
+        /// The image.
+        image: String,
+        /// The deadline.
+        after: Duration,
+    },
+    /// A first pull is under way.
+    #[error("pulling {image}")]
+    Pulling {
+        /// The image.
+        image: String,
+    },
+    /// The pull secret could not be used.
+    #[error("{message}")]
+    PullSecret {
+        /// The reason for the status.
+        reason: Reason,
+        /// What to do.
+        message: String,
+    },
+}
+
+impl PullError {
+    /// The reason a status gives for it.
+    pub fn reason(&self) -> Reason {
+        match self {
+            PullError::Client(_) => Reason::InternalError,
+            PullError::Registry { .. } | PullError::TimedOut { .. } => Reason::ModuleNotFound,
+            PullError::NotWasm { .. } | PullError::WrongWorld { .. } | PullError::TooBig { .. } => {
+                Reason::ModuleInvalid
+            }
+            PullError::Corrupt { .. } => Reason::DigestMismatch,
+            PullError::Pulling { .. } => Reason::ModuleNotLoaded,
+            PullError::PullSecret { reason, .. } => *reason,
+        }
+    }
+}
+
+/// What a pull found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pulled {
+    /// The image still resolves to the digest already loaded.
+    Unchanged,
+    /// The module, from the image manifest of `digest`.
+    Module {
+        /// The manifest's digest (`sha256:…`): what the image resolved to.
+        digest: String,
+        /// The component.
+        bytes: Vec<u8>,
+    },
+}
+
+/// Pulls `image`'s module with `auth`, unless it still resolves to `known` (a manifest
+/// digest), within `config.pull_timeout`.
+pub async fn pull(
+    config: &RegistryConfig,
+    image: &ImageRef,
+    auth: &RegistryAuth,
+    known: Option<&str>,
+) -> Result<Pulled, PullError> {
+    let deadline = config.pull_timeout;
+    tokio::time::timeout(deadline, pull_within(config, image, auth, known))
+        .await
+        .unwrap_or_else(|_| {
+            Err(PullError::TimedOut {
+                image: image.to_string(),
+                after: deadline,
+            })
+        })
+}
+
+async fn pull_within(
+    config: &RegistryConfig,
+    image: &ImageRef,
+    auth: &RegistryAuth,
+    known: Option<&str>,
+) -> Result<Pulled, PullError> {
+    let client = config.client()?;
+    let reference = image.reference();
+    let registry = |e: oci_client::errors::OciDistributionError| PullError::Registry {
+        registry: image.registry().to_owned(),
+        message: crate::sandbox::guest_text(&e.to_string(), 1024).into_owned(),
+    };
+    let digest = match image.digest() {
+        Some(d) => d.to_owned(),
+        None => client
+            .fetch_manifest_digest(reference, auth)
+            .await
+            .map_err(registry)?,
+    };
+    if known == Some(digest.as_str()) {
+        return Ok(Pulled::Unchanged);
+    }
+    // The manifest of that digest (a tag may move meanwhile: what is pulled is what was
+    // resolved).
+    let pinned = oci_client::Reference::with_digest(
+        reference.registry().to_owned(),
+        reference.repository().to_owned(),
+        digest.clone(),
+    );
+    let (raw, manifest_digest) = client
+        .pull_manifest_raw(&pinned, auth, &[MANIFEST_MEDIA_TYPE])
+        .await
+        .map_err(registry)?;
+    if manifest_digest != digest {
+        return Err(PullError::Corrupt {
+            what: "manifest",
+            why: format!("its digest is {manifest_digest}, not {digest}"),
+        });
+    }
+    let not_wasm = |why: String| PullError::NotWasm {
+        image: image.to_string(),
+        why,
+    };
+    let manifest: OciImageManifest = serde_json::from_slice(&raw)
+        .map_err(|e| not_wasm(format!("its manifest is not an OCI image manifest: {e}")))?;
+    drop(raw);
+    let layer = wasm_layer(&manifest).map_err(not_wasm)?;
+    let config_bytes = read_blob(
+        &client,
+        &pinned,
+        &manifest.config,
+        MAX_CONFIG_BYTES,
+        "config",
+    )
+    .await?;
+    let wasm_config: WasmConfig = serde_json::from_slice(&config_bytes)
+        .map_err(|e| not_wasm(format!("its config is not a wasm config: {e}")))?;
+    wasm_config.controller_world()?;
+    let bytes = read_blob(&client, &pinned, layer, config.max_module_bytes, "module").await?;
+    Ok(Pulled::Module { digest, bytes })
+}
+
+/// The manifest's one `application/wasm` layer, after its config's media type is checked.
+fn wasm_layer(manifest: &OciImageManifest) -> Result<&OciDescriptor, String> {
+    if manifest.config.media_type != CONFIG_MEDIA_TYPE {
+        return Err(format!(
+            "its config is `{}`, not `{CONFIG_MEDIA_TYPE}`",
+            crate::sandbox::guest_text(&manifest.config.media_type, 100)
+        ));
+    }
+    let [layer] = manifest.layers.as_slice() else {
+        return Err(format!("it has {} layers, not one", manifest.layers.len()));
+    };
+    if layer.media_type != LAYER_MEDIA_TYPE {
+        return Err(format!(
+            "its layer is `{}`, not `{LAYER_MEDIA_TYPE}`",
+            crate::sandbox::guest_text(&layer.media_type, 100)
+        ));
+    }
+    for descriptor in [&manifest.config, layer] {
+        // A descriptor's `urls` would make the client fetch from wherever they point.
+        if descriptor.urls.as_ref().is_some_and(|u| !u.is_empty()) {
+            return Err(
+                "a descriptor names foreign `urls`, which this runtime never follows".into(),
+            );
+        }
+    }
+    Ok(layer)
+}
+
+/// A blob of at most `max` bytes (and exactly its descriptor's size), its digest checked;
+/// refused as soon as the descriptor, the response's length or the stream says more.
+async fn read_blob(
+    client: &oci_client::Client,
+    image: &oci_client::Reference,
+    descriptor: &OciDescriptor,
+    max: u64,
+    what: &'static str,
+) -> Result<Vec<u8>, PullError> {
+    let corrupt = |why: String| PullError::Corrupt { what, why };
+    let declared = u64::try_from(descriptor.size)
+        .map_err(|_| corrupt(format!("its size is {}", descriptor.size)))?;
+    if declared > max {
+        return Err(PullError::TooBig { what, max });
+    }
+    let stream = client
+        .pull_blob_stream(image, descriptor)
+        .await
+        .map_err(|e| PullError::Registry {
+            registry: image.registry().to_owned(),
+            message: crate::sandbox::guest_text(&e.to_string(), 1024).into_owned(),
+        })?;
+    if let Some(length) = stream.content_length
+        && length != declared
+    {
+        return Err(corrupt(format!(
+            "it is {length} bytes long, its descriptor says {declared}"
+        )));
+    }
+    let bytes = read_capped(stream.stream, declared, what).await?;
+    let actual = format!("sha256:{}", Digest::of(&bytes).hex());
+    if actual != descriptor.digest {
+        return Err(corrupt(format!(
+            "its digest is {actual}, not {}",
+            crate::sandbox::guest_text(&descriptor.digest, 100)
+        )));
+    }
+    Ok(bytes)
+}
+
+/// Reads `stream` to its end, refusing it the moment it passes `declared` bytes or ends short.
+pub async fn read_capped(
+    mut stream: impl futures::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Unpin,
+    declared: u64,
+    what: &'static str,
+) -> Result<Vec<u8>, PullError> {
+    let corrupt = |why: String| PullError::Corrupt { what, why };
+    let mut bytes = Vec::with_capacity(usize::try_from(declared.min(1 << 20)).unwrap_or(0));
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| corrupt(e.to_string()))?;
+        if bytes.len() as u64 + chunk.len() as u64 > declared {
+            return Err(corrupt(format!(
+                "it goes on past the {declared} bytes its descriptor says (the rest was not read)"
+            )));
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    if bytes.len() as u64 != declared {
+        return Err(corrupt(format!(
+            "it ended after {} of the {declared} bytes its descriptor says",
+            bytes.len()
+        )));
+    }
+    Ok(bytes)
+}
+
+/// Credentials for `registry` in a docker config (`{"auths": {REGISTRY: {"auth": base64
+/// "user:password"} | {"username", "password"}}}`: a `kubernetes.io/dockerconfigjson`
+/// Secret's `.dockerconfigjson`, `~/.docker/config.json`). `None`: no entry for it.
+pub fn docker_config_auth(json: &[u8], registry: &str) -> Result<Option<RegistryAuth>, String> {
+    #[derive(Deserialize)]
+    struct DockerConfig {
+        #[serde(default)]
+        auths: std::collections::BTreeMap<String, Entry>,
+    }
+    #[derive(Deserialize)]
+    struct Entry {
+        auth: Option<String>,
+        username: Option<String>,
+        password: Option<String>,
+    }
+    let config: DockerConfig =
+        serde_json::from_slice(json).map_err(|e| format!("not a docker config: {e}"))?;
+    // Keys are `host[:port]`, sometimes written as a URL (`https://host/v1/`).
+    let host = |key: &str| {
+        let key = key
+            .strip_prefix("https://")
+            .or_else(|| key.strip_prefix("http://"))
+            .unwrap_or(key);
+        key.split('/').next().unwrap_or(key).to_owned()
+    };
+    let Some((_, entry)) = config.auths.iter().find(|(key, _)| host(key) == registry) else {
+        return Ok(None);
+    };
+    if let (Some(user), Some(password)) = (&entry.username, &entry.password) {
+        return Ok(Some(RegistryAuth::Basic(user.clone(), password.clone())));
+    }
+    let Some(auth) = &entry.auth else {
+        return Err(format!(
+            "its entry for {registry} has neither `auth` nor `username` and `password`"
+        ));
+    };
+    use base64::Engine as _;
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(auth.trim())
+        .map_err(|_| format!("its `auth` for {registry} is not base64"))?;
+    let decoded = String::from_utf8(decoded)
+        .map_err(|_| format!("its `auth` for {registry} is not UTF-8"))?;
+    let Some((user, password)) = decoded.split_once(':') else {
+        return Err(format!("its `auth` for {registry} is not `user:password`"));
+    };
+    Ok(Some(RegistryAuth::Basic(
+        user.to_owned(),
+        password.to_owned(),
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunks(
+        parts: Vec<&'static [u8]>,
+    ) -> impl futures::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Unpin {
+        futures::stream::iter(parts.into_iter().map(|p| Ok(bytes::Bytes::from_static(p))))
+    }
+
+    #[tokio::test]
+    async fn a_blob_is_read_to_its_declared_size_and_not_a_byte_more() {
+        assert_eq!(
+            read_capped(chunks(vec![b"ab", b"cd"]), 4, "module")
+                .await
+                .unwrap(),
+            b"abcd"
+        );
+        let err = read_capped(chunks(vec![b"ab", b"cde"]), 4, "module")
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("goes on past the 4 bytes"),
+            "{err}"
+        );
+        let err = read_capped(chunks(vec![b"ab"]), 4, "module")
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("ended after 2 of the 4 bytes"),
+            "{err}"
+        );
+        assert_eq!(err.reason(), Reason::DigestMismatch);
+    }
+
+    #[tokio::test]
+    async fn an_endless_blob_stops_at_its_declared_size() {
+        // A registry that never stops sending: the reader gives up after `declared` bytes.
+        let endless = futures::stream::repeat_with(|| Ok(bytes::Bytes::from(vec![0u8; 64 << 10])));
+        let mut read = 0u64;
+        let counted = endless.inspect(|c: &Result<bytes::Bytes, std::io::Error>| {
+            read += c.as_ref().map_or(0, |c| c.len() as u64);
+        });
+        let err = read_capped(Box::pin(counted), 1 << 20, "module")
+            .await
+            .unwrap_err();
+        assert!(matches!(err, PullError::Corrupt { .. }), "{err}");
+        assert!(read <= (1 << 20) + (64 << 10), "read {read} bytes");
+    }
+
+    #[tokio::test]
+    async fn a_registry_that_never_answers_ends_at_the_deadline() {
+        // Accepts connections and never says a byte.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                open.push(socket);
+            }
+        });
+        let config = RegistryConfig {
+            insecure: vec![addr.clone()],
+            pull_timeout: Duration::from_millis(500),
+            ..RegistryConfig::new(1 << 20)
+        };
+        let image = ImageRef::parse(&format!("{addr}/silent:v1")).unwrap();
+        let started = std::time::Instant::now();
+        let err = pull(&config, &image, &RegistryAuth::Anonymous, None)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, PullError::TimedOut { .. }), "{err}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(err.reason(), Reason::ModuleNotFound);
+        held.abort();
+    }
+
+    #[test]
+    fn the_world_is_read_from_a_components_imports_and_exports() {
+        let other = wat::parse_str("(component)").unwrap();
+        let info = ComponentInfo::of(&other).unwrap();
+        assert_eq!(info.target, None);
+        assert!(info.exports.is_empty() && info.imports.is_empty());
+        let core = wat::parse_str("(module)").unwrap();
+        assert!(
+            ComponentInfo::of(&core)
+                .unwrap_err()
+                .contains("core module")
+        );
+        assert!(
+            ComponentInfo::of(b"junk")
+                .unwrap_err()
+                .contains("not a WebAssembly component")
+        );
+    }
+
+    #[test]
+    fn only_the_controller_world_is_taken() {
+        let config = |target: Option<&str>| WasmConfig {
+            created: None,
+            author: None,
+            architecture: "wasm".into(),
+            os: "wasip2".into(),
+            layer_digests: Vec::new(),
+            component: Some(ComponentInfo {
+                exports: vec!["reconcile".into()],
+                imports: Vec::new(),
+                target: target.map(Into::into),
+            }),
+        };
+        assert!(
+            config(Some("kubewasm:controller/controller@0.3.0"))
+                .controller_world()
+                .is_ok()
+        );
+        assert!(
+            config(Some("kubewasm:controller/controller"))
+                .controller_world()
+                .is_ok()
+        );
+        let err = config(Some("wasi:cli/command@0.2.0"))
+            .controller_world()
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("targets world `wasi:cli/command@0.2.0`"),
+            "{err}"
+        );
+        assert_eq!(err.reason(), Reason::ModuleInvalid);
+        let err = config(Some("kubewasm:controller/controllerX"))
+            .controller_world()
+            .unwrap_err();
+        assert!(matches!(err, PullError::WrongWorld { .. }));
+        let err = config(None).controller_world().unwrap_err();
+        assert!(err.to_string().contains("targets no world"), "{err}");
+        // The layout as oci-wasm writes it parses.
+        let written = r#"{"created":"2026-01-01T00:00:00Z","author":null,"architecture":"wasm","os":"wasip2","layerDigests":["sha256:00"],"component":{"exports":["reconcile"],"imports":["kubewasm:controller/host@0.3.0"],"target":"kubewasm:controller/controller@0.3.0"}}"#;
+        let parsed: WasmConfig = serde_json::from_str(written).unwrap();
+        assert!(parsed.controller_world().is_ok());
+    }
+
+    #[test]
+    fn docker_configs_give_the_registrys_credentials() {
+        use base64::Engine as _;
+        let auth = base64::engine::general_purpose::STANDARD.encode("alice:s3cret");
+        let json = format!(
+            r#"{{"auths": {{"https://127.0.0.1:5000/v1/": {{"auth": "{auth}"}}, "other.example": {{"username": "bob", "password": "pw"}}}}}}"#
+        );
+        assert_eq!(
+            docker_config_auth(json.as_bytes(), "127.0.0.1:5000").unwrap(),
+            Some(RegistryAuth::Basic("alice".into(), "s3cret".into()))
+        );
+        assert_eq!(
+            docker_config_auth(json.as_bytes(), "other.example").unwrap(),
+            Some(RegistryAuth::Basic("bob".into(), "pw".into()))
+        );
+        assert_eq!(
+            docker_config_auth(json.as_bytes(), "nowhere:1").unwrap(),
+            None
+        );
+        assert!(
+            docker_config_auth(b"{auths", "x")
+                .unwrap_err()
+                .contains("not a docker config")
+        );
+        let bad = r#"{"auths": {"r.example": {"auth": "!!"}}}"#;
+        assert!(
+            docker_config_auth(bad.as_bytes(), "r.example")
+                .unwrap_err()
+                .contains("not base64")
+        );
+    }
+
+    #[test]
+    fn a_manifest_with_foreign_urls_or_other_media_types_is_refused() {
+        let descriptor = |media_type: &str| OciDescriptor {
+            media_type: media_type.into(),
+            digest: format!("sha256:{}", "0".repeat(64)),
+            size: 1,
+            ..OciDescriptor::default()
+        };
+        let manifest = |config: OciDescriptor, layers: Vec<OciDescriptor>| OciImageManifest {
+            schema_version: 2,
+            media_type: Some(MANIFEST_MEDIA_TYPE.into()),
+            config,
+            layers,
+            subject: None,
+            artifact_type: None,
+            annotations: None,
+        };
+        let ok = manifest(
+            descriptor(CONFIG_MEDIA_TYPE),
+            vec![descriptor(LAYER_MEDIA_TYPE)],
+        );
+        assert!(wasm_layer(&ok).is_ok());
+        let docker = manifest(
+            descriptor("application/vnd.docker.container.image.v1+json"),
+            vec![descriptor(LAYER_MEDIA_TYPE)],
+        );
+        assert!(wasm_layer(&docker).unwrap_err().contains("its config is"));
+        let two = manifest(
+            descriptor(CONFIG_MEDIA_TYPE),
+            vec![descriptor(LAYER_MEDIA_TYPE), descriptor(LAYER_MEDIA_TYPE)],
+        );
+        assert!(wasm_layer(&two).unwrap_err().contains("2 layers"));
+        let mut foreign = descriptor(LAYER_MEDIA_TYPE);
+        foreign.urls = Some(vec!["http://169.254.169.254/".into()]);
+        let foreign = manifest(descriptor(CONFIG_MEDIA_TYPE), vec![foreign]);
+        assert!(wasm_layer(&foreign).unwrap_err().contains("foreign `urls`"));
+    }
+}
