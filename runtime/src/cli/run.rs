@@ -160,6 +160,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ),
             Ok(bytes) => bytes as u64,
         };
+        // One cap for a module's bytes, fetched and compiled alike.
+        config.sandbox.max_module_bytes =
+            usize::try_from(config.max_module_bytes).unwrap_or(usize::MAX);
         config.insecure_registries = args.insecure_registries;
         let cap = |flag: &str, value: &str| -> anyhow::Result<u64> {
             let bytes = kubewasm::api::parse_bytes(value)

@@ -50,7 +50,9 @@ impl Default for SandboxConfig {
         SandboxConfig {
             max_instances: 32,
             max_memory_bytes: 512 << 20,
-            max_module_bytes: 16 << 20,
+            // `sources::DEFAULT_MAX_MODULE_BYTES` (a test checks it): `kubewasm run` sets both
+            // from `--max-module-bytes`.
+            max_module_bytes: 64 << 20,
             epoch_tick: Duration::from_millis(10),
             epoch_interruption: true,
             log_lines_per_second: 100.0,

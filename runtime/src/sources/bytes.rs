@@ -222,6 +222,12 @@ pub fn unpack(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_sandbox_compiles_what_may_be_fetched() {
+        let sandbox = crate::sandbox::SandboxConfig::default().max_module_bytes as u64;
+        assert_eq!(sandbox, DEFAULT_MAX_MODULE_BYTES);
+    }
     use super::*;
     use serde_json::json;
     use std::io::Write;
