@@ -41,7 +41,11 @@ USER = "65532:65532"
 ENTRYPOINT = ["/kubewasm"]
 CMD = ["run"]
 EXPOSED = {"8080/tcp": {}}
-ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+# The CA bundle (from the build machine, Debian's ca-certificates) for modules pulled from
+# registries over HTTPS: the image has nothing else, and rustls reads SSL_CERT_FILE.
+CA_BUNDLE_PATH = "etc/ssl/certs/ca-certificates.crt"
+ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+       "SSL_CERT_FILE=/" + CA_BUNDLE_PATH]
 
 
 def canonical_json(value) -> bytes:
@@ -72,10 +76,13 @@ def add_dir(tar: tarfile.TarFile, name: str, mtime: int) -> None:
     tar.addfile(info)
 
 
-def layer_tar(binary: bytes, mtime: int) -> bytes:
+def layer_tar(binary: bytes, ca_bundle: bytes, mtime: int) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         add_file(tar, BINARY_PATH, binary, mtime, mode=0o755)
+        for d in ("etc", "etc/ssl", "etc/ssl/certs"):
+            add_dir(tar, d, mtime)
+        add_file(tar, CA_BUNDLE_PATH, ca_bundle, mtime)
     return buf.getvalue()
 
 
@@ -121,7 +128,16 @@ def main() -> int:
         "(default SOURCE_DATE_EPOCH, else 0)",
     )
     parser.add_argument("--revision", default="", help="source revision label (git commit)")
+    parser.add_argument("--ca-bundle", default="/etc/ssl/certs/ca-certificates.crt",
+                        help="PEM CA bundle put at /etc/ssl/certs/ca-certificates.crt in the image")
     args = parser.parse_args()
+    try:
+        with open(args.ca_bundle, "rb") as f:
+            ca_bundle = f.read()
+    except OSError as e:
+        print(f"write-image: cannot read the CA bundle {args.ca_bundle} ({e}); "
+              "install Debian's ca-certificates or pass --ca-bundle", file=sys.stderr)
+        return 1
 
     with open(args.binary, "rb") as f:
         binary = f.read()
@@ -138,7 +154,7 @@ def main() -> int:
         "%Y-%m-%dT%H:%M:%SZ")
     repo, tag = split_ref(args.tag)
 
-    layer = layer_tar(binary, args.created)
+    layer = layer_tar(binary, ca_bundle, args.created)
     layer_digest = sha256(layer)
 
     labels = {
