@@ -132,21 +132,7 @@ impl Runner {
         }
         let s = &self.setup;
         let state_key = prepared.key.to_string();
-        let executor = Executor {
-            client: s.client.clone(),
-            kinds: &s.kinds,
-            writes: &s.writes,
-            permissions: &s.permissions,
-            field_manager: format!("kubewasm/{}", s.id),
-            parent_kind: s.parent.kind(),
-            parent: prepared.parent_json.as_ref(),
-            target: &prepared.target,
-            child_kinds: &[],
-            children: &[],
-            existing: &actions::NoExistingChildren,
-            events: &self.events,
-            state: (&s.state, &state_key),
-        };
+        let executor = self.executor(prepared, &[], &state_key);
         let message = format!("controller {}: {}", s.id, problem.message);
         let message = crate::sandbox::guest_text(&message, crate::sandbox::MAX_GUEST_MESSAGE_BYTES);
         match executor
@@ -288,21 +274,7 @@ impl Runner {
         }
         let state_key = prepared.key.to_string();
         let child_kinds: Vec<ChildKind> = s.children.iter().map(|(c, _)| c.clone()).collect();
-        let executor = Executor {
-            client: s.client.clone(),
-            kinds: &s.kinds,
-            writes: &s.writes,
-            permissions: &s.permissions,
-            field_manager: format!("kubewasm/{}", s.id),
-            parent_kind: s.parent.kind(),
-            parent: prepared.parent_json.as_ref(),
-            target: &prepared.target,
-            child_kinds: &child_kinds,
-            children: &prepared.children,
-            existing: &s.children,
-            events: &self.events,
-            state: (&s.state, &state_key),
-        };
+        let executor = self.executor(prepared, &child_kinds, &state_key);
         let done = executor
             .execute(&actions)
             .await
@@ -313,6 +285,32 @@ impl Runner {
             done,
             finalized,
         })
+    }
+
+    /// The one way this controller's writes for `prepared` are made: as its ServiceAccount,
+    /// through its declaration, write gate and Event series.
+    fn executor<'a>(
+        &'a self,
+        prepared: &'a Prepared,
+        child_kinds: &'a [ChildKind],
+        state_key: &'a str,
+    ) -> Executor<'a> {
+        let s = &self.setup;
+        Executor {
+            client: s.client.clone(),
+            kinds: &s.kinds,
+            writes: &s.writes,
+            permissions: &s.permissions,
+            field_manager: format!("kubewasm/{}", s.id),
+            parent_kind: s.parent.kind(),
+            parent: prepared.parent_json.as_ref(),
+            target: &prepared.target,
+            child_kinds,
+            children: &prepared.children,
+            existing: &s.children,
+            events: &self.events,
+            state: (&s.state, state_key),
+        }
     }
 
     /// Step 4: what the controller remembers of the key (its state when gone, the parent as
