@@ -457,10 +457,12 @@ fn reads_outside_the_grants_are_refused() {
 
 #[test]
 fn guest_traps_are_reported() {
-    let dir = tempfile::tempdir().unwrap();
-    let controller = hostile_controller(dir.path(), "  limits: {timeoutMillis: 200}\n");
+    // The loop meets a 200 ms deadline; the other traps get 20 s, so that a loaded machine
+    // cannot turn them into timeouts.
+    let (short, long) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let hostile = common::guest("hostile");
-    let run = |mode: &str| {
+    let run = |dir: &Path, limits: &str, mode: &str| {
+        let controller = hostile_controller(dir, limits);
         kubewasm(&[
             OsStr::new("reconcile"),
             OsStr::new("--controller"),
@@ -468,16 +470,18 @@ fn guest_traps_are_reported() {
             OsStr::new("--module"),
             hostile.as_os_str(),
             OsStr::new("--object"),
-            thing(dir.path(), mode).as_os_str(),
+            thing(dir, mode).as_os_str(),
         ])
     };
-    run("loop").failure(&[
+    run(short.path(), "  limits: {timeoutMillis: 200}\n", "loop").failure(&[
         "reconcile of Thing test-space/t failed",
         "timed out",
         "200ms",
     ]);
-    run("panic").failure(&["guest panicked: hostile guest panicked on purpose"]);
-    run("alloc").failure(&["memory limit exceeded"]);
+    let patient = "  limits: {timeoutMillis: 20000}\n";
+    run(long.path(), patient, "panic")
+        .failure(&["guest panicked: hostile guest panicked on purpose"]);
+    run(long.path(), patient, "alloc").failure(&["memory limit exceeded"]);
 }
 
 #[test]
