@@ -11,6 +11,7 @@
 
 mod bytes;
 mod cluster;
+pub mod cosign;
 pub mod oci;
 mod offline;
 mod pulls;
