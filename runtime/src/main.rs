@@ -31,6 +31,8 @@ enum Command {
     Run(Box<cli::run::Args>),
     /// Push a built component to a registry (as a wasm OCI artifact) and print its digest.
     Push(cli::push::Args),
+    /// Sign a pushed module's digest with a key (cosign's format) and push the signature.
+    Sign(cli::sign::Args),
     /// Print the CustomResourceDefinitions of the kubewasm.dev API.
     Crds,
 }
@@ -44,6 +46,7 @@ fn main() -> ExitCode {
         Command::New(args) => cli::new::run(args),
         Command::Run(args) => cli::run::run(*args),
         Command::Push(args) => cli::push::run(args),
+        Command::Sign(args) => cli::sign::run(args),
         Command::Crds => {
             print!("{}", kubewasm::api::crds_yaml());
             Ok(())

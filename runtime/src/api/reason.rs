@@ -22,6 +22,8 @@ pub enum Reason {
     TooManyModules,
     /// A runtime stopped while compiling this module: it is not compiled again.
     Quarantined,
+    /// The image's digest is not signed by a key the runtime trusts (`--verify-key`).
+    SignatureInvalid,
     // `Ready`
     /// Reconciling.
     Running,
@@ -86,6 +88,7 @@ impl Reason {
             Reason::DigestMismatch => "DigestMismatch",
             Reason::TooManyModules => "TooManyModules",
             Reason::Quarantined => "Quarantined",
+            Reason::SignatureInvalid => "SignatureInvalid",
             Reason::Running => "Running",
             Reason::Starting => "Starting",
             Reason::WaitingForCaches => "WaitingForCaches",

@@ -4,7 +4,9 @@ pub mod check;
 pub mod new;
 pub mod push;
 pub mod reconcile;
+mod registry;
 pub mod run;
+pub mod sign;
 mod yaml;
 
 use tracing_subscriber::EnvFilter;

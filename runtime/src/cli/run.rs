@@ -95,6 +95,11 @@ pub struct Args {
     /// of HTTPS; repeatable. Every other registry is HTTPS only.
     #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
     insecure_registries: Vec<String>,
+    /// A public key (PEM, ECDSA P-256: cosign's `cosign.pub`) that signs modules; repeatable.
+    /// When given, a module from a registry is loaded only if its digest carries a cosign
+    /// signature by one of these keys; ConfigMap and file modules are not affected.
+    #[arg(long = "verify-key", value_name = "FILE")]
+    verify_keys: Vec<std::path::PathBuf>,
     /// Guest log lines a tenant may log at once after a quiet spell.
     #[arg(long, default_value_t = SandboxConfig::default().log_line_burst)]
     log_line_burst: u32,
@@ -164,6 +169,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config.sandbox.max_module_bytes =
             usize::try_from(config.max_module_bytes).unwrap_or(usize::MAX);
         config.insecure_registries = args.insecure_registries;
+        config.verify_keys = args
+            .verify_keys
+            .iter()
+            .map(|path| kubewasm::sources::cosign::TrustedKey::read(path))
+            .collect::<Result<_, _>>()
+            .map_err(|e| anyhow::anyhow!("--verify-key {e}"))?;
         let cap = |flag: &str, value: &str| -> anyhow::Result<u64> {
             let bytes = kubewasm::api::parse_bytes(value)
                 .map_err(|e| anyhow::anyhow!("--{flag} {value}: {e}"))?;

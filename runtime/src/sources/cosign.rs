@@ -121,7 +121,8 @@ impl TrustedKey {
     /// The key in file `path` (at most 64 KiB).
     pub fn read(path: &Path) -> Result<TrustedKey, String> {
         let pem = read_small(path)?;
-        let pem = String::from_utf8(pem).map_err(|_| format!("{}: not PEM text", path.display()))?;
+        let pem =
+            String::from_utf8(pem).map_err(|_| format!("{}: not PEM text", path.display()))?;
         TrustedKey::from_pem(path.display().to_string(), &pem)
             .map_err(|e| format!("{}: {e}", path.display()))
     }
@@ -130,7 +131,8 @@ impl TrustedKey {
 /// Reads a key file, refusing one larger than any key.
 fn read_small(path: &Path) -> Result<Vec<u8>, String> {
     use std::io::Read as _;
-    let file = std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let file =
+        std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let mut bytes = Vec::new();
     file.take(64 << 10)
         .read_to_end(&mut bytes)
@@ -199,9 +201,7 @@ impl SigningKey {
         let (label, der) = p256::pkcs8::der::pem::decode_vec(text.trim().as_bytes())
             .map_err(|e| format!("not a PEM private key: {e}"))?;
         let not_p256 = |e: &dyn std::fmt::Display| {
-            format!(
-                "not an ECDSA P-256 private key ({e}); RSA and Ed25519 keys are not supported"
-            )
+            format!("not an ECDSA P-256 private key ({e}); RSA and Ed25519 keys are not supported")
         };
         let key = match label {
             "PRIVATE KEY" => p256::SecretKey::from_pkcs8_der(&der).map_err(|e| not_p256(&e))?,
@@ -272,8 +272,7 @@ fn decrypt(json: &[u8], password: &[u8]) -> Result<Vec<u8>, String> {
     }
     use crypto_secretbox::aead::{Aead as _, KeyInit as _};
     let bad = |why: &str| format!("not a cosign encrypted key: {why}");
-    let encrypted: Encrypted =
-        serde_json::from_slice(json).map_err(|e| bad(&e.to_string()))?;
+    let encrypted: Encrypted = serde_json::from_slice(json).map_err(|e| bad(&e.to_string()))?;
     if encrypted.kdf.name != "scrypt" || encrypted.cipher.name != "nacl/secretbox" {
         return Err(bad("only scrypt with nacl/secretbox is known"));
     }
@@ -282,7 +281,11 @@ fn decrypt(json: &[u8], password: &[u8]) -> Result<Vec<u8>, String> {
     // command allocate gigabytes.
     let log_n = match n.checked_ilog2() {
         Some(log) if n.is_power_of_two() && (1..=20).contains(&log) => log as u8,
-        _ => return Err(bad(&format!("scrypt N = {n} (a power of two up to 2^20 is taken)"))),
+        _ => {
+            return Err(bad(&format!(
+                "scrypt N = {n} (a power of two up to 2^20 is taken)"
+            )));
+        }
     };
     let params = scrypt::Params::new(log_n, r, p, 32)
         .map_err(|e| bad(&format!("scrypt parameters: {e}")))?;
@@ -302,7 +305,10 @@ fn decrypt(json: &[u8], password: &[u8]) -> Result<Vec<u8>, String> {
     let cipher = crypto_secretbox::XSalsa20Poly1305::new_from_slice(&key)
         .map_err(|e| bad(&e.to_string()))?;
     cipher
-        .decrypt(crypto_secretbox::Nonce::from_slice(&nonce), ciphertext.as_slice())
+        .decrypt(
+            crypto_secretbox::Nonce::from_slice(&nonce),
+            ciphertext.as_slice(),
+        )
         .map_err(|_| {
             "cannot decrypt the key: wrong password (cosign reads it from $COSIGN_PASSWORD)"
                 .to_owned()
@@ -333,8 +339,7 @@ mod tests {
 MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAENptdY/l3nB0yqkXLBWkZWQwo6+cu
 OSWS1X9vPavpiQOoTTGC0xX57OojUadxF1cdQmrsiReWg2Wn4FneJfa8xw==
 -----END PUBLIC KEY-----";
-    const COSIGN_SIGNATURE: &str =
-        "MEUCIQD6q/COgzOyW0YH1Dk+CCYSt4uAhm3FDHUwvPI55zwnlwIgE0ZK58ZOWpZw8YVmBapJhBqCfdPekIknimuO0xH8Jh8=";
+    const COSIGN_SIGNATURE: &str = "MEUCIQD6q/COgzOyW0YH1Dk+CCYSt4uAhm3FDHUwvPI55zwnlwIgE0ZK58ZOWpZw8YVmBapJhBqCfdPekIknimuO0xH8Jh8=";
     const COSIGN_PAYLOAD: &str = r#"{"critical":{"identity":{"docker-reference":"registry-testing.svc.lan/busybox"},"image":{"docker-manifest-digest":"sha256:f3cfc9d0dbf931d3db4685ec659b7ac68e2a578219da4aae65427886e649b06b"},"type":"cosign container image signature"},"optional":null}"#;
     const COSIGN_DIGEST: &str =
         "sha256:f3cfc9d0dbf931d3db4685ec659b7ac68e2a578219da4aae65427886e649b06b";
@@ -381,7 +386,13 @@ N0ZSd2syZzY1cFZnSGMwVWV1L1N1OUs0Zmc9PSJ9
             Refused::UntrustedKey
         );
         assert_eq!(
-            check(&keys, COSIGN_PAYLOAD.as_bytes(), "not@base64", COSIGN_DIGEST).unwrap_err(),
+            check(
+                &keys,
+                COSIGN_PAYLOAD.as_bytes(),
+                "not@base64",
+                COSIGN_DIGEST
+            )
+            .unwrap_err(),
             Refused::Malformed
         );
     }

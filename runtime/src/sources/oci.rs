@@ -20,6 +20,7 @@ use oci_client::manifest::{OciDescriptor, OciImageManifest};
 use oci_client::secrets::RegistryAuth;
 use serde::{Deserialize, Serialize};
 
+use super::cosign::{self, TrustedKey};
 use crate::api::{ImageRef, Reason};
 use crate::sandbox::Digest;
 
@@ -52,6 +53,9 @@ pub struct RegistryConfig {
     pub max_module_bytes: u64,
     /// The deadline of one pull.
     pub pull_timeout: Duration,
+    /// Keys a module's digest must carry a cosign signature of (`--verify-key`); none: no
+    /// signature is asked for.
+    pub verify_keys: Vec<TrustedKey>,
 }
 
 impl RegistryConfig {
@@ -61,6 +65,7 @@ impl RegistryConfig {
             insecure: Vec::new(),
             max_module_bytes,
             pull_timeout: PULL_TIMEOUT,
+            verify_keys: Vec::new(),
         }
     }
 
@@ -286,6 +291,20 @@ pub enum PullError {
         /// The image.
         image: String,
     },
+    /// The digest carries no good signature by a trusted key (`--verify-key`).
+    #[error(
+        "{image} resolves to {digest}, which is not signed by a key this runtime trusts (`kubewasm run --verify-key`): {why}; its publisher signs it with `kubewasm sign --key KEY {repository}@{digest}` (or `cosign sign --key`)"
+    )]
+    Signature {
+        /// The image as the spec names it.
+        image: String,
+        /// Its repository (`registry/repo`).
+        repository: String,
+        /// The digest it resolved to.
+        digest: String,
+        /// Why no signature is good.
+        why: String,
+    },
     /// The pull secret could not be used.
     #[error("{message}")]
     PullSecret {
@@ -308,6 +327,7 @@ impl PullError {
             PullError::Corrupt { .. } => Reason::DigestMismatch,
             PullError::Pulling { .. } => Reason::ModuleNotLoaded,
             PullError::PullSecret { reason, .. } => *reason,
+            PullError::Signature { .. } => Reason::SignatureInvalid,
         }
     }
 }
@@ -367,6 +387,9 @@ async fn pull_within(
     if known == Some(digest.as_str()) {
         return Ok(Pulled::Unchanged);
     }
+    if !config.verify_keys.is_empty() {
+        verify_signature(&client, image, auth, &digest, &config.verify_keys).await?;
+    }
     // The manifest of that digest (a tag may move meanwhile: what is pulled is what was
     // resolved).
     let pinned = oci_client::Reference::with_digest(
@@ -405,6 +428,131 @@ async fn pull_within(
     wasm_config.controller_world()?;
     let bytes = read_blob(&client, &pinned, layer, config.max_module_bytes, "module").await?;
     Ok(Pulled::Module { digest, bytes })
+}
+
+/// Media types a signature manifest may have: cosign writes OCI manifests, older releases
+/// Docker's (the same shape).
+const SIGNATURE_MANIFEST_MEDIA_TYPES: [&str; 2] = [
+    MANIFEST_MEDIA_TYPE,
+    "application/vnd.docker.distribution.manifest.v2+json",
+];
+
+/// Whether a cosign signature of `digest` by one of `keys` is in `image`'s repository (see
+/// [`cosign`]): at most [`cosign::MAX_SIGNATURES`] signatures of at most
+/// [`cosign::MAX_PAYLOAD_BYTES`] each are read.
+async fn verify_signature(
+    client: &oci_client::Client,
+    image: &ImageRef,
+    auth: &RegistryAuth,
+    digest: &str,
+    keys: &[TrustedKey],
+) -> Result<(), PullError> {
+    let reference = image.reference();
+    let repository = format!("{}/{}", reference.registry(), reference.repository());
+    let refuse = |why: String| PullError::Signature {
+        image: image.to_string(),
+        repository: repository.clone(),
+        digest: digest.to_owned(),
+        why,
+    };
+    let Some(tag) = cosign::signature_tag(digest) else {
+        return Err(refuse("cosign signs sha256 digests only".into()));
+    };
+    let signatures = oci_client::Reference::with_tag(
+        reference.registry().to_owned(),
+        reference.repository().to_owned(),
+        tag.clone(),
+    );
+    let raw = match client
+        .pull_manifest_raw(&signatures, auth, &SIGNATURE_MANIFEST_MEDIA_TYPES)
+        .await
+    {
+        Ok((raw, _)) => raw,
+        Err(e) if not_found(&e) => {
+            return Err(refuse(format!(
+                "it has no signature (its repository has no tag {tag})"
+            )));
+        }
+        Err(e) => {
+            return Err(PullError::Registry {
+                registry: image.registry().to_owned(),
+                message: crate::sandbox::guest_text(&e.to_string(), 1024).into_owned(),
+            });
+        }
+    };
+    let manifest: OciImageManifest = serde_json::from_slice(&raw).map_err(|e| {
+        refuse(format!(
+            "its signatures ({tag}) are not an image manifest: {e}"
+        ))
+    })?;
+    drop(raw);
+    let mut refusals: Vec<String> = Vec::new();
+    let layers = manifest
+        .layers
+        .iter()
+        .filter(|l| l.media_type == cosign::PAYLOAD_MEDIA_TYPE)
+        .take(cosign::MAX_SIGNATURES);
+    for layer in layers {
+        let Some(signature) = layer
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(cosign::SIGNATURE_ANNOTATION))
+        else {
+            continue;
+        };
+        if layer.urls.as_ref().is_some_and(|u| !u.is_empty()) {
+            refusals.push("a signature names foreign `urls`".into());
+            continue;
+        }
+        let payload = match read_blob(
+            client,
+            &signatures,
+            layer,
+            cosign::MAX_PAYLOAD_BYTES,
+            "signature",
+        )
+        .await
+        {
+            Ok(payload) => payload,
+            Err(e) => {
+                refusals.push(format!("a signature cannot be read: {e}"));
+                continue;
+            }
+        };
+        match cosign::check(keys, &payload, signature, digest) {
+            Ok(key) => {
+                tracing::debug!(image = %image, digest, key = %key.name, "signature verified");
+                return Ok(());
+            }
+            Err(why) => refusals.push(why.to_string()),
+        }
+    }
+    refusals.dedup();
+    Err(refuse(match refusals.as_slice() {
+        [] => format!("{tag} holds no cosign signature"),
+        [one] => format!("its one signature is refused: {one}"),
+        many => format!(
+            "none of its {} signatures is good: {}",
+            many.len(),
+            many.join("; ")
+        ),
+    }))
+}
+
+/// Whether a registry said that a manifest does not exist.
+fn not_found(e: &oci_client::errors::OciDistributionError) -> bool {
+    use oci_client::errors::{OciDistributionError as E, OciErrorCode};
+    match e {
+        E::RegistryError { envelope, .. } => envelope.errors.iter().any(|e| {
+            matches!(
+                e.code,
+                OciErrorCode::ManifestUnknown | OciErrorCode::NameUnknown
+            )
+        }),
+        E::ServerError { code, .. } => *code == 404,
+        E::ImageManifestNotFoundError(_) => true,
+        _ => false,
+    }
 }
 
 /// The manifest's one `application/wasm` layer, after its config's media type is checked.
