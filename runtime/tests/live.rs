@@ -42,6 +42,8 @@ mod reload;
 #[path = "live/restarter.rs"]
 mod restarter;
 use kubewasm_test_support::runtime;
+#[path = "live/signatures.rs"]
+mod signatures;
 #[path = "live/storm.rs"]
 mod storm;
 #[path = "live/tutorial_crd.rs"]

@@ -27,7 +27,13 @@ use crate::runtime::{RuntimeProcess, finish, kubewasm_bin};
 use crate::support::{ControlPlane, eventually};
 
 /// The reload fixture's controller, its module an image.
-fn controller(ns: &str, name: &str, image: &str, secret: Option<&str>, selector: &str) -> Value {
+pub(crate) fn controller(
+    ns: &str,
+    name: &str,
+    image: &str,
+    secret: Option<&str>,
+    selector: &str,
+) -> Value {
     let mut module = json!({"image": image});
     if let Some(secret) = secret {
         module["imagePullSecret"] = json!(secret);
@@ -41,7 +47,7 @@ fn controller(ns: &str, name: &str, image: &str, secret: Option<&str>, selector:
 }
 
 /// A ConfigMap a controller of `selector` looks after.
-fn probe(ns: &str, name: &str, selector: &str) -> Value {
+pub(crate) fn probe(ns: &str, name: &str, selector: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": name, "namespace": ns, "labels": {"kubewasm-test": selector},
             "annotations": {"magalix.com/podDeleteMatch": "app=oci-none"}},
@@ -49,7 +55,7 @@ fn probe(ns: &str, name: &str, selector: &str) -> Value {
 }
 
 /// The ServiceAccount `reloader` with its Role (the reload fixture, without its controller).
-async fn install_account(client: &Client, ns: &str) -> Result<()> {
+pub(crate) async fn install_account(client: &Client, ns: &str) -> Result<()> {
     let docs: Vec<Value> = fixture("reload.yaml", ns)?
         .into_iter()
         .filter(|d| d["kind"] != "WasmController")
@@ -58,7 +64,11 @@ async fn install_account(client: &Client, ns: &str) -> Result<()> {
 }
 
 /// `kubewasm push FILE REF --insecure [--username U --password-stdin]`: the pushed digest.
-fn push(file: &std::path::Path, reference: &str, login: Option<(&str, &str)>) -> Result<String> {
+pub(crate) fn push(
+    file: &std::path::Path,
+    reference: &str,
+    login: Option<(&str, &str)>,
+) -> Result<String> {
     let mut command = Command::new(kubewasm_bin());
     command
         .arg("push")
@@ -139,7 +149,7 @@ async fn push_claiming_controller(
 }
 
 /// Waits until the controller's `ModuleReady` passes `check`.
-async fn wait_module(
+pub(crate) async fn wait_module(
     client: &Client,
     ns: &str,
     name: &str,
@@ -155,7 +165,7 @@ async fn wait_module(
 }
 
 /// Whether the registry was asked for blob `digest` (its access log).
-fn blob_was_read(registry: &Registry, digest: &str) -> bool {
+pub(crate) fn blob_was_read(registry: &Registry, digest: &str) -> bool {
     std::fs::read_to_string(registry.log())
         .unwrap_or_default()
         .lines()
@@ -163,8 +173,8 @@ fn blob_was_read(registry: &Registry, digest: &str) -> bool {
 }
 
 /// The layer digest of a pushed component file.
-fn layer_digest(wasm: &[u8]) -> String {
-    format!("sha256:{}", sha256(wasm))
+pub(crate) fn layer_digest(wasm: &[u8]) -> String {
+    sha256(wasm)
 }
 
 #[tokio::test]
@@ -246,6 +256,11 @@ async fn roll_forward(
         )
         .await?;
     }
+    // The access log shows the layers read (what the refusals below assert never happens).
+    ensure!(
+        blob_was_read(registry, &layer_digest(&hostile)),
+        "the registry's log does not show module A's layer read"
+    );
     let pid = runtime.pid();
 
     // Move the tag: the new digest runs within the poll period, no restart.
