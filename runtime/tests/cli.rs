@@ -887,6 +887,67 @@ fn push_refuses_what_it_cannot_push_and_says_why() {
 }
 
 #[test]
+fn sign_and_verify_keys_refuse_what_is_no_key_and_say_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let image = format!("127.0.0.1:{port}/team/hello:v1");
+    kubewasm(&["sign", "--key", "/nonexistent/cosign.key", &image])
+        .failure(&["--key cannot read /nonexistent/cosign.key"]);
+    let public = write(
+        dir.path(),
+        "cosign.pub",
+        "-----BEGIN PUBLIC KEY-----\nMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAENptdY/l3nB0yqkXLBWkZWQwo6+cu\nOSWS1X9vPavpiQOoTTGC0xX57OojUadxF1cdQmrsiReWg2Wn4FneJfa8xw==\n-----END PUBLIC KEY-----\n",
+    );
+    kubewasm(&["sign", "--key", public.to_str().unwrap(), &image])
+        .failure(&["a PEM `PUBLIC KEY`, not a private key"]);
+    // cosign's encrypted key needs its password, from where cosign reads it.
+    let encrypted = kubewasm_test_support::workspace()
+        .join("runtime/tests/fixtures/cosign/cosign-generated-empty-password.key");
+    let run = Command::new(env!("CARGO_BIN_EXE_kubewasm"))
+        .args(["sign", "--key", encrypted.to_str().unwrap(), &image])
+        .env_remove("COSIGN_PASSWORD")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success());
+    assert!(stderr.contains("$COSIGN_PASSWORD"), "{stderr}");
+    let run = Command::new(env!("CARGO_BIN_EXE_kubewasm"))
+        .args(["sign", "--key", encrypted.to_str().unwrap(), &image])
+        .env("COSIGN_PASSWORD", "wrong")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(stderr.contains("wrong password"), "{stderr}");
+    // The right key, a registry that is not there: said, nothing signed.
+    let run = Command::new(env!("CARGO_BIN_EXE_kubewasm"))
+        .args([
+            "sign",
+            "--insecure",
+            "--key",
+            encrypted.to_str().unwrap(),
+            &image,
+        ])
+        .env("COSIGN_PASSWORD", "")
+        .env("DOCKER_CONFIG", "/nonexistent")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        stderr.contains(&format!("cannot log in to {image}")),
+        "{stderr}"
+    );
+    // `run --verify-key` takes only public P-256 keys, and says so before it starts.
+    kubewasm(&["run", "--verify-key", encrypted.to_str().unwrap()])
+        .failure(&["--verify-key", "not a PEM ECDSA P-256 public key"]);
+    kubewasm(&["run", "--verify-key", "/nonexistent/cosign.pub"])
+        .failure(&["--verify-key cannot read /nonexistent/cosign.pub"]);
+}
+
+#[test]
 fn run_help_shows_the_module_cap_and_the_insecure_registries() {
     let help = kubewasm(&["run", "--help"]).success().stdout;
     assert!(
@@ -895,4 +956,5 @@ fn run_help_shows_the_module_cap_and_the_insecure_registries() {
     );
     assert!(help.contains("[default: 64Mi]"), "{help}");
     assert!(help.contains("--insecure-registry <HOST:PORT>"), "{help}");
+    assert!(help.contains("--verify-key <FILE>"), "{help}");
 }

@@ -132,6 +132,13 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     rt.block_on(async move {
+        // Files the flags name are read before anything else: a wrong one is said first.
+        let verify_keys = args
+            .verify_keys
+            .iter()
+            .map(|path| kubewasm::sources::cosign::TrustedKey::read(path))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| anyhow::anyhow!("--verify-key {e}"))?;
         let kube_config = kube::Config::infer().await.context(
             "cannot find a Kubernetes configuration: set KUBECONFIG (e.g. `eval \"$(make -s cluster-up)\"`) or run inside a cluster",
         )?;
@@ -169,12 +176,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config.sandbox.max_module_bytes =
             usize::try_from(config.max_module_bytes).unwrap_or(usize::MAX);
         config.insecure_registries = args.insecure_registries;
-        config.verify_keys = args
-            .verify_keys
-            .iter()
-            .map(|path| kubewasm::sources::cosign::TrustedKey::read(path))
-            .collect::<Result<_, _>>()
-            .map_err(|e| anyhow::anyhow!("--verify-key {e}"))?;
+        config.verify_keys = verify_keys;
         let cap = |flag: &str, value: &str| -> anyhow::Result<u64> {
             let bytes = kubewasm::api::parse_bytes(value)
                 .map_err(|e| anyhow::anyhow!("--{flag} {value}: {e}"))?;
