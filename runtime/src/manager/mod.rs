@@ -85,6 +85,8 @@ pub struct ManagerConfig {
     pub max_module_bytes: u64,
     /// Registries (`host:port`) spoken to over plain HTTP.
     pub insecure_registries: Vec<String>,
+    /// Layers pulled before, kept on disk by digest; [`ModuleCache::off`](crate::sources::ModuleCache::off): none.
+    pub module_cache: crate::sources::ModuleCache,
     /// The namespace of the journal of modules being compiled (see [`quarantine`]); `None`:
     /// no journal, and nothing quarantined.
     pub quarantine_namespace: Option<String>,
@@ -112,6 +114,7 @@ impl Default for ManagerConfig {
             max_modules_per_namespace: 8,
             max_module_bytes: crate::sources::DEFAULT_MAX_MODULE_BYTES,
             insecure_registries: Vec::new(),
+            module_cache: crate::sources::ModuleCache::off(),
             quarantine_namespace: None,
             cache_caps: crate::controller::CacheCaps::default(),
         }
@@ -258,6 +261,7 @@ impl Manager {
         let sandbox = Sandbox::new(config.sandbox.clone())?;
         let registries = crate::sources::oci::RegistryConfig {
             insecure: config.insecure_registries.clone(),
+            module_cache: config.module_cache.clone(),
             ..crate::sources::oci::RegistryConfig::new(config.max_module_bytes)
         };
         let pulls = crate::sources::Pulls::new(registries, config.module_poll);

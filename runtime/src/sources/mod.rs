@@ -11,6 +11,7 @@
 
 mod bytes;
 mod cluster;
+mod module_cache;
 pub mod oci;
 mod offline;
 mod pulls;
@@ -26,6 +27,7 @@ pub use bytes::{
     DEFAULT_MAX_MODULE_BYTES, ModuleError, bytes_from_configmap, read_module_file, unpack,
 };
 pub use cluster::{ClusterOrigin, ImagePuller};
+pub use module_cache::ModuleCache;
 pub use offline::OfflineOrigin;
 pub use pulls::{Credentials, PARALLEL_PULLS, Pulls};
 

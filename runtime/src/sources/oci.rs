@@ -20,6 +20,7 @@ use oci_client::manifest::{OciDescriptor, OciImageManifest};
 use oci_client::secrets::RegistryAuth;
 use serde::{Deserialize, Serialize};
 
+use super::module_cache::ModuleCache;
 use crate::api::{ImageRef, Reason};
 use crate::sandbox::Digest;
 
@@ -52,6 +53,8 @@ pub struct RegistryConfig {
     pub max_module_bytes: u64,
     /// The deadline of one pull.
     pub pull_timeout: Duration,
+    /// Layers pulled before, kept on disk by digest (`kubewasm run --module-cache-dir`).
+    pub module_cache: ModuleCache,
 }
 
 impl RegistryConfig {
@@ -61,6 +64,7 @@ impl RegistryConfig {
             insecure: Vec::new(),
             max_module_bytes,
             pull_timeout: PULL_TIMEOUT,
+            module_cache: ModuleCache::off(),
         }
     }
 
@@ -403,7 +407,16 @@ async fn pull_within(
     let wasm_config: WasmConfig = serde_json::from_slice(&config_bytes)
         .map_err(|e| not_wasm(format!("its config is not a wasm config: {e}")))?;
     wasm_config.controller_world()?;
+    // The layer by its digest: from the cache (hashed again there) when it was pulled before.
+    let cache = &config.module_cache;
+    let size = u64::try_from(layer.size).unwrap_or(u64::MAX);
+    if size <= config.max_module_bytes
+        && let Some(bytes) = cache.get(&layer.digest, size).await
+    {
+        return Ok(Pulled::Module { digest, bytes });
+    }
     let bytes = read_blob(&client, &pinned, layer, config.max_module_bytes, "module").await?;
+    cache.put(&layer.digest, &bytes).await;
     Ok(Pulled::Module { digest, bytes })
 }
 
