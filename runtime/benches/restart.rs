@@ -160,7 +160,7 @@ async fn measure(
         run.inspect_err(|_| runtime.report_failure())?;
         let mut timed = Vec::new();
         for round in 0..moves {
-            let took = move_tag(&client, registry, scratch.path(), &hello, round)
+            let took = move_tag(&client, registry, scratch.path(), &hello, n, round)
                 .await
                 .inspect_err(|_| runtime.report_failure())?;
             eprintln!(
@@ -170,6 +170,10 @@ async fn measure(
             timed.push(took);
         }
         runtime.stop()?;
+        eprintln!(
+            "N={n}: the tag moves' runtime log: {}",
+            runtime.keep_log().display()
+        );
         let mut measured = measured.into_iter();
         let mut next = || measured.next().context("a run is missing");
         rows.push(Row {
@@ -389,7 +393,7 @@ async fn clear_statuses(client: &Client) -> Result<()> {
     Ok(())
 }
 
-/// Moves module 0's tag to a new build (`round` + 1) under a running runtime: the time until
+/// Moves module 0's tag to a new build (of size `n`, move `round`) under a running runtime: the time until
 /// its status shows the new digest (`ModuleReady=True`), and until a HelloWorld created then
 /// has `status.pods` = 1 (reconciled by the module the status names).
 async fn move_tag(
@@ -397,13 +401,20 @@ async fn move_tag(
     registry: &Registry,
     scratch: &Path,
     hello: &[u8],
+    n: usize,
     round: usize,
 ) -> Result<(Duration, Duration)> {
     let ns = "restart-000";
-    let wasm = module(hello, 0, round + 1);
+    // A build no N before pushed: other bytes, another digest.
+    let wasm = module(hello, 0, n * 1000 + round + 1);
     let want = cluster::sha256(&wasm);
     push(registry, scratch, &wasm, 0)?;
     let moved = Instant::now();
+    // To read against the runtime's log (its `module loaded` line of restart-000).
+    eprintln!(
+        "N={n} tag move {round}: pushed at {}",
+        k8s_openapi::jiff::Timestamp::now()
+    );
     let api: Api<WasmController> = Api::namespaced(client.clone(), ns);
     eventually(
         "the moved tag's digest in the status",
@@ -417,7 +428,7 @@ async fn move_tag(
     )
     .await?;
     let in_status = moved.elapsed();
-    let name = format!("moved-{round}");
+    let name = format!("moved-{n}-{round}");
     cluster::create_hello_world(client, ns, &name, "restart").await?;
     cluster::wait_status_pods(client, ns, &name, 1).await?;
     Ok((in_status, moved.elapsed()))
