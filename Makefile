@@ -19,7 +19,7 @@ CLUSTER_DIR ?= $(or $(KUBEWASM_CLUSTER_DIR),$(KUBEWASM_CACHE)/clusters/default-$
 include deploy/dev/local/cluster.mk
 include deploy/install.mk
 
-.PHONY: all test demo demo-offline up down toolchain guests build lint fmt unit-test integration-test bench bench-reconcile bench-storm bench-cluster bench-cluster-venv bench-density bench-cache bench-compile crds guest-sizes guest-size-typed
+.PHONY: all test demo demo-offline up down toolchain guests build lint fmt unit-test integration-test bench bench-reconcile bench-storm bench-cluster bench-cluster-venv bench-density bench-cache bench-compile bench-restart crds guest-sizes guest-size-typed
 
 all: build guests
 
@@ -68,6 +68,7 @@ test: lint guests k8s-binaries image install-files
 	$(CARGO) test -p kubewasm $(ALL_TIERS) --bench cluster -- tiny >/dev/null
 	$(CARGO) test -p kubewasm $(ALL_TIERS) --bench cache_memory -- 3 >/dev/null
 	$(CARGO) test -p kubewasm $(ALL_TIERS) --bench compile_cache -- 2 >/dev/null
+	KUBEWASM_RESTART_MOVES=1 $(CARGO) test -p kubewasm $(ALL_TIERS) --bench restart -- 2 >/dev/null
 	@echo "make test: all tests passed"
 
 ## Tiers 1-3 only (unit, guests natively, sandbox, CLI): no cluster, no Kubernetes binaries.
@@ -85,6 +86,12 @@ bench: bench-reconcile bench-density bench-cluster
 ## Restart time for 1 and 100 modules: compiled each time, into an empty cache, from the cache.
 bench-compile: guests
 	$(CARGO) test -p kubewasm --bench compile_cache -- 1 100
+
+## Restart through the manager (local control plane and registry): time until 1 and 100 modules
+## from a registry are Ready on a first start, a restart with both caches, a restart with an empty
+## compiled cache; and a moved tag until its new digest runs.
+bench-restart: guests k8s-binaries
+	$(CARGO) test -p kubewasm --bench restart -- 1 100
 
 ## P1 (one reconcile: sandbox, native floor, axum webhook, Python webhook) and P5 (epochs on/off).
 bench-reconcile: guests

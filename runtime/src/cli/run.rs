@@ -7,6 +7,7 @@ use kubewasm::api::Unit;
 use kubewasm::controller::{CacheCaps, LeaderElector};
 use kubewasm::manager::{Manager, ManagerConfig};
 use kubewasm::sandbox::{CompiledCache, SandboxConfig};
+use kubewasm::sources::ModuleCache;
 
 /// A duration as whole milliseconds (the flags' unit).
 fn millis(d: Duration) -> u64 {
@@ -111,6 +112,15 @@ pub struct Args {
     /// The most bytes of compiled modules kept there (least recently used go first).
     #[arg(long, default_value_t = CompiledCache::DEFAULT_MAX_BYTES)]
     compiled_cache_bytes: u64,
+    /// Keep pulled modules (images' layers) in this directory by digest (the runtime's own,
+    /// e.g. an `emptyDir`), so that a restart or a new leader reads them from disk instead of
+    /// pulling each again; the manifest and config are still read from the registry every
+    /// time, and an entry is hashed again on every read. Unset: every start pulls.
+    #[arg(long, value_name = "DIR")]
+    module_cache_dir: Option<std::path::PathBuf>,
+    /// The most bytes of pulled modules kept there (least recently used go first).
+    #[arg(long, default_value_t = ModuleCache::DEFAULT_MAX_BYTES)]
+    module_cache_bytes: u64,
     /// Serve `/metrics` (Prometheus), `/healthz` and `/readyz` here, e.g. `0.0.0.0:8080`.
     #[arg(long)]
     metrics_addr: Option<std::net::SocketAddr>,
@@ -177,6 +187,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             usize::try_from(config.max_module_bytes).unwrap_or(usize::MAX);
         config.insecure_registries = args.insecure_registries;
         config.verify_keys = verify_keys;
+        if let Some(dir) = args.module_cache_dir {
+            config.module_cache = ModuleCache::new(dir, args.module_cache_bytes);
+        }
         let cap = |flag: &str, value: &str| -> anyhow::Result<u64> {
             let bytes = kubewasm::api::parse_bytes(value)
                 .map_err(|e| anyhow::anyhow!("--{flag} {value}: {e}"))?;

@@ -87,6 +87,8 @@ pub struct ManagerConfig {
     pub insecure_registries: Vec<String>,
     /// Keys an image module's digest must be signed by (none: no signature asked for).
     pub verify_keys: Vec<crate::sources::cosign::TrustedKey>,
+    /// Layers pulled before, kept on disk by digest; [`ModuleCache::off`](crate::sources::ModuleCache::off): none.
+    pub module_cache: crate::sources::ModuleCache,
     /// The namespace of the journal of modules being compiled (see [`quarantine`]); `None`:
     /// no journal, and nothing quarantined.
     pub quarantine_namespace: Option<String>,
@@ -115,6 +117,7 @@ impl Default for ManagerConfig {
             max_module_bytes: crate::sources::DEFAULT_MAX_MODULE_BYTES,
             insecure_registries: Vec::new(),
             verify_keys: Vec::new(),
+            module_cache: crate::sources::ModuleCache::off(),
             quarantine_namespace: None,
             cache_caps: crate::controller::CacheCaps::default(),
         }
@@ -262,6 +265,7 @@ impl Manager {
         let registries = crate::sources::oci::RegistryConfig {
             insecure: config.insecure_registries.clone(),
             verify_keys: config.verify_keys.clone(),
+            module_cache: config.module_cache.clone(),
             ..crate::sources::oci::RegistryConfig::new(config.max_module_bytes)
         };
         let pulls = crate::sources::Pulls::new(registries, config.module_poll);

@@ -76,6 +76,8 @@ impl Manager {
         let compilations = self.sandbox.compilations();
         self.metrics
             .set_compilations(compilations.compiled(), compilations.cached());
+        let layers = &self.config.module_cache;
+        self.metrics.set_pulls(layers.pulled(), layers.hits());
     }
 
     /// Validates (compiles once per digest) and swaps in what [`Manager::read_module`] found.

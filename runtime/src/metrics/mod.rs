@@ -49,6 +49,8 @@ pub struct Metrics {
     namespaces_held: Gauge,
     modules_compiled: Gauge,
     modules_from_cache: Gauge,
+    modules_pulled: Gauge,
+    modules_from_module_cache: Gauge,
     ready: AtomicBool,
     /// When the manager loop last made progress (`None`: not running), for `/healthz`.
     manager_beat: std::sync::Mutex<Option<std::time::Instant>>,
@@ -137,10 +139,24 @@ impl Default for Metrics {
             "Modules loaded already compiled from --compiled-cache-dir since the runtime started",
             modules_from_cache.clone(),
         );
+        let modules_pulled = Gauge::default();
+        registry.register(
+            "modules_pulled",
+            "Module layers read from a registry since the runtime started",
+            modules_pulled.clone(),
+        );
+        let modules_from_module_cache = Gauge::default();
+        registry.register(
+            "modules_from_module_cache",
+            "Module layers read from --module-cache-dir instead of a registry since the runtime started",
+            modules_from_module_cache.clone(),
+        );
         Metrics {
             registry,
             modules_compiled,
             modules_from_cache,
+            modules_pulled,
+            modules_from_module_cache,
             reconciles,
             duration,
             module_loads,
@@ -234,6 +250,15 @@ impl Metrics {
         self.modules_compiled
             .set(i64::try_from(compiled).unwrap_or(i64::MAX));
         self.modules_from_cache
+            .set(i64::try_from(from_cache).unwrap_or(i64::MAX));
+    }
+
+    /// Sets how the module layers pulled so far were had: from a registry, or from the module
+    /// cache.
+    pub fn set_pulls(&self, pulled: u64, from_cache: u64) {
+        self.modules_pulled
+            .set(i64::try_from(pulled).unwrap_or(i64::MAX));
+        self.modules_from_module_cache
             .set(i64::try_from(from_cache).unwrap_or(i64::MAX));
     }
 

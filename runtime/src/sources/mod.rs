@@ -12,6 +12,7 @@
 mod bytes;
 mod cluster;
 pub mod cosign;
+mod module_cache;
 pub mod oci;
 mod offline;
 mod pulls;
@@ -27,6 +28,7 @@ pub use bytes::{
     DEFAULT_MAX_MODULE_BYTES, ModuleError, bytes_from_configmap, read_module_file, unpack,
 };
 pub use cluster::{ClusterOrigin, ImagePuller};
+pub use module_cache::ModuleCache;
 pub use offline::OfflineOrigin;
 pub use pulls::{Credentials, PARALLEL_PULLS, Pulls};
 

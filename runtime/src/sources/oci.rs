@@ -21,6 +21,7 @@ use oci_client::secrets::RegistryAuth;
 use serde::{Deserialize, Serialize};
 
 use super::cosign::{self, TrustedKey};
+use super::module_cache::ModuleCache;
 use crate::api::{ImageRef, Reason};
 use crate::sandbox::Digest;
 
@@ -56,6 +57,8 @@ pub struct RegistryConfig {
     /// Keys a module's digest must carry a cosign signature of (`--verify-key`); none: no
     /// signature is asked for.
     pub verify_keys: Vec<TrustedKey>,
+    /// Layers pulled before, kept on disk by digest (`kubewasm run --module-cache-dir`).
+    pub module_cache: ModuleCache,
 }
 
 impl RegistryConfig {
@@ -66,6 +69,7 @@ impl RegistryConfig {
             max_module_bytes,
             pull_timeout: PULL_TIMEOUT,
             verify_keys: Vec::new(),
+            module_cache: ModuleCache::off(),
         }
     }
 
@@ -426,7 +430,16 @@ async fn pull_within(
     let wasm_config: WasmConfig = serde_json::from_slice(&config_bytes)
         .map_err(|e| not_wasm(format!("its config is not a wasm config: {e}")))?;
     wasm_config.controller_world()?;
+    // The layer by its digest: from the cache (hashed again there) when it was pulled before.
+    let cache = &config.module_cache;
+    let size = u64::try_from(layer.size).unwrap_or(u64::MAX);
+    if size <= config.max_module_bytes
+        && let Some(bytes) = cache.get(&layer.digest, size).await
+    {
+        return Ok(Pulled::Module { digest, bytes });
+    }
     let bytes = read_blob(&client, &pinned, layer, config.max_module_bytes, "module").await?;
+    cache.put(&layer.digest, &bytes).await;
     Ok(Pulled::Module { digest, bytes })
 }
 

@@ -155,7 +155,7 @@ pub async fn install(
 
 /// The Pod runs as ServiceAccount kubewasm-system/kubewasm, and its only credential is that
 /// account's own token: no kubeconfig, no other Secret mounted, no admin token anywhere (its
-/// other volumes: the module files' ConfigMap and the compiled-module cache's emptyDir).
+/// other volumes: the module files' ConfigMap and the module caches' emptyDirs).
 async fn runs_as_its_service_account(cluster: &NodeCluster, pod: &Pod) -> Result<()> {
     let name = pod.name_any();
     let spec = pod.spec.as_ref().context("a Pod without spec")?;
@@ -224,9 +224,9 @@ async fn runs_as_its_service_account(cluster: &NodeCluster, pod: &Pod) -> Result
                 );
             }
         } else if let Some(dir) = &volume.empty_dir {
-            // The compiled-module cache: the runtime's own scratch space, bounded.
+            // The compiled- and pulled-module caches: the runtime's own scratch space, bounded.
             ensure!(
-                volume.name == "compiled" && dir.size_limit.is_some(),
+                ["compiled", "pulled"].contains(&volume.name.as_str()) && dir.size_limit.is_some(),
                 "Pod {name} mounts an emptyDir {} without a size limit: {dir:?}",
                 volume.name
             );
