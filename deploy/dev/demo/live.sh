@@ -268,6 +268,7 @@ if $KEEP; then
     echo "      export KUBECONFIG=$KUBECONFIG"
     echo "      kubectl get wasmcontrollers -A"
     echo "      kubectl -n hello apply -f deploy/examples/hello-world/hello.yaml"
+    echo "      $KUBEWASM push $GUESTS/hello_world.wasm $IMAGE --insecure   # the registry (pid $REGISTRY_PID): the tag moves back"
     echo "  Stop everything with: make down"
 else
     say "Demo finished: stopping the runtime and the control plane."
