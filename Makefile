@@ -5,10 +5,14 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 export KUBEWASM_CACHE ?= $(HOME)/.cache/kubewasm
-GUEST_DIR := target/wasm32-wasip2/guest
+# Where cargo builds: $CARGO_TARGET_DIR when set (a warm or shared target directory), else ./target.
+TARGET_DIR := $(abspath $(or $(CARGO_TARGET_DIR),target))
+GUEST_DIR := $(TARGET_DIR)/wasm32-wasip2/guest
 GUESTS := hello-world configmap-restarter guitar-reviewer pod-watcher hello-finalizer hostile intruder
 GUEST_WASM := $(GUEST_DIR)/hello_world.wasm $(GUEST_DIR)/configmap_restarter.wasm $(GUEST_DIR)/guitar_reviewer.wasm $(GUEST_DIR)/pod_watcher.wasm $(GUEST_DIR)/hello_finalizer.wasm $(GUEST_DIR)/hostile.wasm $(GUEST_DIR)/intruder.wasm
-export KUBEWASM_GUEST_DIR := $(CURDIR)/$(GUEST_DIR)
+export KUBEWASM_GUEST_DIR := $(GUEST_DIR)
+# The debug kubewasm binary the demo scripts run (deploy/dev/demo/*.sh read $KUBEWASM).
+export KUBEWASM ?= $(TARGET_DIR)/debug/kubewasm
 # This checkout's own clusters: `make up`/`make down` and `make cluster-up`/`cluster-down`
 # address state directories named after the checkout, so they never stop a cluster another
 # checkout (or another engineer sharing the cache) started. `CLUSTER_DIR=...` names another.
@@ -19,7 +23,7 @@ CLUSTER_DIR ?= $(or $(KUBEWASM_CLUSTER_DIR),$(KUBEWASM_CACHE)/clusters/default-$
 include deploy/dev/local/cluster.mk
 include deploy/install.mk
 
-.PHONY: all test demo demo-offline up down toolchain guests build lint fmt unit-test integration-test bench bench-reconcile bench-storm bench-cluster bench-cluster-venv bench-density bench-cache bench-compile bench-restart crds guest-sizes guest-size-typed
+.PHONY: all test demo demo-offline demo-guests up down toolchain guests build lint fmt unit-test integration-test bench bench-reconcile bench-storm bench-cluster bench-cluster-venv bench-density bench-cache bench-compile bench-restart crds guest-sizes guest-size-typed
 
 all: build guests
 
@@ -108,14 +112,14 @@ bench-storm: guests k8s-binaries
 ## once more); what it measures is the release `kubewasm run`.
 bench-cluster: guests k8s-binaries bench-cluster-venv
 	$(CARGO) build --release -p kubewasm --bin kubewasm
-	KUBEWASM_RUN_BIN=$(CURDIR)/target/release/kubewasm $(CARGO) test -p kubewasm --bench cluster
+	KUBEWASM_RUN_BIN=$(TARGET_DIR)/release/kubewasm $(CARGO) test -p kubewasm --bench cluster
 
 ## P3: how many WasmControllers one runtime holds: time until N are Ready and its memory
 ## (local control plane, no node). Like bench-cluster, the bench runs in the dev profile and
 ## measures the release `kubewasm`.
 bench-density: guests k8s-binaries
 	$(CARGO) build --release -p kubewasm --bin kubewasm
-	KUBEWASM_DENSITY_BINARY=$(CURDIR)/target/release/kubewasm $(CARGO) test -p kubewasm --bench density
+	KUBEWASM_DENSITY_BINARY=$(TARGET_DIR)/release/kubewasm $(CARGO) test -p kubewasm --bench density
 
 ## Memory the runtime holds per byte a namespace's cache account is charged (the README's budget).
 ## Allocations are counted, not timed: the dev profile measures the same as a release build.
@@ -130,8 +134,18 @@ bench-cluster-venv:
 crds:
 	$(CARGO) run -q --bin kubewasm -- crds > deploy/crds/kubewasm.dev.yaml
 
-## The main job: a local control plane, the runtime, both tutorials step by step, then stop.
-demo: guests build k8s-binaries
+## make demo's second HelloWorld module: the same guest built with the greeting `Howdy`
+## ($(HELLO_HOWDY)), which the demo pushes over the first under the same tag. The plain
+## build is made again last, so hello_world.wasm stays the tutorial's.
+HELLO_HOWDY := $(GUEST_DIR)/demo/hello_world_howdy.wasm
+demo-guests: guests
+	HELLO_WORLD_GREETING=Howdy $(CARGO) build --profile guest --target wasm32-wasip2 -p hello-world
+	@mkdir -p $(dir $(HELLO_HOWDY)) && cp $(GUEST_DIR)/hello_world.wasm $(HELLO_HOWDY)
+	$(CARGO) build --profile guest --target wasm32-wasip2 -p hello-world
+
+## The main job: a local control plane, a module registry, the runtime, the tutorials step by
+## step (one of them pushed to the registry and run from spec.module.image), then stop.
+demo: demo-guests build k8s-binaries
 	@bash deploy/dev/demo/live.sh
 
 ## What each controller would do, offline (no cluster).
@@ -139,11 +153,14 @@ demo-offline: guests build
 	@bash deploy/dev/demo/offline.sh
 
 ## Like demo, but leave the control plane and the runtime running for kubectl; `make down` stops.
-up: guests build k8s-binaries
+up: demo-guests build k8s-binaries
 	@bash deploy/dev/demo/live.sh --keep
 
 down:
 	@pid=$$(cat '$(KUBEWASM_DEMO_DIR)/kubewasm.pid' 2>/dev/null); \
 	if [ -n "$$pid" ] && tr '\0' ' ' </proc/$$pid/cmdline 2>/dev/null | grep -q 'kubewasm run'; then kill $$pid; fi; \
 	rm -f '$(KUBEWASM_DEMO_DIR)/kubewasm.pid'; \
+	pid=$$(cat '$(KUBEWASM_DEMO_DIR)/registry.pid' 2>/dev/null); \
+	if [ -n "$$pid" ] && tr '\0' ' ' </proc/$$pid/cmdline 2>/dev/null | grep -q 'docker-registry serve'; then kill $$pid; fi; \
+	rm -rf '$(KUBEWASM_DEMO_DIR)/registry.pid' '$(KUBEWASM_DEMO_DIR)/registry'; \
 	bash deploy/dev/local/cluster.sh down '$(KUBEWASM_DEMO_DIR)'

@@ -5,7 +5,7 @@
 #
 #   make image           the runtime image as a tarball (deploy/dev/image/image.mk)
 #   make install-files   the files deploy/overlays/tutorials needs, from freshly built guests
-#   make install-check   both kustomizations render (no cluster needed)
+#   make install-check   every kustomization renders (no cluster needed)
 
 include deploy/dev/image/image.mk
 
@@ -33,4 +33,6 @@ install-files: guests
 install-check: install-files
 	kubectl kustomize deploy/ >/dev/null
 	kubectl kustomize deploy/overlays/tutorials >/dev/null
-	@echo "install-check: deploy/ and deploy/overlays/tutorials render"
+	kubectl kustomize deploy/overlays/verify-keys >/dev/null
+	kubectl kustomize deploy/examples/runtime-egress >/dev/null
+	@echo "install-check: deploy/, deploy/overlays/{tutorials,verify-keys} and deploy/examples/runtime-egress render"

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # make demo: a local control plane, the kubewasm runtime, the four tutorials' controllers and a
-# finalizer played step by step.
+# finalizer played step by step, then the HelloWorld controller pushed to a module registry on
+# loopback and run from spec.module.image, its tag moved to a new build.
 #
 #   deploy/dev/demo/live.sh          play both tutorials, then stop everything (exit 0 on success)
 #   deploy/dev/demo/live.sh --keep   leave the control plane and the runtime running (make up)
 #
-# Needs: the guests built (make guests), target/debug/kubewasm (make build), and the
-# Kubernetes binaries (make k8s-binaries); `make demo` does all of that first.
+# Needs: the guests built (make demo-guests), the debug kubewasm (make build; $KUBEWASM, else
+# target/debug/kubewasm), the Kubernetes binaries and Debian's docker-registry (make
+# k8s-binaries); `make demo` does all of that first.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
@@ -15,9 +17,13 @@ KEEP=false
 CACHE=${KUBEWASM_CACHE:-$HOME/.cache/kubewasm}
 STATE=${KUBEWASM_DEMO_DIR:-$CACHE/clusters/demo}
 GUESTS=${KUBEWASM_GUEST_DIR:-$ROOT/target/wasm32-wasip2/guest}
-KUBEWASM=$ROOT/target/debug/kubewasm
+KUBEWASM=${KUBEWASM:-$ROOT/target/debug/kubewasm}
 EX=$ROOT/deploy/examples
 RUNTIME_PID=
+REGISTRY_PID=
+# The registry of step 9: its storage and config under $STATE, a free loopback port (set below).
+REGISTRY_DIR=$STATE/registry
+REG=
 
 say() { printf '\n\033[1m%s\033[0m\n' "$*"; }
 step() { printf '  - %s\n' "$*"; }
@@ -34,13 +40,53 @@ wait_for() {
     done
 }
 
+# A registry left by an earlier `make up` (its pid file names it; only a docker-registry is stopped).
+stop_registry() {
+    local pid=${REGISTRY_PID:-$(cat "$STATE/registry.pid" 2>/dev/null)}
+    if [ -n "$pid" ] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'docker-registry serve'; then
+        kill "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    fi
+    rm -rf "$STATE/registry.pid" "$REGISTRY_DIR"
+}
+
+# Debian's docker-registry (as runtime/test-support/src/registry.rs runs it) on a free loopback
+# port, storage under $REGISTRY_DIR; sets REG=127.0.0.1:<port> and REGISTRY_PID.
+start_registry() {
+    local try port
+    command -v docker-registry >/dev/null || bash "$ROOT/deploy/dev/local/cluster.sh" install
+    mkdir -p "$REGISTRY_DIR/storage"
+    for try in 1 2 3 4 5; do
+        # A port nothing listens on (bash's /dev/tcp connects, or fails: then it is free).
+        port=$((20000 + RANDOM % 40000))
+        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && continue
+        REG=127.0.0.1:$port
+        printf '%s\n' "version: 0.1" "log: {level: warn}" \
+            "storage: {filesystem: {rootdirectory: $REGISTRY_DIR/storage}, delete: {enabled: true}}" \
+            "http: {addr: $REG}" >"$REGISTRY_DIR/config.yml"
+        docker-registry serve "$REGISTRY_DIR/config.yml" >"$REGISTRY_DIR/registry.log" 2>&1 </dev/null &
+        REGISTRY_PID=$!
+        echo "$REGISTRY_PID" >"$STATE/registry.pid"
+        local end=$((SECONDS + 20))
+        while kill -0 "$REGISTRY_PID" 2>/dev/null && [ $SECONDS -lt $end ]; do
+            curl -fsS --max-time 2 -o /dev/null "http://$REG/v2/" && return 0
+            sleep 0.2
+        done
+        kill "$REGISTRY_PID" 2>/dev/null || true # the port was taken meanwhile, or it did not start
+        wait "$REGISTRY_PID" 2>/dev/null || true
+    done
+    cat "$REGISTRY_DIR/registry.log" >&2
+    fail "docker-registry did not serve on a loopback port (log above)"
+}
+
 cleanup() {
     [ -n "$RUNTIME_PID" ] && kill "$RUNTIME_PID" 2>/dev/null && wait "$RUNTIME_PID" 2>/dev/null || true
+    stop_registry
     bash "$ROOT/deploy/dev/local/cluster.sh" down "$STATE" >/dev/null 2>&1 || true
 }
 
-for f in hello_world.wasm configmap_restarter.wasm guitar_reviewer.wasm pod_watcher.wasm hello_finalizer.wasm; do
-    [ -f "$GUESTS/$f" ] || fail "$GUESTS/$f is missing: run make guests"
+for f in hello_world.wasm configmap_restarter.wasm guitar_reviewer.wasm pod_watcher.wasm hello_finalizer.wasm demo/hello_world_howdy.wasm; do
+    [ -f "$GUESTS/$f" ] || fail "$GUESTS/$f is missing: run make demo-guests"
 done
 [ -x "$KUBEWASM" ] || fail "$KUBEWASM is missing: run make build"
 
@@ -48,6 +94,7 @@ say "1. Starting a local Kubernetes cluster: etcd, kube-apiserver, kube-controll
 # A runtime and control plane left by an earlier `make up` go first.
 [ -f "$STATE/kubewasm.pid" ] && kill "$(cat "$STATE/kubewasm.pid")" 2>/dev/null || true
 rm -f "$STATE/kubewasm.pid"
+stop_registry
 bash "$ROOT/deploy/dev/local/cluster.sh" down "$STATE" >/dev/null 2>&1 || true
 $KEEP || trap cleanup EXIT
 eval "$(bash "$ROOT/deploy/dev/local/cluster.sh" up --node "$STATE" 2>"$STATE.up.log" | tail -1)" || { tail -30 "$STATE.up.log" >&2; fail "the cluster did not start (full log: $STATE.up.log)"; }
@@ -66,13 +113,17 @@ k apply -f "$EX/configmap-restarter/controller.yaml" >/dev/null
 step "hello_world.wasm ($(stat -c %s "$GUESTS/hello_world.wasm") bytes) is in ConfigMap hello/hello-controller"
 step "configmap_restarter.wasm ($(stat -c %s "$GUESTS/configmap_restarter.wasm") bytes) is in ConfigMap test-space/configmap-restarter"
 
-say "3. Starting the kubewasm runtime (log: $STATE/kubewasm.log)"
-"$KUBEWASM" run > "$STATE/kubewasm.log" 2>&1 &
+say "3. Starting a module registry and the kubewasm runtime (log: $STATE/kubewasm.log)"
+start_registry
+step "Debian's docker-registry serves plain HTTP on $REG (storage: $REGISTRY_DIR; step 9 pushes to it)"
+# Plain HTTP only for the registry named; image tags are resolved again every 2 s.
+"$KUBEWASM" run --insecure-registry "$REG" --module-poll-seconds 2 > "$STATE/kubewasm.log" 2>&1 &
 RUNTIME_PID=$!
 $KEEP && echo "$RUNTIME_PID" > "$STATE/kubewasm.pid" # make down stops it, even after a failure
 ready() { [ "$(k -n "$1" get wasmcontroller "$2" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]; }
 wait_for 60 "WasmController hello/hello-world becoming Ready" ready hello hello-world
 wait_for 60 "WasmController test-space/configmap-restarter becoming Ready" ready test-space configmap-restarter
+step "kubewasm run --insecure-registry $REG --module-poll-seconds 2 (pid $RUNTIME_PID)"
 step "both controllers loaded from their ConfigMaps and Ready:"
 k get wasmcontrollers -A | sed 's/^/      /'
 
@@ -175,7 +226,40 @@ wait_for 30 "the HelloWorld going once its clean-up is done" hello_gone
 record && fail "the record outlived its HelloWorld"
 step "deleted the HelloWorld: the guest deleted the record first, then said 'finalized'; the runtime removed the finalizer"
 
-say "9. What the runtime reports"
+say "9. The HelloWorld controller from an OCI registry: push, run by tag, move the tag"
+k apply -f "$EX/hello-world-oci/rbac.yaml" >/dev/null
+IMAGE=$REG/hello-oci/hello-world:v1
+pushed1=$("$KUBEWASM" push "$GUESTS/hello_world.wasm" "$IMAGE" --insecure 2>"$STATE/push.log") || { cat "$STATE/push.log" >&2; fail "kubewasm push to $IMAGE failed"; }
+digest1=${pushed1##*@}
+step "kubewasm push hello_world.wasm $IMAGE --insecure printed:"
+echo "      $pushed1"
+# The example names the node's registry (127.0.0.1:5000); this one listens on another port.
+sed "s|127.0.0.1:5000/|$REG/|" "$EX/hello-world-oci/controller.yaml" | k apply -f - >/dev/null
+step "WasmController hello-oci/hello-world: spec.module.image = $(k -n hello-oci get wc hello-world -o jsonpath='{.spec.module.image}')"
+module_msg() { k -n hello-oci get wasmcontroller hello-world -o jsonpath='{.status.conditions[?(@.type=="ModuleReady")].message}'; }
+runs_digest() { ready hello-oci hello-world && module_msg | grep -qF "@$1)"; }
+wait_for 60 "WasmController hello-oci/hello-world Ready with image digest $digest1" runs_digest "$digest1"
+step "kubectl -n hello-oci get wasmcontroller hello-world -o jsonpath='{.status.conditions[?(@.type==\"ModuleReady\")].message}':"
+echo "      $(module_msg)"
+k apply -f "$EX/hello-world-oci/hello.yaml" >/dev/null
+oci_pod_says() { [ "$(k -n hello-oci get pod your-name -o jsonpath='{.spec.containers[0].command[1]}')" = "$1" ] && [ "$(k -n hello-oci get pod your-name -o jsonpath='{.status.phase}')" = Succeeded ] && [ "$(k -n hello-oci logs your-name)" = "$1" ]; }
+wait_for 60 "Pod hello-oci/your-name printing 'Hello, Your Name!'" oci_pod_says "Hello, Your Name!"
+step "HelloWorld hello-oci/your-name got its Pod; kubectl -n hello-oci logs your-name: $(k -n hello-oci logs your-name)"
+pushed2=$("$KUBEWASM" push "$GUESTS/demo/hello_world_howdy.wasm" "$IMAGE" --insecure 2>"$STATE/push.log") || { cat "$STATE/push.log" >&2; fail "kubewasm push to $IMAGE failed"; }
+digest2=${pushed2##*@}
+[ "$digest1" != "$digest2" ] || fail "the second build has the first one's digest"
+step "a second build (make demo-guests: HELLO_WORLD_GREETING=Howdy) pushed under the same tag moves it:"
+echo "      $pushed2"
+moved=$SECONDS
+wait_for 60 "the status naming the moved tag's digest $digest2" runs_digest "$digest2"
+step "within $((SECONDS - moved)) s (--module-poll-seconds 2) the status names the new digest, with no restart:"
+echo "      $(module_msg)"
+kill -0 "$RUNTIME_PID" 2>/dev/null || fail "the runtime is gone"
+wait_for 60 "Pod hello-oci/your-name being recreated by the new module to print 'Howdy, Your Name!'" oci_pod_says "Howdy, Your Name!"
+step "the new module recreated the Pod (Recreate); kubectl -n hello-oci logs your-name: $(k -n hello-oci logs your-name)"
+step "the runtime is the same process (pid $RUNTIME_PID); ConfigMap modules and registry modules side by side"
+
+say "10. What the runtime reports"
 sleep 3 # the runtime writes each controller's status every 2 s
 k get wasmcontrollers,clusterwasmcontrollers -A -o custom-columns='CONTROLLER:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,RECONCILES:.status.reconciles,FAILURES:.status.failures,MODULE:.status.moduleDigest' | sed 's/^/      /'
 
@@ -184,6 +268,7 @@ if $KEEP; then
     echo "      export KUBECONFIG=$KUBECONFIG"
     echo "      kubectl get wasmcontrollers -A"
     echo "      kubectl -n hello apply -f deploy/examples/hello-world/hello.yaml"
+    echo "      $KUBEWASM push $GUESTS/hello_world.wasm $IMAGE --insecure   # the registry (pid $REGISTRY_PID): the tag moves back"
     echo "  Stop everything with: make down"
 else
     say "Demo finished: stopping the runtime and the control plane."

@@ -2,12 +2,19 @@
 //!
 //! For each `HelloWorld` (`example.com/v1`) the desired state is one Pod, named like the
 //! parent and in its namespace, that prints `Hello, <spec.who>!` once (`spec.who` defaults
-//! to `World`). The status counts the Pods observed as children. The host adds the controller
+//! to `World`; the word `Hello` is [`GREETING`], which a build can change). The status counts the Pods observed as children. The host adds the controller
 //! ownerReference to the Pod, so when the parent is gone there is nothing to do: the garbage
 //! collector removes the Pod.
 
 use kubewasm_guest_sdk::{Cluster, Error, Request, Response, object};
 use serde_json::json;
+
+/// The greeting's first word: `Hello`, or `$HELLO_WORLD_GREETING` at build time. `make demo`
+/// builds a second module with `Howdy` to show a moved image tag changing what runs.
+pub const GREETING: &str = match option_env!("HELLO_WORLD_GREETING") {
+    Some(greeting) => greeting,
+    None => "Hello",
+};
 
 /// Who is greeted when `spec.who` is missing or empty.
 pub const DEFAULT_WHO: &str = "World";
@@ -32,7 +39,7 @@ pub fn reconcile(req: &Request, _cluster: &dyn Cluster) -> Result<Response, Erro
             "containers": [{
                 "name": "hello",
                 "image": "busybox",
-                "command": ["echo", format!("Hello, {who}!")],
+                "command": ["echo", format!("{GREETING}, {who}!")],
             }],
         }));
     let pods = req.children_of("v1", "Pod").count();
