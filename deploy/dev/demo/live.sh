@@ -116,14 +116,21 @@ step "configmap_restarter.wasm ($(stat -c %s "$GUESTS/configmap_restarter.wasm")
 say "3. Starting a module registry and the kubewasm runtime (log: $STATE/kubewasm.log)"
 start_registry
 step "Debian's docker-registry serves plain HTTP on $REG (storage: $REGISTRY_DIR; step 9 pushes to it)"
-# Plain HTTP only for the registry named; image tags are resolved again every 2 s.
-"$KUBEWASM" run --insecure-registry "$REG" --module-poll-seconds 2 > "$STATE/kubewasm.log" 2>&1 &
+# The key step 9 signs with (made with openssl: cosign's key kind, no cosign needed).
+KEYS=$STATE/keys
+rm -rf "$KEYS" && mkdir -p "$KEYS"
+openssl ecparam -name prime256v1 -genkey -noout 2>/dev/null | openssl pkcs8 -topk8 -nocrypt -out "$KEYS/cosign.key"
+openssl ec -in "$KEYS/cosign.key" -pubout -out "$KEYS/cosign.pub" 2>/dev/null
+step "a signing key pair, made with openssl: $KEYS/cosign.key and cosign.pub (the runtime trusts cosign.pub)"
+# Plain HTTP only for the registry named; image tags are resolved again every 2 s; a module
+# from a registry runs only when its digest is signed by cosign.pub.
+"$KUBEWASM" run --insecure-registry "$REG" --module-poll-seconds 2 --verify-key "$KEYS/cosign.pub" > "$STATE/kubewasm.log" 2>&1 &
 RUNTIME_PID=$!
 $KEEP && echo "$RUNTIME_PID" > "$STATE/kubewasm.pid" # make down stops it, even after a failure
 ready() { [ "$(k -n "$1" get wasmcontroller "$2" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]; }
 wait_for 60 "WasmController hello/hello-world becoming Ready" ready hello hello-world
 wait_for 60 "WasmController test-space/configmap-restarter becoming Ready" ready test-space configmap-restarter
-step "kubewasm run --insecure-registry $REG --module-poll-seconds 2 (pid $RUNTIME_PID)"
+step "kubewasm run --insecure-registry $REG --module-poll-seconds 2 --verify-key $KEYS/cosign.pub (pid $RUNTIME_PID)"
 step "both controllers loaded from their ConfigMaps and Ready:"
 k get wasmcontrollers -A | sed 's/^/      /'
 
@@ -226,13 +233,15 @@ wait_for 30 "the HelloWorld going once its clean-up is done" hello_gone
 record && fail "the record outlived its HelloWorld"
 step "deleted the HelloWorld: the guest deleted the record first, then said 'finalized'; the runtime removed the finalizer"
 
-say "9. The HelloWorld controller from an OCI registry: push, run by tag, move the tag"
+say "9. The HelloWorld controller from an OCI registry: push, sign, run by tag, move the tag"
 k apply -f "$EX/hello-world-oci/rbac.yaml" >/dev/null
 IMAGE=$REG/hello-oci/hello-world:v1
 pushed1=$("$KUBEWASM" push "$GUESTS/hello_world.wasm" "$IMAGE" --insecure 2>"$STATE/push.log") || { cat "$STATE/push.log" >&2; fail "kubewasm push to $IMAGE failed"; }
 digest1=${pushed1##*@}
 step "kubewasm push hello_world.wasm $IMAGE --insecure printed:"
 echo "      $pushed1"
+signed1=$("$KUBEWASM" sign --key "$KEYS/cosign.key" "$IMAGE" --insecure 2>"$STATE/sign.log") || { cat "$STATE/sign.log" >&2; fail "kubewasm sign $IMAGE failed"; }
+step "kubewasm sign --key cosign.key $IMAGE --insecure signed $signed1"
 # The example names the node's registry (127.0.0.1:5000); this one listens on another port.
 sed "s|127.0.0.1:5000/|$REG/|" "$EX/hello-world-oci/controller.yaml" | k apply -f - >/dev/null
 step "WasmController hello-oci/hello-world: spec.module.image = $(k -n hello-oci get wc hello-world -o jsonpath='{.spec.module.image}')"
@@ -250,9 +259,15 @@ digest2=${pushed2##*@}
 [ "$digest1" != "$digest2" ] || fail "the second build has the first one's digest"
 step "a second build (make demo-guests: HELLO_WORLD_GREETING=Howdy) pushed under the same tag moves it:"
 echo "      $pushed2"
+refused() { module_msg | grep -qF "$digest2, which is not signed" && module_msg | grep -qF "still running the last good module"; }
+wait_for 60 "the unsigned digest $digest2 being refused" refused
+step "not signed yet: ModuleReady is $(k -n hello-oci get wc hello-world -o jsonpath='{.status.conditions[?(@.type=="ModuleReady")].reason}'), and the signed module keeps running:"
+echo "      $(module_msg | cut -c1-220)…"
+"$KUBEWASM" sign --key "$KEYS/cosign.key" "$IMAGE" --insecure >/dev/null 2>"$STATE/sign.log" || { cat "$STATE/sign.log" >&2; fail "kubewasm sign $IMAGE failed"; }
+step "kubewasm sign --key cosign.key $IMAGE --insecure"
 moved=$SECONDS
 wait_for 60 "the status naming the moved tag's digest $digest2" runs_digest "$digest2"
-step "within $((SECONDS - moved)) s (--module-poll-seconds 2) the status names the new digest, with no restart:"
+step "within $((SECONDS - moved)) s of the signature (--module-poll-seconds 2) the status names the new digest, with no restart:"
 echo "      $(module_msg)"
 kill -0 "$RUNTIME_PID" 2>/dev/null || fail "the runtime is gone"
 wait_for 60 "Pod hello-oci/your-name being recreated by the new module to print 'Howdy, Your Name!'" oci_pod_says "Howdy, Your Name!"
@@ -269,6 +284,7 @@ if $KEEP; then
     echo "      kubectl get wasmcontrollers -A"
     echo "      kubectl -n hello apply -f deploy/examples/hello-world/hello.yaml"
     echo "      $KUBEWASM push $GUESTS/hello_world.wasm $IMAGE --insecure   # the registry (pid $REGISTRY_PID): the tag moves back"
+    echo "      $KUBEWASM sign --key $KEYS/cosign.key $IMAGE --insecure   # and runs once signed"
     echo "  Stop everything with: make down"
 else
     say "Demo finished: stopping the runtime and the control plane."
