@@ -37,6 +37,9 @@ pub const CONTROLLER_WORLD: &str = "kubewasm:controller/controller";
 
 /// The most bytes an image's config may have: it names a world and some interfaces.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+/// The most bytes a manifest may have (an image's, or its signatures'): a module's is under
+/// 1 KiB, one of [`cosign::MAX_SIGNATURES`] signatures about 40 KiB.
+pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
 /// How long connecting to a registry may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a registry may leave a request without a byte of answer.
@@ -264,11 +267,12 @@ pub enum PullError {
     },
     /// A blob is, or would be, larger than allowed.
     #[error(
-        "the image's {what} is larger than {}, the most this runtime takes (`kubewasm run --max-module-bytes`); nothing more of it was read",
-        crate::api::Unit::Bytes.show(*.max)
+        "the image's {what} is larger than {}, the most this runtime takes{}; nothing more of it was read",
+        crate::api::Unit::Bytes.show(*.max),
+        if *.what == "module" { " (`kubewasm run --max-module-bytes`)" } else { "" }
     )]
     TooBig {
-        /// `module` or `config`.
+        /// `module`, `config`, `manifest` or `signature`.
         what: &'static str,
         /// The cap.
         max: u64,
@@ -392,7 +396,7 @@ async fn pull_within(
         return Ok(Pulled::Unchanged);
     }
     if !config.verify_keys.is_empty() {
-        verify_signature(&client, image, auth, &digest, &config.verify_keys).await?;
+        verify_signature(config, &client, image, auth, &digest).await?;
     }
     // The manifest of that digest (a tag may move meanwhile: what is pulled is what was
     // resolved).
@@ -401,10 +405,14 @@ async fn pull_within(
         reference.repository().to_owned(),
         digest.clone(),
     );
-    let (raw, manifest_digest) = client
-        .pull_manifest_raw(&pinned, auth, &[MANIFEST_MEDIA_TYPE])
-        .await
-        .map_err(registry)?;
+    let Some(raw) = read_manifest(config, &client, &pinned, auth, &[MANIFEST_MEDIA_TYPE]).await?
+    else {
+        return Err(PullError::Registry {
+            registry: image.registry().to_owned(),
+            message: format!("it has no manifest {digest} (anymore)"),
+        });
+    };
+    let manifest_digest = format!("sha256:{}", Digest::of(&raw).hex());
     if manifest_digest != digest {
         return Err(PullError::Corrupt {
             what: "manifest",
@@ -454,12 +462,13 @@ const SIGNATURE_MANIFEST_MEDIA_TYPES: [&str; 2] = [
 /// [`cosign`]): at most [`cosign::MAX_SIGNATURES`] signatures of at most
 /// [`cosign::MAX_PAYLOAD_BYTES`] each are read.
 async fn verify_signature(
+    config: &RegistryConfig,
     client: &oci_client::Client,
     image: &ImageRef,
     auth: &RegistryAuth,
     digest: &str,
-    keys: &[TrustedKey],
 ) -> Result<(), PullError> {
+    let keys = &config.verify_keys;
     let reference = image.reference();
     let repository = format!("{}/{}", reference.registry(), reference.repository());
     let refuse = |why: String| PullError::Signature {
@@ -476,22 +485,18 @@ async fn verify_signature(
         reference.repository().to_owned(),
         tag.clone(),
     );
-    let raw = match client
-        .pull_manifest_raw(&signatures, auth, &SIGNATURE_MANIFEST_MEDIA_TYPES)
-        .await
-    {
-        Ok((raw, _)) => raw,
-        Err(e) if not_found(&e) => {
-            return Err(refuse(format!(
-                "it has no signature (its repository has no tag {tag})"
-            )));
-        }
-        Err(e) => {
-            return Err(PullError::Registry {
-                registry: image.registry().to_owned(),
-                message: crate::sandbox::guest_text(&e.to_string(), 1024).into_owned(),
-            });
-        }
+    let Some(raw) = read_manifest(
+        config,
+        client,
+        &signatures,
+        auth,
+        &SIGNATURE_MANIFEST_MEDIA_TYPES,
+    )
+    .await?
+    else {
+        return Err(refuse(format!(
+            "it has no signature (its repository has no tag {tag})"
+        )));
     };
     let manifest: OciImageManifest = serde_json::from_slice(&raw).map_err(|e| {
         refuse(format!(
@@ -552,20 +557,84 @@ async fn verify_signature(
     }))
 }
 
-/// Whether a registry said that a manifest does not exist.
-fn not_found(e: &oci_client::errors::OciDistributionError) -> bool {
-    use oci_client::errors::{OciDistributionError as E, OciErrorCode};
-    match e {
-        E::RegistryError { envelope, .. } => envelope.errors.iter().any(|e| {
-            matches!(
-                e.code,
-                OciErrorCode::ManifestUnknown | OciErrorCode::NameUnknown
-            )
-        }),
-        E::ServerError { code, .. } => *code == 404,
-        E::ImageManifestNotFoundError(_) => true,
-        _ => false,
+/// A manifest by tag or digest, read here rather than by `oci-client` (which reads a manifest
+/// whole, however long): at most [`MAX_MANIFEST_BYTES`], refused as soon as the response says
+/// or sends more. `None`: the registry says there is none. The registry's token (or basic
+/// credentials) come from `client`, which keeps them per pull.
+async fn read_manifest(
+    config: &RegistryConfig,
+    client: &oci_client::Client,
+    reference: &oci_client::Reference,
+    auth: &RegistryAuth,
+    accept: &[&str],
+) -> Result<Option<Vec<u8>>, PullError> {
+    let failed = |message: String| PullError::Registry {
+        registry: reference.registry().to_owned(),
+        message: crate::sandbox::guest_text(&message, 1024).into_owned(),
+    };
+    let token = client
+        .auth(reference, auth, oci_client::RegistryOperation::Pull)
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    let scheme = match config.insecure.iter().any(|r| r == reference.registry()) {
+        true => "http",
+        false => "https",
+    };
+    let target = reference.digest().or(reference.tag()).unwrap_or("latest");
+    let url = format!(
+        "{scheme}://{}/v2/{}/manifests/{target}",
+        reference.registry(),
+        reference.repository()
+    );
+    let mut request = http_client()?
+        .get(&url)
+        .header(reqwest::header::ACCEPT, accept.join(", "));
+    request = match (token, auth) {
+        (Some(token), _) => request.bearer_auth(token),
+        (None, RegistryAuth::Bearer(token)) => request.bearer_auth(token),
+        (None, RegistryAuth::Basic(user, password)) => request.basic_auth(user, Some(password)),
+        (None, RegistryAuth::Anonymous) => request,
+    };
+    let response = request.send().await.map_err(|e| failed(e.to_string()))?;
+    let status = response.status();
+    if status == reqwest::StatusCode::NOT_FOUND {
+        return Ok(None);
     }
+    if !status.is_success() {
+        return Err(failed(format!("GET {url}: {status}")));
+    }
+    if response
+        .content_length()
+        .is_some_and(|length| length > MAX_MANIFEST_BYTES)
+    {
+        return Err(PullError::TooBig {
+            what: "manifest",
+            max: MAX_MANIFEST_BYTES,
+        });
+    }
+    let stream = response
+        .bytes_stream()
+        .map(|chunk| chunk.map_err(std::io::Error::other));
+    read_at_most(stream, MAX_MANIFEST_BYTES, "manifest")
+        .await
+        .map(Some)
+}
+
+/// One HTTP client for the manifests this module reads itself (no credentials in it: each
+/// request carries its own), with the pulls' timeouts.
+fn http_client() -> Result<&'static reqwest::Client, PullError> {
+    static CLIENT: std::sync::OnceLock<Result<reqwest::Client, String>> =
+        std::sync::OnceLock::new();
+    CLIENT
+        .get_or_init(|| {
+            reqwest::Client::builder()
+                .connect_timeout(CONNECT_TIMEOUT)
+                .read_timeout(READ_TIMEOUT)
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(|e| PullError::Client(e.clone()))
 }
 
 /// The manifest's one `application/wasm` layer, after its config's media type is checked.
@@ -658,6 +727,26 @@ pub async fn read_capped(
             "it ended after {} of the {declared} bytes its descriptor says",
             bytes.len()
         )));
+    }
+    Ok(bytes)
+}
+
+/// Reads `stream` to its end, refusing it the moment it passes `max` bytes.
+pub async fn read_at_most(
+    mut stream: impl futures::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Unpin,
+    max: u64,
+    what: &'static str,
+) -> Result<Vec<u8>, PullError> {
+    let mut bytes = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| PullError::Corrupt {
+            what,
+            why: e.to_string(),
+        })?;
+        if bytes.len() as u64 + chunk.len() as u64 > max {
+            return Err(PullError::TooBig { what, max });
+        }
+        bytes.extend_from_slice(&chunk);
     }
     Ok(bytes)
 }
@@ -792,6 +881,66 @@ mod tests {
         );
         assert_eq!(err.reason(), Reason::ModuleNotFound);
         held.abort();
+    }
+
+    #[tokio::test]
+    async fn an_endless_manifest_is_cut_off_at_its_cap() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        // Answers `/v2/` (no auth), and a manifest with a body that never ends.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let sent = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = sent.clone();
+        let server = tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let counted = counted.clone();
+                tokio::spawn(async move {
+                    let mut request = vec![0u8; 4096];
+                    let n = socket.read(&mut request).await.unwrap_or(0);
+                    let request = String::from_utf8_lossy(&request[..n]).into_owned();
+                    if !request.contains("/manifests/") {
+                        let _ = socket
+                            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+                            .await;
+                        return;
+                    }
+                    let head = "HTTP/1.1 200 OK\r\ncontent-type: application/vnd.oci.image.manifest.v1+json\r\nconnection: close\r\n\r\n{\"schemaVersion\":2,\"x\":\"";
+                    if socket.write_all(head.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    let chunk = vec![b'a'; 64 << 10];
+                    while socket.write_all(&chunk).await.is_ok() {
+                        counted.fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+        let config = RegistryConfig {
+            insecure: vec![addr.clone()],
+            ..RegistryConfig::new(1 << 20)
+        };
+        let image = ImageRef::parse(&format!("{addr}/endless@sha256:{}", "0".repeat(64))).unwrap();
+        let err = pull(&config, &image, &RegistryAuth::Anonymous, None)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                PullError::TooBig {
+                    what: "manifest",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("manifest is larger than 1Mi"),
+            "{err}"
+        );
+        // The server got as far as the socket buffers let it, not further.
+        let sent = sent.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(sent < 64 << 20, "the server sent {sent} bytes");
+        server.abort();
     }
 
     #[test]
