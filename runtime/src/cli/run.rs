@@ -50,11 +50,12 @@ pub struct Args {
     /// milliseconds: a guest asking for less (or 0) waits this long.
     #[arg(long, default_value_t = millis(ManagerConfig::default().requeue_floor))]
     min_requeue_millis: u64,
-    /// API writes (applies, deletes, statuses, Events) each controller may make per second;
-    /// a controller over it waits, and no other controller notices.
+    /// API writes (applies, deletes, state, Events) this replica makes per second, shared
+    /// fairly: a tenant (namespace) alone may use all of it; tenants that want more share it
+    /// equally, however many controllers each runs.
     #[arg(long, default_value_t = ManagerConfig::default().writes_per_second)]
     max_writes_per_second: f64,
-    /// Writes each controller may make at once after a quiet spell.
+    /// Writes the replica may make at once after a quiet spell.
     #[arg(long, default_value_t = ManagerConfig::default().write_burst)]
     write_burst: u32,
     /// Guest log lines (host `log`, stdout, stderr) the runtime writes per second for one

@@ -1,4 +1,5 @@
-//! A token bucket: how many API writes one controller may make per second, with a burst.
+//! A token bucket (the replica's write rate, with a burst) and the door every write of a
+//! controller goes through.
 //!
 //! tokio has no rate limiter and a bucket is a few lines; waiting is async, so a controller
 //! over its budget waits without holding a thread, and no other controller notices.
@@ -44,6 +45,12 @@ impl TokenBucket {
         self.taken.get()
     }
 
+    /// Gives back a token taken and not used (up to the burst).
+    pub fn refund(&self) {
+        let mut state = self.state.locked();
+        state.0 = (state.0 + 1.0).min(self.burst);
+    }
+
     /// Takes one token, waiting until there is one.
     pub async fn take(&self) {
         loop {
@@ -66,35 +73,36 @@ impl TokenBucket {
     }
 }
 
-/// The one door every API write of a controller goes through: a token of its write budget,
-/// then the fence (this process may still act). Actions, finalizers and saved state all pass
-/// here, so a new kind of write cannot forget either.
+/// The one door every API write of a controller goes through: its turn at the replica's
+/// write rate ([`super::WriteScheduler`]), then the fence (this process may still act).
+/// Actions, finalizers and saved state all pass here, so a new kind of write cannot forget
+/// either.
 pub struct WriteGate {
-    budget: TokenBucket,
+    lane: super::Lane,
     fence: super::Fence,
 }
 
 impl WriteGate {
-    /// Writes within `budget` while `fence` is open.
-    pub fn new(budget: TokenBucket, fence: super::Fence) -> Self {
-        WriteGate { budget, fence }
+    /// Writes through `lane` while `fence` is open.
+    pub fn new(lane: super::Lane, fence: super::Fence) -> Self {
+        WriteGate { lane, fence }
     }
 
-    /// Waits for a token of the budget; then whether the write may be sent (`false`: this
+    /// Waits for this controller's turn; then whether the write may be sent (`false`: this
     /// process lost its Lease, nothing more is sent).
     pub async fn admit(&self) -> bool {
-        self.budget.take().await;
+        self.lane.take().await;
         self.fence.is_open()
     }
 
-    /// Whether this process may still act (no token taken).
+    /// Whether this process may still act (no turn taken).
     pub fn is_open(&self) -> bool {
         self.fence.is_open()
     }
 
-    /// The budget (its counter, for tests and metrics).
-    pub fn budget(&self) -> &TokenBucket {
-        &self.budget
+    /// Writes granted to this controller so far.
+    pub fn granted(&self) -> u64 {
+        self.lane.granted()
     }
 }
 

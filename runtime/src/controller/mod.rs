@@ -6,6 +6,7 @@ mod budget;
 mod discovery;
 mod leader;
 mod queue;
+mod scheduler;
 mod watchable;
 mod watches;
 
@@ -14,5 +15,6 @@ pub use budget::{TokenBucket, WriteGate};
 pub use discovery::{DISCOVERY_TIMEOUT, Kind, ResolveError, Resolver};
 pub use leader::{Fence, LeaderElector};
 pub use queue::{Backoff, WorkQueue};
+pub use scheduler::{Lane, WriteScheduler};
 pub use watchable::{DEFAULT_WATCHABLE_KINDS, InvalidRule, WatchableKinds};
 pub use watches::{Change, ObjectKey, SharedWatches, Watch, watch_config};

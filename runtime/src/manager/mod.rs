@@ -70,9 +70,10 @@ pub struct ManagerConfig {
     pub caps: LimitCaps,
     /// The shortest `requeue-after` a guest gets (a guest asking for less gets this).
     pub requeue_floor: Duration,
-    /// API writes per second each controller may make, and its burst.
+    /// API writes per second of the whole replica, shared fairly between tenants and, within
+    /// a tenant, its controllers ([`crate::controller::WriteScheduler`]).
     pub writes_per_second: f64,
-    /// Writes a controller may make at once after a quiet spell.
+    /// Writes the replica may make at once after a quiet spell.
     pub write_burst: u32,
     /// How long an answer of a SubjectAccessReview is reused, and how often running
     /// controllers' read permissions are checked again.
@@ -110,8 +111,8 @@ impl Default for ManagerConfig {
             access_review_ttl: Duration::from_secs(30),
             caps: LimitCaps::default(),
             requeue_floor: Duration::from_secs(1),
-            writes_per_second: 10.0,
-            write_burst: 50,
+            writes_per_second: 200.0,
+            write_burst: 400,
             max_controllers_per_namespace: 64,
             max_modules_per_namespace: 8,
             max_module_bytes: crate::sources::DEFAULT_MAX_MODULE_BYTES,
@@ -237,6 +238,8 @@ pub struct Manager {
     resolver: Resolver,
     access: AccessReviews,
     fence: Fence,
+    /// The replica's API writes, shared fairly between tenants.
+    writes: crate::controller::WriteScheduler,
     controllers: HashMap<ControllerId, Managed>,
     /// Modules that took a runtime down while compiling, and the journal of the one compiling.
     quarantine: quarantine::Quarantine,
@@ -280,6 +283,10 @@ impl Manager {
             resolver: Resolver::new(client.clone()),
             access: AccessReviews::new(client.clone(), config.access_review_ttl),
             fence: Fence::default(),
+            writes: crate::controller::WriteScheduler::new(
+                config.writes_per_second,
+                config.write_burst,
+            ),
             client,
             base_config,
             config,
@@ -514,6 +521,8 @@ mod tests {
         assert_eq!(requests.connect_timeout, Some(API_CONNECT_TIMEOUT));
         assert_eq!(requests.write_timeout, Some(API_REQUEST_TIMEOUT));
         assert!(requests.reset_reader_on_write);
+        // The API server's 429s (and 503s) are retried after its Retry-After, by kube.
+        assert!(requests.default_retry);
         let watches = watch_config(base);
         assert_eq!(
             watches.read_timeout, None,

@@ -9,7 +9,7 @@ use kubewasm_guest_sdk::query::{self, GroupVersion};
 use kubewasm_guest_sdk::selector::Selector;
 
 use crate::api::{Reason, Verb, WasmControllerSpec};
-use crate::controller::{Kind, ResolveError, TokenBucket, WriteGate};
+use crate::controller::{Kind, ResolveError, WriteGate};
 use crate::host::{
     Acting, CacheSource, ChildKind, ControllerSetup, DeclaredKinds, Finalizer, GuestState,
     NeededRules, Permissions, SERVICE_ACCOUNT_OPT_IN, ServiceAccount,
@@ -165,8 +165,11 @@ impl Manager {
             resync: spec.resync_period(),
             requeue_floor: self.config.requeue_floor,
             writes: WriteGate::new(
-                TokenBucket::new(self.config.writes_per_second, self.config.write_burst)
-                    .counting(self.metrics.api_requests(&id.to_string())),
+                self.writes.lane(
+                    id.namespace.as_deref().unwrap_or_default(),
+                    &id.to_string(),
+                    self.metrics.api_requests(&id.to_string()),
+                ),
                 self.fence.clone(),
             ),
             client,

@@ -11,7 +11,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 
 use crate::api::{UpdateStrategy, WasmControllerSpec};
-use crate::controller::{Fence, Kind, TokenBucket, WriteGate};
+use crate::controller::{Fence, Kind, WriteGate, WriteScheduler};
 use crate::host::GuestState;
 use crate::host::grants::Permissions;
 use crate::host::kinds::DeclaredKinds;
@@ -125,7 +125,10 @@ async fn run(
     let parent = json!({"apiVersion": "example.com/v1", "kind": "HelloWorld",
         "metadata": {"name": "web", "namespace": "ns", "uid": "u-1"}});
     let target = ObjectRef::new("example.com/v1", "HelloWorld", Some("ns"), "web");
-    let writes = WriteGate::new(TokenBucket::new(1000.0, 1000), Fence::default());
+    let writes = WriteGate::new(
+        WriteScheduler::new(1000.0, 1000).lane("ns", "test", Default::default()),
+        Fence::default(),
+    );
     let child_kinds = [ChildKind {
         kind: pods,
         strategy,
