@@ -7,6 +7,7 @@ mod discovery;
 mod leader;
 mod queue;
 mod scheduler;
+mod shards;
 mod watchable;
 mod watches;
 
@@ -16,5 +17,6 @@ pub use discovery::{DISCOVERY_TIMEOUT, Kind, ResolveError, Resolver};
 pub use leader::{Fence, LeaderElector};
 pub use queue::{Backoff, WorkQueue};
 pub use scheduler::{Lane, WriteScheduler};
+pub use shards::{Held, ROLE_LABEL, SHARD_SET_LABEL, ShardHolder, ShardSettings, shard_of};
 pub use watchable::{DEFAULT_WATCHABLE_KINDS, InvalidRule, WatchableKinds};
 pub use watches::{Change, ObjectKey, SharedWatches, Watch, watch_config};
