@@ -23,7 +23,7 @@ CLUSTER_DIR ?= $(or $(KUBEWASM_CLUSTER_DIR),$(KUBEWASM_CACHE)/clusters/default-$
 include deploy/dev/local/cluster.mk
 include deploy/install.mk
 
-.PHONY: all test demo demo-offline demo-guests up down toolchain guests build lint fmt unit-test integration-test bench bench-reconcile bench-storm bench-cluster bench-cluster-venv bench-density bench-cache bench-compile bench-restart crds guest-sizes guest-size-typed
+.PHONY: all test demo demo-offline demo-guests up down toolchain guests build lint fmt unit-test integration-test bench bench-reconcile bench-storm bench-cluster bench-cluster-venv bench-density bench-cache bench-compile bench-restart bench-fairness crds guest-sizes guest-size-typed
 
 all: build guests
 
@@ -105,6 +105,12 @@ bench-reconcile: guests
 bench-storm: guests k8s-binaries
 	KUBEWASM_STORM_BASELINE=1 $(CARGO) test -p kubewasm --features kubewasm/cluster-tests --test live storm -- --nocapture 2>&1 \
 		| grep -E '^(team-b reconcile latency|runtime peak RSS|runtime log:|test result)'
+
+## team-b's latency idle and while team-a's 20 controllers flood the replica's writes, and
+## team-a's write rate alone against the replica's (the fair write scheduler, live).
+bench-fairness: guests k8s-binaries
+	$(CARGO) test -p kubewasm --features kubewasm/cluster-tests --test live fairness -- --nocapture 2>&1 \
+		| grep -E '^(team-b reconcile latency|team-a |test result)'
 
 ## P2 (ConfigMap change → Pods deleted: kubewasm, a native kube-rs floor, the tutorial's Python) and
 ## P4 (1,000 HelloWorlds at once: kubewasm vs a raw kube-rs client) on a local control plane, no node.

@@ -19,6 +19,8 @@ mod children;
 use kubewasm_test_support::cluster;
 #[path = "live/failures.rs"]
 mod failures;
+#[path = "live/fairness.rs"]
+mod fairness;
 #[path = "live/fencing.rs"]
 mod fencing;
 #[path = "live/finalizers.rs"]

@@ -130,7 +130,7 @@ async fn storm(
     let mut echoes = echoes(client.clone(), b);
 
     if std::env::var_os("KUBEWASM_STORM_BASELINE").is_some() {
-        let baseline = changes(client, b, "baseline", &mut echoes).await?;
+        let baseline = changes(client, b, "baseline", CHANGES, &mut echoes).await?;
         report("without team-a", &baseline);
     }
 
@@ -189,7 +189,7 @@ async fn storm(
             }
         }
     });
-    let during = changes(client, b, "storm", &mut echoes).await;
+    let during = changes(client, b, "storm", CHANGES, &mut echoes).await;
     sampler.abort();
     let during = during?;
     report("during team-a's storm", &during);
@@ -333,7 +333,7 @@ fn guest_log_lines(log: &str, controller: &str, running: Duration) -> Result<()>
 }
 
 /// team-b's Probe `steady` as its status changes: each `status.echo` and when it was seen.
-fn echoes(client: Client, ns: &str) -> mpsc::UnboundedReceiver<(String, Instant)> {
+pub(crate) fn echoes(client: Client, ns: &str) -> mpsc::UnboundedReceiver<(String, Instant)> {
     let (tx, rx) = mpsc::unbounded_channel();
     let api = probes(&client, ns);
     tokio::spawn(async move {
@@ -354,17 +354,19 @@ fn echoes(client: Client, ns: &str) -> mpsc::UnboundedReceiver<(String, Instant)
     rx
 }
 
-/// Changes team-b's Probe once a second and waits for each change to be reconciled; returns
-/// how long each took, from the write to the status change seen by a watch.
-async fn changes(
+/// Changes team-b's Probe `count` times, once a second, and waits for each change to be
+/// reconciled; returns how long each took, from the write to the status change seen by a
+/// watch.
+pub(crate) async fn changes(
     client: &Client,
     ns: &str,
     run: &str,
+    count: usize,
     echoes: &mut mpsc::UnboundedReceiver<(String, Instant)>,
 ) -> Result<Vec<Duration>> {
     let api = probes(client, ns);
-    let mut latencies = Vec::with_capacity(CHANGES);
-    for i in 1..=CHANGES {
+    let mut latencies = Vec::with_capacity(count);
+    for i in 1..=count {
         let echo = format!("{run}-{i}");
         let started = Instant::now();
         api.patch(
@@ -389,7 +391,7 @@ async fn changes(
     Ok(latencies)
 }
 
-fn report(what: &str, latencies: &[Duration]) {
+pub(crate) fn report(what: &str, latencies: &[Duration]) {
     let slowest = (0..latencies.len())
         .max_by_key(|&i| latencies[i])
         .unwrap_or(0);

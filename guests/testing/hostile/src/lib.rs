@@ -23,6 +23,7 @@
 //! | `forge-log` | logs, prints and fails (retryable) with text that carries a line break and a [`FORGED`] runtime log line after it |
 //! | `compose` | applies a child Pod named after the target from `spec.pod` (`labels` and `spec`), and records the Event `Composed` every time |
 //! | `requeue-zero` | sets status `{"requeued": true}` and asks to be reconciled again at once, every time |
+//! | `churn` | sets status `{"seen": <the parent's resourceVersion>}`, which changes the parent and so calls for another reconcile: a hot loop of writes, as a buggy controller makes |
 //! | `compute` | computes [`compute`] for `spec.rounds` rounds (default [`COMPUTE_ROUNDS`]), no host calls, and sets status `{"computed": <result>}` |
 //!
 //! Modes that step around the SDK and call the host imports directly (wasm only), as a
@@ -135,6 +136,15 @@ pub fn reconcile(req: &Request, cluster: &dyn Cluster) -> Result<Response, Error
             r.requeue_after(std::time::Duration::from_secs(1))
         })),
         "compose" => Ok(compose(req)),
+        "churn" => {
+            let seen = req
+                .parent
+                .as_ref()
+                .and_then(|parent| parent.pointer("/metadata/resourceVersion"))
+                .cloned()
+                .unwrap_or_default();
+            Ok(Response::new().set_status(json!({ "seen": seen })))
+        }
         "requeue-zero" => Ok(Response::new()
             .set_status(json!({ "requeued": true }))
             .requeue_after(std::time::Duration::ZERO)),
