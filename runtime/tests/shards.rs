@@ -15,7 +15,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use kube::api::ListParams;
 use kubewasm::controller::{SHARD_SET_LABEL, ShardHolder, ShardSettings};
-use support::{ControlPlane, RUNTIME_NAMESPACE};
+use support::ControlPlane;
 
 const SHARDS: u32 = 30;
 const LEASE: Duration = Duration::from_secs(3);
@@ -78,8 +78,9 @@ async fn until(
 #[tokio::test]
 async fn replicas_share_the_shards_and_never_hold_one_twice() -> Result<()> {
     let cp = ControlPlane::shared();
-    // A set of its own, named after a fresh namespace, so that tests do not share Leases.
-    let set = cp.namespace("shards").await?;
+    // A set of its own, in a fresh namespace, so that tests do not share Leases.
+    let ns = cp.namespace("shards").await?;
+    let set = "kubewasm".to_owned();
     // As the admin: the runtime's Role gets `list` on leases (which the shard holder needs)
     // when `kubewasm run` runs shards; until then `live::identity` proves it has none.
     let client = cp.client().await?;
@@ -87,7 +88,7 @@ async fn replicas_share_the_shards_and_never_hold_one_twice() -> Result<()> {
         Arc::new(ShardHolder::new(
             client.clone(),
             ShardSettings {
-                namespace: RUNTIME_NAMESPACE.into(),
+                namespace: ns.clone(),
                 prefix: set.clone(),
                 shards: SHARDS,
                 identity: identity.into(),
@@ -110,7 +111,7 @@ async fn replicas_share_the_shards_and_never_hold_one_twice() -> Result<()> {
     until("a, b and c", &[&a, &b, &c], &all, |n| n == [10, 10, 10]).await?;
 
     // The Leases read as the map: 30 shard Leases, each held by one of the three.
-    let leases: Api<Lease> = Api::namespaced(client.clone(), RUNTIME_NAMESPACE);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
     let listed = leases
         .list(&ListParams::default().labels(&format!("{SHARD_SET_LABEL}={set}")))
         .await?;
