@@ -182,17 +182,47 @@ impl ControlPlane {
         let Some(state_dir) = &self.state_dir else {
             return Ok(());
         };
-        let out = Command::new("bash")
-            .arg(cluster_script())
-            .arg("down")
-            .arg(state_dir)
-            .stdin(Stdio::null())
-            .output()
-            .context("running deploy/dev/local/cluster.sh down")?;
-        if !out.status.success() {
+        // Traced (`bash -x`), the trace kept in the state directory: a teardown that fails
+        // says where. `down` is idempotent, and a node's teardown can race its containers'
+        // last exits: a failure is said and tried once more; only a second failure fails.
+        let trace = state_dir.join("down-trace.log");
+        let down = |traced: bool| -> Result<std::process::Output> {
+            let mut command = Command::new("bash");
+            if traced {
+                command.arg("-x");
+            }
+            command
+                .arg(cluster_script())
+                .arg("down")
+                .arg(state_dir)
+                .stdin(Stdio::null())
+                .output()
+                .context("running deploy/dev/local/cluster.sh down")
+        };
+        let first = down(true)?;
+        let _ = std::fs::write(&trace, &first.stderr);
+        if first.status.success() {
+            return Ok(());
+        }
+        let tail = |out: &std::process::Output| {
+            let text = String::from_utf8_lossy(&out.stderr);
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(15)..].join("\n")
+        };
+        eprintln!(
+            "`cluster.sh down` failed ({}), trying once more; the end of its trace ({}):\n{}",
+            first.status,
+            trace.display(),
+            tail(&first)
+        );
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        let second = down(false)?;
+        if !second.status.success() {
             bail!(
-                "`cluster.sh down` failed: {}",
-                String::from_utf8_lossy(&out.stderr)
+                "`cluster.sh down` failed twice ({}): {}\nthe first attempt's trace: {}",
+                second.status,
+                String::from_utf8_lossy(&second.stderr),
+                trace.display()
             );
         }
         Ok(())
