@@ -7,7 +7,6 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use kubewasm::api::ImageRef;
 use kubewasm::sandbox::Digest;
 use kubewasm::sources::oci::{
     CONFIG_MEDIA_TYPE, ComponentInfo, LAYER_MEDIA_TYPE, MANIFEST_MEDIA_TYPE, WasmConfig,
@@ -15,7 +14,7 @@ use kubewasm::sources::oci::{
 use oci_client::client::{Config, ImageLayer};
 use oci_client::manifest::OciImageManifest;
 
-use super::registry::{RegistryArgs, block_on};
+use super::registry::{RegistryArgs, block_on, image_reference};
 
 /// Arguments of `kubewasm push`.
 #[derive(Debug, clap::Args)]
@@ -31,8 +30,7 @@ pub struct Args {
 
 /// Pushes the file and prints the reference with the pushed digest.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let image = ImageRef::parse(&args.reference)
-        .map_err(|e| anyhow::anyhow!("{}", e.replacen("spec.module.image", "the reference", 1)))?;
+    let image = image_reference(&args.reference)?;
     let reference = image.reference();
     if reference.digest().is_some() || reference.tag().is_none() {
         bail!(

@@ -92,6 +92,12 @@ impl RegistryArgs {
     }
 }
 
+/// An image reference as `spec.module.image` takes it, its errors naming "the reference".
+pub fn image_reference(reference: &str) -> anyhow::Result<kubewasm::api::ImageRef> {
+    kubewasm::api::ImageRef::parse(reference)
+        .map_err(|e| anyhow::anyhow!("{}", e.replacen("spec.module.image", "the reference", 1)))
+}
+
 /// Runs `work` on a runtime of its own, within the commands' deadline.
 pub fn block_on<T>(what: &str, work: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;

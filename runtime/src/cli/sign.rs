@@ -11,14 +11,13 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use kubewasm::api::ImageRef;
 use kubewasm::sandbox::Digest;
 use kubewasm::sources::cosign::{self, SigningKey};
 use kubewasm::sources::oci::MANIFEST_MEDIA_TYPE;
 use oci_client::RegistryOperation;
 use oci_client::manifest::{OciDescriptor, OciImageManifest, OciManifest};
 
-use super::registry::{RegistryArgs, block_on};
+use super::registry::{RegistryArgs, block_on, image_reference};
 
 /// Arguments of `kubewasm sign`.
 #[derive(Debug, clap::Args)]
@@ -36,8 +35,7 @@ pub struct Args {
 
 /// Signs the image's digest and prints `REPOSITORY@DIGEST`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let image = ImageRef::parse(&args.reference)
-        .map_err(|e| anyhow::anyhow!("{}", e.replacen("spec.module.image", "the reference", 1)))?;
+    let image = image_reference(&args.reference)?;
     let key = SigningKey::read(&args.key, || {
         std::env::var("COSIGN_PASSWORD")
             .map(String::into_bytes)
