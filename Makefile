@@ -81,7 +81,7 @@ unit-test: guests
 
 ## Tier 4: the tests against a local control plane (etcd and the locally built API server).
 integration-test: guests k8s-binaries
-	$(CARGO) test -p kubewasm --features kubewasm/cluster-tests --test control_plane --test leader --test live --test shards --test watches
+	$(CARGO) test -p kubewasm --features kubewasm/cluster-tests --test control_plane --test live --test shards --test watches
 
 ## Every benchmark, P1–P5 (BENCHMARKS.md): one reconcile four ways and epoch on/off, density,
 ## then the cluster comparisons.

@@ -297,6 +297,14 @@ pub struct WasmControllerStatus {
     /// The spec generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// The runtime replica running the controller (`kubewasm run --leader-elect`: its
+    /// identity, the Pod's name and a suffix of the process).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica: Option<String>,
+    /// The shard its tenant belongs to: the Lease in the runtime's namespace whose holder runs
+    /// it (`kubectl get leases -n kubewasm-system`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<String>,
     /// Reconcile calls made since the runtime started.
     #[serde(default)]
     pub reconciles: u64,

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use kubewasm::api::Unit;
-use kubewasm::controller::{CacheCaps, LeaderElector};
+use kubewasm::controller::{CacheCaps, DEFAULT_SHARDS, ShardHolder, ShardSettings};
 use kubewasm::manager::{Manager, ManagerConfig};
 use kubewasm::sandbox::{CompiledCache, SandboxConfig};
 use kubewasm::sources::ModuleCache;
@@ -125,19 +125,33 @@ pub struct Args {
     /// Serve `/metrics` (Prometheus), `/healthz` and `/readyz` here, e.g. `0.0.0.0:8080`.
     #[arg(long)]
     metrics_addr: Option<std::net::SocketAddr>,
-    /// Act only while holding a Lease, so that one of several replicas runs controllers.
+    /// Share the work with the other replicas running with the same Leases: the controllers
+    /// are cut into `--shards` shards by tenant, each a Lease in
+    /// `--leader-election-namespace`, and each replica runs the controllers of the shards it
+    /// holds, about its share of them.
     #[arg(long)]
     leader_elect: bool,
-    /// Namespace of the leader Lease.
+    /// Namespace of the Leases (the runtime's own).
     #[arg(long, default_value = "default", env = "POD_NAMESPACE")]
     leader_election_namespace: String,
-    /// Name of the leader Lease.
+    /// Prefix of the Leases' names (`ID-shard-007`, `ID-member-REPLICA`): replicas with the
+    /// same prefix share the work.
     #[arg(long, default_value = "kubewasm")]
     leader_election_id: String,
-    /// Seconds a leader holds the Lease without renewing it.
+    /// How many shards the work is cut into (the same for every replica of the set): the most
+    /// replicas that can share it. Changing it moves most tenants to another shard; stop
+    /// every replica first.
+    #[arg(long, default_value_t = DEFAULT_SHARDS, value_parser = clap::value_parser!(u32).range(1..=MAX_SHARDS))]
+    shards: u32,
+    /// Seconds a replica holds a Lease without renewing it: a replica that stops without a
+    /// word has its shards run elsewhere this long after its last renewal.
     #[arg(long, default_value_t = 15)]
     lease_duration_seconds: u64,
 }
+
+/// The most shards a set may have (`--shards`): a replica renews each shard it holds every
+/// third of a Lease.
+const MAX_SHARDS: i64 = 999;
 
 /// Connects with the kubeconfig (or in-cluster config) and runs the manager.
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -214,7 +228,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             return manager.run(shutdown_signal()).await;
         }
         // Unique per process, as client-go's hostname + uuid: in a container the pid is always
-        // 1, and a restarted leader must not take its predecessor's unexpired Lease as its own.
+        // 1, and a restarted replica must not take its predecessor's unexpired Leases as its own.
         let nonce = std::hash::BuildHasher::hash_one(
             &std::collections::hash_map::RandomState::new(),
             std::time::SystemTime::now(),
@@ -225,42 +239,40 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             nonce as u32,
             std::process::id()
         );
-        let elector = LeaderElector::new(
-            kube::Client::try_from(kubewasm::manager::request_config(kube_config.clone()))?,
-            &args.leader_election_namespace,
-            &args.leader_election_id,
-            &identity,
-            Duration::from_secs(args.lease_duration_seconds.max(3)),
-        );
-        let lease = format!("{}/{}", args.leader_election_namespace, args.leader_election_id);
-        tracing::info!(identity, lease, "waiting to become the leader");
-        // A standby is ready for what it is there for, taking over: `/readyz` says so, or a
-        // Deployment of two replicas would never be fully available and a rolling update
-        // would stall. Once the leader, it is ready again only when its caches are synced.
-        let metrics = manager.metrics();
-        metrics.set_ready(true);
-        let fence = tokio::select! {
-            acquired = elector.acquire() => acquired.with_context(|| format!("cannot take the leader Lease {lease}"))?,
-            _ = shutdown_signal() => return Ok(()),
+        let settings = ShardSettings {
+            namespace: args.leader_election_namespace,
+            prefix: args.leader_election_id,
+            shards: args.shards,
+            identity,
+            duration: Duration::from_secs(args.lease_duration_seconds.max(3)),
         };
-        tracing::info!(identity, lease, "became the leader");
-        metrics.set_ready(false);
-        // Renewal runs in a task of its own, so that nothing the manager does can delay it;
-        // losing the Lease closes the fence, which aborts every controller at once, and a
-        // renewal that no longer covers the present shuts it even before that.
-        let holder = tokio::spawn({
-            let (elector, fence) = (elector.clone(), fence.clone());
-            async move { elector.hold(&fence).await }
+        tracing::info!(
+            identity = settings.identity,
+            namespace = settings.namespace,
+            shards = settings.shards,
+            "sharing the work: {} shard Leases {}-shard-NNN",
+            settings.shards,
+            settings.prefix
+        );
+        let holder = std::sync::Arc::new(ShardHolder::new(
+            kube::Client::try_from(kubewasm::manager::request_config(kube_config.clone()))?,
+            settings,
+        ));
+        // The rounds run in a task of their own, so that nothing the manager does can delay a
+        // renewal; a shard lost closes its fence, and a renewal that no longer covers the
+        // present shuts it even before that.
+        let rounds = tokio::spawn({
+            let holder = holder.clone();
+            async move { holder.run().await }
         });
-        manager.with_fence(fence.clone()).run(shutdown_signal()).await?;
-        holder.abort();
-        if !fence.is_open() {
-            anyhow::bail!("lost the leader Lease {lease}: aborted all controllers; restart to stand by again");
-        }
-        if let Err(e) = elector.release().await {
-            tracing::warn!("could not release the leader Lease: {e}");
-        }
-        Ok(())
+        let result = manager
+            .with_shards(holder.clone())
+            .run(shutdown_signal())
+            .await;
+        // The controllers have stopped: the shards may go to the others at once.
+        rounds.abort();
+        holder.release_all().await;
+        result
     })
 }
 

@@ -1,10 +1,10 @@
 //! Kubernetes machinery, kube-rs only: kind discovery, shared watches, the work queue,
-//! leader election, and which kinds may be watched at all.
+//! shards over Leases and their fences, and which kinds may be watched at all.
 
 mod accounts;
 mod budget;
 mod discovery;
-mod leader;
+mod fence;
 mod queue;
 mod scheduler;
 mod shards;
@@ -14,9 +14,12 @@ mod watches;
 pub use accounts::{CacheAccounts, CacheCaps, READMIT_PERCENT, RELIST_FLOOR, Withheld, weigh};
 pub use budget::{TokenBucket, WriteGate};
 pub use discovery::{DISCOVERY_TIMEOUT, Kind, ResolveError, Resolver};
-pub use leader::{Fence, LeaderElector};
+pub use fence::Fence;
 pub use queue::{Backoff, WorkQueue};
 pub use scheduler::{Lane, WriteScheduler};
-pub use shards::{Held, ROLE_LABEL, SHARD_SET_LABEL, ShardHolder, ShardSettings, shard_of};
+pub use shards::{
+    DEFAULT_SHARDS, Held, ROLE_LABEL, SHARD_SET_LABEL, ShardHolder, ShardSettings, shard_of,
+    tenant_of,
+};
 pub use watchable::{DEFAULT_WATCHABLE_KINDS, InvalidRule, WatchableKinds};
 pub use watches::{Change, ObjectKey, SharedWatches, Watch, watch_config};

@@ -39,6 +39,22 @@ pub const SHARD_SET_LABEL: &str = "kubewasm.dev/shard-set";
 /// The label saying what a Lease of the set is: `shard` or `member`.
 pub const ROLE_LABEL: &str = "kubewasm.dev/role";
 
+/// Shards when `kubewasm run --shards` does not say: enough to spread over a few dozen
+/// replicas, few enough that each round of a replica (one list, one write per shard held) stays
+/// cheap.
+pub const DEFAULT_SHARDS: u32 = 32;
+
+/// How long a member Lease may have expired before any replica deletes it: its replica is
+/// gone for good (a restarted replica has a new identity), and the list each round reads
+/// should not grow with every restart the set ever had.
+const STALE_MEMBER_LEASES: u32 = 20;
+
+/// The tenant a controller belongs to, which decides its shard: its namespace, or a
+/// ClusterWasmController's name.
+pub fn tenant_of<'a>(namespace: Option<&'a str>, name: &'a str) -> &'a str {
+    namespace.unwrap_or(name)
+}
+
 /// The shard of `tenant` among `shards`: the first 8 bytes of its SHA-256, modulo — stable
 /// across processes, versions and platforms.
 pub fn shard_of(tenant: &str, shards: u32) -> u32 {
@@ -105,7 +121,10 @@ pub struct ShardHolder {
     leaving: Mutex<BTreeSet<u32>>,
     /// Shards whose runners the owner said are stopped: their Leases may go.
     stopped: Mutex<BTreeSet<u32>>,
-    changes: watch::Sender<Held>,
+    /// Sent after every round whose shards held or given up differ from the last one's.
+    changes: watch::Sender<(Vec<u32>, BTreeSet<u32>)>,
+    /// The live members the last round counted (said when it changes).
+    members: std::sync::atomic::AtomicUsize,
 }
 
 impl ShardHolder {
@@ -117,7 +136,8 @@ impl ShardHolder {
             held: Mutex::default(),
             leaving: Mutex::default(),
             stopped: Mutex::default(),
-            changes: watch::Sender::new(Held::new()),
+            changes: watch::Sender::new((Vec::new(), BTreeSet::new())),
+            members: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -136,9 +156,25 @@ impl ShardHolder {
         self.leaving.locked().clone()
     }
 
-    /// A receiver that sees every change of the shards held.
-    pub fn subscribe(&self) -> watch::Receiver<Held> {
+    /// A receiver that sees every change of the shards held or being given up (read them
+    /// with [`held`](Self::held) and [`leaving`](Self::leaving)).
+    pub fn subscribe(&self) -> watch::Receiver<(Vec<u32>, BTreeSet<u32>)> {
         self.changes.subscribe()
+    }
+
+    /// Says what is held and leaving now, if it changed.
+    fn publish(&self) {
+        let now = (
+            self.held.locked().keys().copied().collect::<Vec<u32>>(),
+            self.leaving(),
+        );
+        self.changes.send_if_modified(|seen| {
+            let changed = *seen != now;
+            if changed {
+                *seen = now.clone();
+            }
+            changed
+        });
     }
 
     /// The owner says the runners of `shard` are stopped: its Lease may be released.
@@ -153,6 +189,8 @@ impl ShardHolder {
             if let Err(e) = self.round().await {
                 tracing::warn!(identity = self.settings.identity, "shard round failed: {e}");
             }
+            // A round that failed half-way may have lost or given up shards too.
+            self.publish();
             tokio::time::sleep(self.settings.duration / 3).await;
         }
     }
@@ -164,7 +202,8 @@ impl ShardHolder {
         for fence in held.values() {
             fence.close();
         }
-        self.changes.send_replace(Held::new());
+        self.leaving.locked().clear();
+        self.publish();
         for shard in held.keys() {
             let _ = self.release(&self.settings.shard_lease(*shard)).await;
         }
@@ -183,6 +222,12 @@ impl ShardHolder {
                     .labels(&format!("{SHARD_SET_LABEL}={}", self.settings.prefix)),
             )
             .await?;
+        let stale_after = self.settings.duration.as_secs() * u64::from(STALE_MEMBER_LEASES);
+        let long_ago = now
+            .checked_sub(SignedDuration::from_secs(
+                i64::try_from(stale_after).unwrap_or(i64::MAX),
+            ))
+            .unwrap_or(now);
         let mut shards: BTreeMap<String, Lease> = BTreeMap::new();
         let mut members = BTreeSet::from([self.settings.identity.clone()]);
         for lease in leases.items {
@@ -197,6 +242,8 @@ impl ShardHolder {
                 Some("member") => {
                     if let Some(holder) = live_holder(&lease, now, self.settings.duration) {
                         members.insert(holder);
+                    } else if live_holder(&lease, long_ago, self.settings.duration).is_none() {
+                        self.delete_stale(&lease).await;
                     }
                 }
                 Some("shard") => {
@@ -206,6 +253,18 @@ impl ShardHolder {
             }
         }
         let share = self.settings.shards.div_ceil(members.len() as u32);
+        let counted = members.len();
+        if self
+            .members
+            .swap(counted, std::sync::atomic::Ordering::Relaxed)
+            != counted
+        {
+            tracing::info!(
+                identity = self.settings.identity,
+                "{counted} replicas share {} shards: this one's share is {share}",
+                self.settings.shards
+            );
+        }
         let deadline = started + self.settings.renew_deadline();
 
         // Renew what is held; what could not be renewed is lost (its fence closes by time,
@@ -273,15 +332,29 @@ impl ShardHolder {
                 self.held.locked().insert(shard, Fence::until(deadline));
             }
         }
-        let held = self.held();
-        self.changes.send_if_modified(|seen| {
-            let same = seen.len() == held.len() && seen.keys().eq(held.keys());
-            if !same {
-                *seen = held.clone();
-            }
-            !same
-        });
+        self.publish();
         Ok(())
+    }
+
+    /// Deletes the member Lease of a replica long gone (see [`STALE_MEMBER_LEASES`]), unless
+    /// it was written since it was read; a failure is only said (the next round tries again).
+    async fn delete_stale(&self, lease: &Lease) {
+        let name = lease.metadata.name.clone().unwrap_or_default();
+        let params = kube::api::DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                resource_version: lease.metadata.resource_version.clone(),
+                uid: lease.metadata.uid.clone(),
+            }),
+            ..kube::api::DeleteParams::default()
+        };
+        match self.api.delete(&name, &params).await {
+            Ok(_) => tracing::info!(
+                lease = name,
+                "deleted the member Lease of a replica long gone"
+            ),
+            Err(e) if conflict(&e) => {}
+            Err(e) => tracing::warn!(lease = name, "could not delete a stale member Lease: {e}"),
+        }
     }
 
     /// Drops `shard` after its Lease was lost: its fence closes now.

@@ -14,6 +14,7 @@ use crate::host::{GuestState, Runner, StateOwner};
 use super::{ControllerId, Managed, Manager, lifecycle};
 
 /// A declared controller as its object says.
+#[derive(Clone)]
 pub(super) struct Seen {
     pub(super) id: ControllerId,
     pub(super) generation: Option<i64>,
@@ -31,7 +32,25 @@ pub(super) enum Declared {
 impl Manager {
     /// Applies what the watches saw, in order; the controllers to (re)start are started
     /// together, before any removal that follows them. Whether any was (re)started.
-    pub(super) async fn on_declared(&mut self, events: Vec<Declared>) -> bool {
+    pub(super) async fn on_declared(&mut self, mut events: Vec<Declared>) -> bool {
+        // Every declaration is remembered; only those this replica runs go further.
+        for event in &events {
+            match event {
+                Declared::Upsert(seen) => {
+                    self.declared.insert(seen.id.clone(), (**seen).clone());
+                }
+                Declared::Delete(id) => {
+                    self.declared.remove(id);
+                }
+                Declared::Relisted(seen, cluster) => self
+                    .declared
+                    .retain(|id, _| id.namespace.is_none() != *cluster || seen.contains(id)),
+            }
+        }
+        events.retain(|event| match event {
+            Declared::Upsert(seen) => self.runs_here(&seen.id),
+            Declared::Delete(_) | Declared::Relisted(..) => true,
+        });
         // Every controller these events stop (changed or deleted) is told to stop first; none
         // is waited for (see `stop_all`), and a deleted one's finalizers are released after
         // its runner has stopped.
@@ -82,7 +101,7 @@ impl Manager {
     }
 
     /// Takes a new or changed declaration; returns the controller to start, unless unchanged.
-    async fn upsert(&mut self, seen: Seen) -> Option<ControllerId> {
+    pub(super) async fn upsert(&mut self, seen: Seen) -> Option<ControllerId> {
         let Seen {
             id,
             generation,

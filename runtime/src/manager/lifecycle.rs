@@ -42,7 +42,7 @@ impl Manager {
     pub(super) fn finalizing_runner(&self, id: &ControllerId) -> Option<Arc<Runner>> {
         let m = self.controllers.get(id)?;
         let (runner, _) = m.runner.as_ref()?;
-        (m.spec.finalize && self.fence.is_open()).then(|| runner.clone())
+        (m.spec.finalize && self.fence_of(id).is_open()).then(|| runner.clone())
     }
 
     pub(super) async fn stop(&mut self, id: &ControllerId) {
@@ -297,7 +297,7 @@ pub(super) async fn release_finalizers(runner: Arc<Runner>) {
 /// Waits for a stopping runner's task within [`STOP_TIMEOUT`]; past it the task is aborted
 /// (its reconciles with it, as they are owned by it), so that nothing of a removed or revoked
 /// controller writes any more.
-async fn finish(id: &ControllerId, mut task: tokio::task::JoinHandle<()>) {
+pub(super) async fn finish(id: &ControllerId, mut task: tokio::task::JoinHandle<()>) {
     if tokio::time::timeout(STOP_TIMEOUT, &mut task).await.is_err() {
         tracing::warn!(controller = %id, "stopping controller still reconciling after {STOP_TIMEOUT:?}: aborted");
         task.abort();

@@ -20,6 +20,7 @@ mod lifecycle;
 mod modules;
 mod quarantine;
 mod setup;
+mod sharding;
 mod status;
 
 use std::collections::{HashMap, HashSet};
@@ -249,6 +250,10 @@ pub struct Manager {
     module_config_maps: Option<reflector::Store<PartialObjectMeta<ConfigMap>>>,
     /// Registry pulls, beside the loop.
     pulls: Arc<crate::sources::Pulls>,
+    /// The shards this replica holds, when replicas share the work (`None`: it runs all).
+    sharding: Option<sharding::Sharding>,
+    /// Every declared controller as last seen, run here or not (see [`sharding`]).
+    declared: HashMap<ControllerId, declared::Seen>,
 }
 
 impl Manager {
@@ -299,6 +304,8 @@ impl Manager {
                 status::STATUS_WRITE_BURST,
             ),
             module_config_maps: None,
+            sharding: None,
+            declared: HashMap::new(),
         })
     }
 
@@ -307,6 +314,14 @@ impl Manager {
     #[must_use]
     pub fn with_fence(mut self, fence: Fence) -> Self {
         self.fence = fence;
+        self
+    }
+
+    /// Runs only the controllers of the shards `holder` holds (see [`sharding`]); their writes
+    /// pass the fence of their shard. The holder's rounds are run by the caller.
+    #[must_use]
+    pub fn with_shards(mut self, holder: Arc<crate::controller::ShardHolder>) -> Self {
+        self.sharding = Some(sharding::Sharding::new(holder));
         self
     }
 
@@ -389,6 +404,12 @@ impl Manager {
         );
         let fence = self.fence.clone();
         let pulls = self.pulls.clone();
+        // Marked changed: the shards taken before this loop started are taken up at once.
+        let mut shard_changes = self.sharding.as_ref().map(|s| {
+            let mut rx = s.holder.subscribe();
+            rx.mark_changed();
+            rx
+        });
         // `/healthz` fails when this loop stops making progress (see MANAGER_STALL_LIMIT).
         let mut heartbeat = tokio::time::interval(HEARTBEAT);
         loop {
@@ -429,6 +450,13 @@ impl Manager {
                 _ = access_tick.tick() => self.recheck_access().await,
                 _ = poll_tick.tick() => self.reload_polled().await,
                 pulled = pulls.notified() => self.on_pulled(&pulled).await,
+                () = sharding::shards_changed(&mut shard_changes) => {
+                    self.on_shards().await;
+                    if soon.is_none() {
+                        status_soon.as_mut().reset(tokio::time::Instant::now() + STATUS_SOON);
+                        soon = Some(usize::MAX);
+                    }
+                }
             }
         }
         self.metrics.manager_beat(false);

@@ -170,7 +170,7 @@ impl Manager {
                     &id.to_string(),
                     self.metrics.api_requests(&id.to_string()),
                 ),
-                self.fence.clone(),
+                self.fence_of(id),
             ),
             client,
             kinds,

@@ -10,6 +10,7 @@ use serde_json::json;
 
 use crate::api::{ClusterWasmController, Reason, WasmController, WasmControllerStatus};
 
+use super::sharding::Place;
 use super::{ControllerId, Managed, Manager};
 use crate::host::MAX_LISTED_FINALIZING;
 use crate::sync::Locks as _;
@@ -35,8 +36,8 @@ fn condition(
     }
 }
 
-/// The status this controller should show now.
-fn desired(m: &Managed) -> WasmControllerStatus {
+/// The status this controller should show now, run where `place` says.
+fn desired(m: &Managed, place: Place) -> WasmControllerStatus {
     let g = m.generation;
     let digest = m.guest.as_ref().map(|g| g.digest().to_string());
     // The image a module was pulled as: `module sha256:… (image registry/repo@sha256:…)`.
@@ -167,6 +168,8 @@ fn desired(m: &Managed) -> WasmControllerStatus {
         conditions: vec![module_ready, ready, degraded],
         module_digest: digest,
         observed_generation: g,
+        replica: place.replica,
+        shard: place.shard,
         reconciles,
         failures,
         last_error: last_error.map(|p| p.message),
@@ -224,11 +227,15 @@ impl Manager {
         let accounts = self.watches.accounts();
         self.metrics
             .set_cache(accounts.stored_bytes(), accounts.held_namespaces().len());
+        self.set_shard_metrics();
         let changed: Vec<(ControllerId, WasmControllerStatus)> = if self.fence.is_open() {
             self.controllers
                 .iter()
+                // Only while this replica may act for it: a shard lost or being given up is
+                // the next holder's to write.
+                .filter(|(id, _)| self.fence_of(id).is_open())
                 .filter_map(|(id, m)| {
-                    let mut status = desired(m);
+                    let mut status = desired(m, self.place_of(id));
                     keep_transition_times(&mut status, m.written.as_ref());
                     (m.written.as_ref() != Some(&status) && which(&status))
                         .then(|| (id.clone(), status))
@@ -307,7 +314,7 @@ const PARALLEL_STATUS_WRITES: usize = 32;
 fn status_patch(status: &WasmControllerStatus) -> serde_json::Value {
     let mut status = serde_json::to_value(status).unwrap_or_else(|_| json!({}));
     if let Some(fields) = status.as_object_mut() {
-        for cleared in ["lastError", "moduleDigest"] {
+        for cleared in ["lastError", "moduleDigest", "replica", "shard"] {
             fields.entry(cleared).or_insert(serde_json::Value::Null);
         }
     }

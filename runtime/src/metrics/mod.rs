@@ -34,6 +34,13 @@ pub struct ControllerLabels {
     pub controller: String,
 }
 
+/// Labels of per-shard series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShardLabels {
+    /// The shard's Lease (`kubewasm-shard-007`).
+    pub shard: String,
+}
+
 type DurationFamily = Family<ControllerLabels, Histogram, fn() -> Histogram>;
 
 /// Every metric the runtime exports.
@@ -51,6 +58,7 @@ pub struct Metrics {
     modules_from_cache: Gauge,
     modules_pulled: Gauge,
     modules_from_module_cache: Gauge,
+    shard_controllers: Family<ShardLabels, Gauge>,
     ready: AtomicBool,
     /// When the manager loop last made progress (`None`: not running), for `/healthz`.
     manager_beat: std::sync::Mutex<Option<std::time::Instant>>,
@@ -151,7 +159,14 @@ impl Default for Metrics {
             "Module layers read from --module-cache-dir instead of a registry since the runtime started",
             modules_from_module_cache.clone(),
         );
+        let shard_controllers = Family::<ShardLabels, Gauge>::default();
+        registry.register(
+            "shard_controllers_running",
+            "Controllers running now by shard, for each shard this replica holds (--leader-elect); a shard it does not hold has no series here",
+            shard_controllers.clone(),
+        );
         Metrics {
+            shard_controllers,
             registry,
             modules_compiled,
             modules_from_cache,
@@ -243,6 +258,18 @@ impl Metrics {
     pub fn set_controllers(&self, running: usize) {
         self.controllers
             .set(i64::try_from(running).unwrap_or(i64::MAX));
+    }
+
+    /// Sets the controllers running per shard held (the shards held are exactly these).
+    pub fn set_shards(&self, running: &std::collections::BTreeMap<String, usize>) {
+        self.shard_controllers.clear();
+        for (shard, count) in running {
+            self.shard_controllers
+                .get_or_create(&ShardLabels {
+                    shard: shard.clone(),
+                })
+                .set(i64::try_from(*count).unwrap_or(i64::MAX));
+        }
     }
 
     /// Sets how the modules loaded so far were had: compiled, or from the compiled cache.

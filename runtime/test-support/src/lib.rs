@@ -360,6 +360,29 @@ impl ControlPlane {
                 Err(error) => return Err(error).context(format!("creating namespace {name}")),
             }
         };
+        self.opt_in(client, &name).await?;
+        Ok(name)
+    }
+
+    /// Creates namespace `name` exactly (a test that needs names of its choosing, e.g. tenants
+    /// in given shards), as [`Self::namespace`] does.
+    pub async fn namespace_named(&self, name: &str) -> Result<String> {
+        let client = self.client().await?;
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let namespace: Namespace = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": name, "labels": { TEST_NAMESPACE_LABEL: "true" } }
+        }))?;
+        namespaces
+            .create(&PostParams::default(), &namespace)
+            .await
+            .with_context(|| format!("creating namespace {name}"))?;
+        self.opt_in(client, name).await?;
+        Ok(name.to_owned())
+    }
+
+    /// Opts namespace `name` in and waits until Pods can be created in it.
+    async fn opt_in(&self, client: Client, name: &str) -> Result<()> {
+        let name = name.to_owned();
         // Opted in to WasmControllers, as a cluster admin does with deploy/runtime/tenant.yaml.
         apply_all(&client, &[identity::tenant_binding(&name)?]).await?;
         let pods: Api<Pod> = Api::namespaced(client, &name);
@@ -385,8 +408,7 @@ impl ControlPlane {
                 }
             },
         )
-        .await?;
-        Ok(name)
+        .await
     }
 
     /// Deletes a namespace made by [`Self::namespace`] (without waiting for it to go).

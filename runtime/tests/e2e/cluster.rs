@@ -1,7 +1,7 @@
 //! The cluster the end-to-end test installs kubewasm into: a local control plane with one real
 //! node (`cluster.sh up --node --watch-pid <this process>`), the runtime image pushed into the
 //! node's registry, and what the steps share: the inputs `make` builds, reading Pods, their
-//! logs and the leader Lease.
+//! logs and the shard Leases.
 
 use std::collections::BTreeMap;
 use std::io::Read as _;
@@ -26,15 +26,21 @@ pub const QUIET: Duration = Duration::from_secs(5);
 /// The image the Deployment runs (`deploy/kustomization.yaml`'s `images:`).
 pub const RUNTIME_IMAGE: &str = "kubewasm/runtime:dev";
 
-/// The runtime's namespace (Deployment, Lease, module ConfigMap).
+/// The runtime's namespace (Deployment, Leases, module ConfigMap).
 pub const SYSTEM: &str = "kubewasm-system";
 
 /// The runtime Pods' labels.
 pub const RUNTIME_SELECTOR: &str =
     "app.kubernetes.io/name=kubewasm,app.kubernetes.io/component=runtime";
 
-/// The leader Lease (`kubewasm run --leader-election-id`, default).
-pub const LEASE: &str = "kubewasm";
+/// The shard Lease of `tenant` (a namespace, or a ClusterWasmController's name) as the
+/// Deployment runs: `kubewasm run`'s default `--leader-election-id` and `--shards`.
+pub fn shard_lease(tenant: &str) -> String {
+    format!(
+        "kubewasm-shard-{:03}",
+        kubewasm::controller::shard_of(tenant, kubewasm::controller::DEFAULT_SHARDS)
+    )
+}
 
 pub use kubewasm_test_support::cluster::{sha256, workspace};
 
@@ -284,7 +290,7 @@ impl NodeCluster {
         let commands: &[&[&str]] = &[
             &["get", "nodes", "-o", "wide"],
             &["get", "pods", "-A", "-o", "wide"],
-            &["-n", SYSTEM, "get", "lease", LEASE, "-o", "yaml"],
+            &["-n", SYSTEM, "get", "leases", "-o", "wide"],
             &["-n", SYSTEM, "describe", "pods", "-l", RUNTIME_SELECTOR],
             &[
                 "-n",
@@ -479,18 +485,75 @@ pub async fn wait_logs(kubectl: &Kubectl, namespace: &str, pod: &str, line: &str
     .await
 }
 
-/// The leader Lease's `holderIdentity` (`<HOSTNAME>-<pid>`), if anyone holds it.
-pub async fn lease_holder(client: &Client) -> Result<Option<String>> {
+/// The `holderIdentity` (`<HOSTNAME>-<nonce>-<pid>`) of `tenant`'s shard Lease, if anyone
+/// holds it.
+pub async fn shard_holder(client: &Client, tenant: &str) -> Result<Option<String>> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), SYSTEM);
     Ok(leases
-        .get_opt(LEASE)
+        .get_opt(&shard_lease(tenant))
         .await?
         .and_then(|l| l.spec)
         .and_then(|s| s.holder_identity)
         .filter(|h| !h.is_empty()))
 }
 
-/// The Pod among `pods` whose name (the runtime's HOSTNAME) the Lease holder's identity
+/// Waits until the shard Leases are split evenly between the runtime Pods `names` (each
+/// Lease held by one of them, none holding more than its share): how many each holds.
+pub async fn wait_shares(
+    client: &Client,
+    names: &[String],
+    wait: Duration,
+) -> Result<std::collections::BTreeMap<String, usize>> {
+    let shards = kubewasm::controller::DEFAULT_SHARDS as usize;
+    let share = shards.div_ceil(names.len());
+    let leases: Api<Lease> = Api::namespaced(client.clone(), SYSTEM);
+    eventually(
+        &format!("{shards} shard Leases split between {names:?}, at most {share} each"),
+        wait,
+        || async {
+            let listed = leases
+                .list(&kube::api::ListParams::default().labels("kubewasm.dev/role=shard"))
+                .await?;
+            let mut held: std::collections::BTreeMap<String, usize> =
+                names.iter().map(|n| (n.clone(), 0)).collect();
+            for lease in &listed.items {
+                let holder = lease
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.holder_identity.clone())
+                    .unwrap_or_default();
+                let pod = holder_pod(&holder, names)
+                    .with_context(|| format!("{:?} is held by {holder:?}", lease.metadata.name))?;
+                *held.entry(pod).or_default() += 1;
+            }
+            ensure!(
+                held.values().sum::<usize>() == shards && held.values().all(|n| *n <= share),
+                "held: {held:?}"
+            );
+            Ok(Some(held))
+        },
+    )
+    .await
+}
+
+/// The runtime Pod that runs `tenant`'s controllers: the one holding its shard.
+pub async fn runner_pod(client: &Client, tenant: &str) -> Result<String> {
+    let holder = shard_holder(client, tenant)
+        .await?
+        .with_context(|| format!("nobody holds Lease {}", shard_lease(tenant)))?;
+    let names: Vec<String> = live_pods(client, SYSTEM, RUNTIME_SELECTOR)
+        .await?
+        .into_keys()
+        .collect();
+    holder_pod(&holder, &names).with_context(|| {
+        format!(
+            "the holder {holder:?} of {} is none of {names:?}",
+            shard_lease(tenant)
+        )
+    })
+}
+
+/// The Pod among `pods` whose name (the runtime's HOSTNAME) a Lease holder's identity
 /// starts with.
 pub fn holder_pod<'p>(holder: &str, pods: impl IntoIterator<Item = &'p String>) -> Option<String> {
     let matching: Vec<&String> = pods

@@ -1,11 +1,11 @@
-//! Step 5: the leader dies without a word; a change made right then is acted on exactly once,
-//! by another replica that takes the Lease once it expires.
+//! Step 5: the replica running tenant `hello` dies without a word; a change made right then is
+//! acted on exactly once, by a replica that takes its shard's Lease once it expires.
 //!
-//! The leader is killed hard: its process is stopped (SIGSTOP) through containerd, its Pod
+//! The replica is killed hard: its process is stopped (SIGSTOP) through containerd, its Pod
 //! force-deleted (`kubectl delete pod --grace-period=0 --force`), then the process is killed
 //! (SIGKILL). Stopped first, it never runs again, so it neither releases the Lease (as a
 //! SIGTERM would have it do) nor comes back: a container the kubelet restarts in the same Pod
-//! has the same Lease identity (`<HOSTNAME>-<pid>`, pid 1 in every container) and would take
+//! has a Lease identity of its own (`<HOSTNAME>-<nonce>-<pid>`), but (`<HOSTNAME>-<pid>`, pid 1 in every container) and would take
 //! the unexpired Lease back at once as "its own", so the Pod is deleted before the kill.
 
 use std::sync::{Arc, Mutex};
@@ -19,8 +19,8 @@ use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 
 use crate::cluster::{
-    NodeCluster, QUIET, RUNTIME_SELECTOR, SYSTEM, WAIT, holder_pod, lease_holder, live_pods,
-    patch_who, wait_greeting, wait_logs, wait_running,
+    NodeCluster, QUIET, RUNTIME_SELECTOR, SYSTEM, WAIT, holder_pod, live_pods, patch_who,
+    shard_holder, shard_lease, wait_greeting, wait_logs, wait_running,
 };
 use crate::install::RuntimePods;
 use crate::support::eventually;
@@ -33,7 +33,7 @@ const DEFAULT_LEASE_SECONDS: u64 = 15;
 /// Uids of Pod hello/your-name in the order they were first seen, with when.
 type Seen = Arc<Mutex<Vec<(Instant, String)>>>;
 
-/// Kills the leader, changes HelloWorld your-name at once, and checks the takeover and that
+/// Kills the replica running tenant hello, changes HelloWorld your-name at once, and checks the takeover and that
 /// the change was carried out once. Returns the runtime Pods afterwards (the Deployment
 /// replaces the killed one).
 pub async fn failover(
@@ -58,20 +58,21 @@ async fn kill_and_change(
     let client = &cluster.client;
     let kubectl = &cluster.kubectl;
     let lease = lease_duration(cluster).await?;
-    // A standby tries every third of a lease: it takes an expired Lease within that.
+    // A replica rounds every third of a lease: it takes an expired Lease within that.
     let takeover_bound = lease + lease / 3 + Duration::from_secs(10);
 
     let runtime = live_pods(client, SYSTEM, RUNTIME_SELECTOR).await?;
     let names: Vec<String> = runtime.keys().cloned().collect();
-    let holder = lease_holder(client)
+    let shard = shard_lease("hello");
+    let holder = shard_holder(client, "hello")
         .await?
-        .context("nobody holds the Lease")?;
+        .with_context(|| format!("nobody holds {shard}"))?;
     let leader = holder_pod(&holder, &names)
-        .with_context(|| format!("the Lease holder {holder:?} is none of {names:?}"))?;
+        .with_context(|| format!("the holder {holder:?} of {shard} is none of {names:?}"))?;
     ensure!(
-        leader == pods.leader,
-        "the leader changed since the install: {leader}, was {}",
-        pods.leader
+        leader == pods.runs_hello,
+        "tenant hello moved since the install: {leader} runs it, was {}",
+        pods.runs_hello
     );
     let frontend_before = uids(&live_pods(client, TEST_SPACE, FRONTEND).await?);
 
@@ -122,20 +123,20 @@ async fn kill_and_change(
     let changed = Instant::now();
     patch_who(kubectl, "Failover").await?;
     timings.note(format!(
-        "leader {leader} stopped, force-deleted and killed; who patched {} after the stop",
+        "{leader} (runs hello) stopped, force-deleted and killed; who patched {} after the stop",
         secs(changed.duration_since(killed))
     ));
 
     let (new_leader, took) = eventually(
-        &format!("another runtime Pod than {leader} holds the Lease (lease duration {lease:?})"),
+        &format!("another runtime Pod than {leader} holds {shard} (lease duration {lease:?})"),
         takeover_bound,
         || async {
-            let holder = lease_holder(client)
+            let holder = shard_holder(client, "hello")
                 .await?
-                .context("nobody holds the Lease")?;
+                .with_context(|| format!("nobody holds {shard}"))?;
             ensure!(
                 !holder.starts_with(&format!("{leader}-")),
-                "still held by the killed leader ({holder})"
+                "still held by the killed replica ({holder})"
             );
             let now = live_pods(client, SYSTEM, RUNTIME_SELECTOR).await?;
             let names: Vec<String> = now.keys().cloned().collect();
@@ -151,18 +152,18 @@ async fn kill_and_change(
     // retry period (a third of a lease).
     ensure!(
         took >= lease / 2,
-        "the new leader took over {} after the stop, sooner than an unreleased Lease of {} allows: \
-         the killed leader released it (was it stopped before its SIGTERM?)",
+        "{shard} was taken over {} after the stop, sooner than an unreleased Lease of {} allows: \
+         the killed replica released it (was it stopped before its SIGTERM?)",
         secs(took),
         secs(lease)
     );
-    let which = if new_leader == pods.standby {
-        "the standby"
+    let which = if new_leader == pods.other {
+        "the other replica"
     } else {
         "the Deployment's replacement Pod"
     };
     timings.note(format!(
-        "new leader {new_leader} ({which}) {} after the stop (lease duration {}, bound {})",
+        "{shard} taken by {new_leader} ({which}) {} after the stop (lease duration {}, bound {})",
         secs(took),
         secs(lease),
         secs(takeover_bound)
@@ -210,7 +211,7 @@ async fn kill_and_change(
         secs(QUIET)
     ));
 
-    // The restarter's state went over to the new leader: no restart of the frontend.
+    // The restarter kept its state, wherever it runs now: no restart of the frontend.
     let frontend_after = uids(&live_pods(client, TEST_SPACE, FRONTEND).await?);
     ensure!(
         frontend_after == frontend_before,
@@ -232,14 +233,21 @@ async fn kill_and_change(
         "the Deployment back at 2 Running and Ready Pods {} after the stop",
         secs(killed.elapsed())
     ));
-    let standby = settled
+    let other = settled
         .keys()
         .find(|n| **n != new_leader)
         .context("one runtime Pod")?
         .clone();
+    // The replacement Pod gets its share: the two split the shards evenly again.
+    let names: Vec<String> = settled.keys().cloned().collect();
+    let shares = crate::cluster::wait_shares(client, &names, WAIT).await?;
+    timings.note(format!(
+        "the shard Leases split {shares:?} again {} after the stop",
+        secs(killed.elapsed())
+    ));
     Ok(RuntimePods {
-        leader: new_leader,
-        standby,
+        runs_hello: crate::cluster::runner_pod(client, "hello").await?,
+        other,
     })
 }
 

@@ -19,9 +19,7 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
-use crate::cluster::{
-    NodeCluster, SYSTEM, WAIT, lease_holder, live_pods, patch_who, wait_greeting,
-};
+use crate::cluster::{NodeCluster, SYSTEM, WAIT, patch_who, wait_greeting};
 use crate::module_file::restarts;
 use crate::support::{LogLines, apply, apply_all, eventually, json_log_lines, tenant_binding};
 use crate::timings::{Timings, secs};
@@ -104,14 +102,8 @@ pub async fn hostile_tenant(
         after == before,
         "runtime Pods restarted during the storm: before {before:?}, after {after:?}"
     );
-    let holder = lease_holder(client)
-        .await?
-        .context("nobody holds the Lease")?;
-    let names: Vec<String> = live_pods(client, SYSTEM, crate::cluster::RUNTIME_SELECTOR)
-        .await?
-        .into_keys()
-        .collect();
-    let leader = crate::cluster::holder_pod(&holder, &names).context("no leader Pod")?;
+    // The replica holding the hostile tenant's shard runs its controllers and caches.
+    let leader = crate::cluster::runner_pod(client, NS).await?;
     let log = cluster
         .kubectl
         .run(&["-n", SYSTEM, "logs", &leader])
@@ -120,7 +112,7 @@ pub async fn hostile_tenant(
     let running = started.elapsed();
     let bound = LOG_LINE_BURST + LOG_LINES_PER_SECOND * (running.as_secs() + 1);
     timings.note(format!(
-        "leader {leader}: {lines} log lines in all, {guest} of them the hostile tenant's guests' in {} (its rate allows {bound}); no restart",
+        "{leader} (runs {NS}): {lines} log lines in all, {guest} of them the hostile tenant's guests' in {} (its rate allows {bound}); no restart",
         secs(running)
     ));
     ensure!(

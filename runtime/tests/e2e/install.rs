@@ -10,8 +10,7 @@ use kube::{Api, ResourceExt};
 use kubewasm::api::WasmController;
 
 use crate::cluster::{
-    NodeCluster, RUNTIME_SELECTOR, SYSTEM, WAIT, holder_pod, lease_holder, sha256, wait_running,
-    workspace,
+    NodeCluster, RUNTIME_SELECTOR, SYSTEM, WAIT, sha256, wait_running, workspace,
 };
 use crate::support::eventually;
 use crate::timings::{Timings, secs};
@@ -19,13 +18,13 @@ use crate::timings::{Timings, secs};
 /// The runtime's ServiceAccount, as `deploy/runtime/rbac.yaml` makes it.
 const ACCOUNT: &str = "kubewasm";
 
-/// The two runtime Pods, by role.
+/// The two runtime Pods, by what they run.
 #[derive(Debug, Clone)]
 pub struct RuntimePods {
-    /// The Pod whose runtime holds the Lease.
-    pub leader: String,
+    /// The Pod whose runtime holds the shard of tenant `hello` (and runs its HelloWorld).
+    pub runs_hello: String,
     /// The other one.
-    pub standby: String,
+    pub other: String,
 }
 
 /// Installs kubewasm with both tutorials and checks the runtime as installed.
@@ -64,46 +63,23 @@ pub async fn install(
     ));
 
     let names: Vec<String> = pods.keys().cloned().collect();
-    let leader = eventually(
-        "one runtime Pod holds the Lease kubewasm-system/kubewasm",
-        WAIT,
-        || async {
-            let holder = lease_holder(client).await?.context("nobody holds it")?;
-            holder_pod(&holder, &names)
-                .map(Some)
-                .with_context(|| format!("holderIdentity {holder:?} names none of {names:?}"))
-        },
-    )
-    .await?;
-    let standby = names
+    // Both replicas work: the shard Leases split evenly between them, each Lease held by one.
+    let shares = crate::cluster::wait_shares(client, &names, WAIT).await?;
+    timings.note(format!(
+        "the {} shard Leases split {shares:?} {} after the first apply",
+        kubewasm::controller::DEFAULT_SHARDS,
+        secs(started.elapsed())
+    ));
+    let runs_hello = crate::cluster::runner_pod(client, "hello").await?;
+    let other = names
         .iter()
-        .find(|n| **n != leader)
+        .find(|n| **n != runs_hello)
         .context("only one runtime Pod")?
         .clone();
-    // Exactly one leads: the holder says it became the leader, the other still waits.
-    eventually(
-        &format!("{leader} logs that it leads and {standby} that it waits"),
-        WAIT,
-        || async {
-            let leader_log = kubectl.run(&["-n", SYSTEM, "logs", &leader]).await?;
-            let standby_log = kubectl.run(&["-n", SYSTEM, "logs", &standby]).await?;
-            ensure!(
-                leader_log.contains("became the leader"),
-                "{leader} has not logged `became the leader`"
-            );
-            ensure!(
-                standby_log.contains("waiting to become the leader"),
-                "{standby} has not logged `waiting to become the leader`"
-            );
-            ensure!(
-                !standby_log.contains("became the leader"),
-                "{standby} logged `became the leader` too"
-            );
-            Ok(Some(()))
-        },
-    )
-    .await?;
-    timings.note(format!("leader {leader}, standby {standby}"));
+    timings.note(format!(
+        "{runs_hello} runs tenant hello ({}), {other} the other shards",
+        crate::cluster::shard_lease("hello")
+    ));
 
     for pod in pods.values() {
         runs_as_its_service_account(cluster, pod).await?;
@@ -150,7 +126,7 @@ pub async fn install(
         "both tutorial WasmControllers Ready {} after the first apply",
         secs(started.elapsed())
     ));
-    Ok(RuntimePods { leader, standby })
+    Ok(RuntimePods { runs_hello, other })
 }
 
 /// The Pod runs as ServiceAccount kubewasm-system/kubewasm, and its only credential is that

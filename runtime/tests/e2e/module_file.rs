@@ -16,7 +16,7 @@ use kube::{Api, ResourceExt};
 use kubewasm::api::ClusterWasmController;
 
 use crate::cluster::{
-    Inputs, NodeCluster, RUNTIME_SELECTOR, SYSTEM, WAIT, lease_holder, live_pods, sha256,
+    Inputs, NodeCluster, RUNTIME_SELECTOR, SYSTEM, WAIT, live_pods, sha256, shard_holder,
     wait_greeting, wait_logs,
 };
 use crate::install::RuntimePods;
@@ -46,7 +46,7 @@ pub async fn module_file(
     let kubectl = &cluster.kubectl;
     let client = &cluster.client;
     let before = restarts(cluster).await?;
-    let holder = lease_holder(client).await?;
+    let holder = shard_holder(client, CONTROLLER).await?;
 
     let hello = std::fs::read(&inputs.hello_wasm)?;
     let restarter = std::fs::read(&inputs.restarter_wasm)?;
@@ -61,7 +61,7 @@ pub async fn module_file(
     kubectl.run(&["apply", "-f", fixture]).await?;
     let file_seen = wait_file_and_digest(cluster, pods, &hello, &hello_digest, created).await?;
     timings.note(format!(
-        "ConfigMap {MODULES} created (after the Pods started) -> file in the leader's volume: {}, \
+        "ConfigMap {MODULES} created (after the Pods started) -> file in its runner's volume: {}, \
          ClusterWasmController Ready with its digest: {}",
         file_seen.map_or_else(|| "not looked at".to_owned(), secs),
         secs(created.elapsed())
@@ -95,13 +95,13 @@ pub async fn module_file(
     let file_seen =
         wait_file_and_digest(cluster, pods, &restarter, &restarter_digest, replaced).await?;
     timings.note(format!(
-        "ConfigMap replaced with configmap_restarter.wasm -> file swapped in the leader's volume: {}, \
+        "ConfigMap replaced with configmap_restarter.wasm -> file swapped in its runner's volume: {}, \
          status.moduleDigest changed: {}",
         file_seen.map_or_else(|| "not looked at".to_owned(), secs),
         secs(replaced.elapsed())
     ));
 
-    // Reloaded in place: the same Pods, never restarted, the same leader.
+    // Reloaded in place: the same Pods, never restarted, the same holder of its shard.
     let after = restarts(cluster).await?;
     ensure!(
         after == before,
@@ -112,8 +112,8 @@ pub async fn module_file(
         "runtime containers restarted: {after:?}"
     );
     ensure!(
-        lease_holder(client).await? == holder,
-        "the Lease changed hands while the module file changed"
+        shard_holder(client, CONTROLLER).await? == holder,
+        "the shard of {CONTROLLER} changed hands while the module file changed"
     );
     Ok(())
 }
@@ -158,7 +158,7 @@ pub(crate) async fn restarts(cluster: &NodeCluster) -> Result<BTreeMap<String, (
 }
 
 /// Waits until the ClusterWasmController is Ready and runs `digest`; meanwhile notes when the
-/// leader's volume on the node has the file with `bytes` (the kubelet's part), if it can be
+/// volume of the Pod running it has the file on the node with `bytes` (the kubelet's part), if it can be
 /// seen (the test runs on the node).
 async fn wait_file_and_digest(
     cluster: &NodeCluster,
@@ -167,8 +167,11 @@ async fn wait_file_and_digest(
     digest: &str,
     since: Instant,
 ) -> Result<Option<Duration>> {
-    let leader: Api<Pod> = Api::namespaced(cluster.client.clone(), SYSTEM);
-    let uid = leader.get(&pods.leader).await?.uid().unwrap_or_default();
+    let runtime: Api<Pod> = Api::namespaced(cluster.client.clone(), SYSTEM);
+    let runner = crate::cluster::runner_pod(&cluster.client, CONTROLLER)
+        .await
+        .unwrap_or_else(|_| pods.runs_hello.clone());
+    let uid = runtime.get(&runner).await?.uid().unwrap_or_default();
     let node_root = std::env::var_os("KUBEWASM_NODE_ROOT")
         .map_or_else(|| PathBuf::from("/var/lib/kubewasm-node"), PathBuf::from);
     let volume = node_root.join(format!(
