@@ -7,13 +7,16 @@
 //!   ([`restart`]);
 //! - P4: 1,000 HelloWorlds created at once, until each has its Pod and status, by `kubewasm
 //!   run` (as shipped and with its write caps lifted) and by a raw kube-rs client making the
-//!   same writes ([`hello`]).
+//!   same writes ([`hello`]);
+//! - P6: 3,000 HelloWorlds across 30 tenants, by 1, 2 and 3 `kubewasm run --leader-elect`
+//!   replicas and by raw clients, one per tenant ([`tenants`]).
 //!
 //! `make bench-cluster`, or `cargo bench -p kubewasm --bench cluster [-- WORDS]` with words
-//! `p2`, `p4` (default both), `tiny` (a few seconds' worth: proves it still runs), `no-python`,
-//! and sizes `rounds=N` (P2: 20 per restarter; P4: 3 each of the lifted runtime and the raw
-//! client), `count=N` (P4: 1000 HelloWorlds), `shipped=N` (P4: 1 round of the runtime as
-//! shipped, which takes minutes).
+//! `p2`, `p4`, `p6` (default all), `tiny` (a few seconds' worth: proves it still runs),
+//! `no-python`, and sizes `rounds=N` (P2: 20 per restarter; P4: 3 each of the lifted runtime
+//! and the raw client; P6: 1 of each), `count=N` (P4: 1000 HelloWorlds; P6: 100 per tenant),
+//! `shipped=N` (P4: 1 round of the runtime as shipped), `tenants=N` (P6: 30), `replicas=N`
+//! (P6: 1, 2, …, N; 3).
 //! The Python controller needs the official `kubernetes` client in the venv
 //! `$KUBEWASM_CACHE/py` (made by `make bench-cluster`); `tiny` leaves it out when it is missing.
 //! Numbers are printed, never asserted.
@@ -32,6 +35,8 @@ mod hello;
 mod restart;
 #[path = "cluster/stats.rs"]
 mod stats;
+#[path = "cluster/tenants.rs"]
+mod tenants;
 
 use std::path::PathBuf;
 
@@ -79,6 +84,7 @@ mod python {
 struct Plan {
     p2: Option<restart::Size>,
     p4: Option<hello::Size>,
+    p6: Option<tenants::Size>,
     python: bool,
 }
 
@@ -91,21 +97,23 @@ impl Plan {
         let mut sizes = std::collections::HashMap::new();
         for word in &words {
             if let Some((key, value)) = word.split_once('=') {
-                if !["rounds", "count", "shipped"].contains(&key) {
-                    bail!("unknown size `{key}`: expected rounds=N, count=N or shipped=N");
+                if !["rounds", "count", "shipped", "tenants", "replicas"].contains(&key) {
+                    bail!(
+                        "unknown size `{key}`: expected rounds=N, count=N, shipped=N, tenants=N or replicas=N"
+                    );
                 }
                 let n: usize = value
                     .parse()
                     .with_context(|| format!("`{word}`: not a number"))?;
                 sizes.insert(key.to_owned(), n);
-            } else if !["tiny", "p2", "p4", "no-python"].contains(&word.as_str()) {
-                bail!("unknown word `{word}`: expected p2, p4, tiny, no-python or a size");
+            } else if !["tiny", "p2", "p4", "p6", "no-python"].contains(&word.as_str()) {
+                bail!("unknown word `{word}`: expected p2, p4, p6, tiny, no-python or a size");
             }
         }
         let has = |w: &str| words.iter().any(|a| a == w);
-        let (p2, p4) = match (has("p2"), has("p4")) {
-            (false, false) => (true, true),
-            both => both,
+        let (p2, p4, p6) = match (has("p2"), has("p4"), has("p6")) {
+            (false, false, false) => (true, true, true),
+            chosen => chosen,
         };
         let tiny = has("tiny");
         let size = |key: &str, full: usize, tiny_size: usize| {
@@ -123,6 +131,12 @@ impl Plan {
             rounds: size("rounds", 3, 1),
             shipped_rounds: size("shipped", 1, 1),
         });
+        let p6 = p6.then(|| tenants::Size {
+            tenants: size("tenants", 30, 3),
+            per_tenant: size("count", 100, 5),
+            replicas: (1..=size("replicas", 3, 2)).collect(),
+            rounds: size("rounds", 1, 1),
+        });
         let mut python = p2.is_some() && !has("no-python");
         if python && tiny && python::interpreter().is_err() {
             eprintln!(
@@ -130,7 +144,12 @@ impl Plan {
             );
             python = false;
         }
-        Ok(Plan { p2, p4, python })
+        Ok(Plan {
+            p2,
+            p4,
+            p6,
+            python,
+        })
     }
 }
 
@@ -159,6 +178,9 @@ async fn run(cp: &ControlPlane, plan: &Plan) -> Result<()> {
     }
     if let Some(size) = plan.p4 {
         hello::bench(cp, size).await?;
+    }
+    if let Some(size) = plan.p6.clone() {
+        tenants::bench(cp, size).await?;
     }
     print_load("load at the end");
     Ok(())

@@ -7,23 +7,29 @@
 //!    `target/tmp/control-planes/e2e.<pid>/`; `cluster.sh image-push` of the runtime image
 //!    (`make image`; `KUBEWASM_IMAGE_TAR` names another tarball) into the node's registry;
 //! 2. `kubectl apply -k deploy/`, the CRDs Established, `kubectl apply -k
-//!    deploy/overlays/tutorials` (`make install-files`): both runtime Pods Running and Ready,
-//!    exactly one holding the Lease, both running as ServiceAccount kubewasm-system/kubewasm
-//!    with nothing but its token, which may do what deploy/ grants and no more;
+//!    deploy/overlays/tutorials` (`make install-files`; on a server without `policy/v1`, the
+//!    local 1.20, the PodDisruptionBudget is applied as `policy/v1beta1`): both runtime Pods
+//!    Running and Ready, the 32 shard Leases split 16/16 between them, both running as
+//!    ServiceAccount kubewasm-system/kubewasm with nothing but its token, which may do what
+//!    deploy/ grants and no more;
 //! 3. the HelloWorld tutorial: Pod your-name prints `Hello, Your Name!`, then, `who` patched,
 //!    a new Pod prints `Hello, My Name!`;
 //! 4. the ConfigMap restarter tutorial: the frontend's running Pods are replaced, once, when
 //!    their ConfigMap changes;
-//! 5. leader failover: the leader killed hard, a change made at once is acted on exactly once
-//!    by another replica, which takes the Lease within the lease duration (+ a retry period);
+//! 5. failover: the replica running tenant hello killed hard, a change made at once is acted on
+//!    exactly once by another replica, which takes hello's shard Lease once it expires (within
+//!    the lease duration + a round); the shards split evenly again with the replacement Pod;
 //! 6. a guest from a file: ConfigMap kubewasm-modules mounted at `--module-dir`, a
 //!    ClusterWasmController naming the file; the ConfigMap changed, the runtime reloads the
 //!    module without restarting;
 //! 7. a hostile tenant (`e2e/hostile.rs`): URL-as-apiVersion specs refused, a guest that logs a
 //!    million empty lines, forges log lines, floods, loops and allocates; the HelloWorld
-//!    tutorial served meanwhile, no runtime Pod restarted, every leader log line one JSON
-//!    object, the tenant's guest lines within its log rate;
-//! 8. `cluster.sh down` (also when a step failed; the watchdog does it if the process dies).
+//!    tutorial served meanwhile, no runtime Pod restarted, every log line of the replica running
+//!    it one JSON object, the tenant's guest lines within its log rate;
+//! 8. scaled: `kubectl scale deploy/kubewasm --replicas=3`, the shards split 11/11/10 and 32
+//!    ClusterWasmControllers (one per shard) Ready with every Pod running some, the
+//!    PodDisruptionBudget expecting 3; back to 2, every controller Ready on the two left;
+//! 9. `cluster.sh down` (also when a step failed; the watchdog does it if the process dies).
 //!
 //! Each step's time is printed as it ends, and all of them at the end. On a failure,
 //! `<state dir>/e2e-diagnostics.txt` has the Pods, the runtime's logs, the controllers and
@@ -44,6 +50,8 @@ mod hostile;
 mod install;
 #[path = "e2e/module_file.rs"]
 mod module_file;
+#[path = "e2e/scale.rs"]
+mod scale;
 #[path = "e2e/timings.rs"]
 mod timings;
 #[path = "e2e/tutorials.rs"]
@@ -107,7 +115,7 @@ async fn steps(cluster: &NodeCluster, inputs: &Inputs, timings: &mut Timings) ->
     timings.step("4. ConfigMap restarter tutorial");
     tutorials::restarter(cluster, timings).await?;
 
-    timings.step("5. leader failover");
+    timings.step("5. failover: the replica running hello killed");
     let pods = failover::failover(cluster, &pods, &hello_uid, timings).await?;
 
     timings.step("6. guest from a module file (ConfigMap volume), reloaded in place");
@@ -115,6 +123,9 @@ async fn steps(cluster: &NodeCluster, inputs: &Inputs, timings: &mut Timings) ->
 
     timings.step("7. a hostile tenant against the installed runtime");
     hostile::hostile_tenant(cluster, &inputs.hostile_wasm, timings).await?;
+
+    timings.step("8. scaled to 3 replicas and back to 2");
+    scale::scale(cluster, timings).await?;
     timings.end();
     Ok(())
 }

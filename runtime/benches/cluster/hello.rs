@@ -30,7 +30,7 @@ use crate::support::ControlPlane;
 use crate::{BENCH_LOG_FILTER, UNCAPPED};
 
 /// HelloWorld creates in flight at once (the admin client, the same for every writer).
-const CREATE_CONCURRENCY: usize = 16;
+pub const CREATE_CONCURRENCY: usize = 16;
 
 /// The most reconciles of one controller at once that `kubewasm run` allows by default
 /// (`--max-concurrency`), used by the lifted runtime and as the raw client's writes in flight.
@@ -56,9 +56,11 @@ pub enum Writer {
 impl Writer {
     fn name(self) -> String {
         match self {
-            Writer::KubewasmShipped => {
-                "kubewasm, as shipped (10 writes/s, burst 50, concurrency 2)".into()
-            }
+            Writer::KubewasmShipped => format!(
+                "kubewasm, as shipped ({} writes/s, burst {}, concurrency 2)",
+                kubewasm::manager::ManagerConfig::default().writes_per_second,
+                kubewasm::manager::ManagerConfig::default().write_burst
+            ),
             Writer::KubewasmLifted => format!("kubewasm, caps lifted (concurrency {CONCURRENCY})"),
             Writer::Raw => format!("raw kube-rs client ({CONCURRENCY} in flight)"),
         }
@@ -79,15 +81,15 @@ pub struct Size {
 
 /// What one round measured.
 #[derive(Debug)]
-struct Round {
+pub struct Round {
     /// First create sent → every HelloWorld has its Pod and `status.pods = 1`.
-    converged: Duration,
+    pub converged: Duration,
     /// First create sent → the last create answered.
-    created: Duration,
+    pub created: Duration,
     /// Pod writes and status writes the watch saw change something.
-    writes: u64,
+    pub writes: u64,
     /// Per HelloWorld: its create answered → its `status.pods = 1` seen.
-    latencies: Vec<Duration>,
+    pub latencies: Vec<Duration>,
 }
 
 /// Runs P4 and prints its table.
@@ -243,20 +245,38 @@ async fn start_runtime(
 /// Creates `count` HelloWorlds and waits until all converged; with `raw`, that client writes
 /// each one's Pod and status as soon as its create returned.
 async fn measure(admin: &Client, ns: &str, count: usize, raw: Option<Client>) -> Result<Round> {
+    measure_many(admin, vec![(ns.to_owned(), raw)], count).await
+}
+
+/// [`measure`] over several namespaces at once: `count` HelloWorlds in each, created
+/// [`CREATE_CONCURRENCY`] at a time across all of them (round-robin), converged when every
+/// namespace has; each namespace's raw client, if given, writes its Pods and statuses.
+pub async fn measure_many(
+    admin: &Client,
+    namespaces: Vec<(String, Option<Client>)>,
+    count: usize,
+) -> Result<Round> {
     let created_at: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-    let (ready_tx, ready_rx) = oneshot::channel();
-    let observer = tokio::spawn(observe(admin.clone(), ns.to_owned(), count, ready_tx));
-    ready_rx
-        .await
-        .context("the HelloWorld and Pod watches did not start")?;
-    let (tx, rx) = mpsc::channel::<Created>(count.max(1));
-    let writer = raw.map(|client| tokio::spawn(raw_writes(client, ns.to_owned(), rx)));
+    let mut observers = Vec::new();
+    let mut senders = HashMap::new();
+    let mut writers = Vec::new();
+    for (ns, raw) in namespaces {
+        let (ready_tx, ready_rx) = oneshot::channel();
+        observers.push(tokio::spawn(observe(admin.clone(), ns.clone(), count, ready_tx)));
+        ready_rx
+            .await
+            .context("the HelloWorld and Pod watches did not start")?;
+        let (tx, rx) = mpsc::channel::<Created>(count.max(1));
+        writers.extend(raw.map(|client| tokio::spawn(raw_writes(client, ns.clone(), rx))));
+        senders.insert(ns, tx);
+    }
+    let names: Vec<String> = senders.keys().cloned().collect();
 
     let started = Instant::now();
-    let hellos = hello_worlds(admin, ns);
-    stream::iter(0..count)
-        .map(|i| {
-            let (hellos, tx, created_at) = (&hellos, tx.clone(), created_at.clone());
+    stream::iter((0..count).flat_map(|i| names.iter().map(move |ns| (i, ns))))
+        .map(|(i, ns)| {
+            let hellos = hello_worlds(admin, ns);
+            let (tx, created_at) = (senders[ns].clone(), created_at.clone());
             async move {
                 let name = format!("hello-{i:04}");
                 let who = format!("number {i}");
@@ -269,7 +289,7 @@ async fn measure(admin: &Client, ns: &str, count: usize, raw: Option<Client>) ->
                 created_at
                     .lock()
                     .unwrap()
-                    .insert(name.clone(), Instant::now());
+                    .insert(format!("{ns}/{name}"), Instant::now());
                 let uid = made.uid().unwrap_or_default();
                 // Nobody listens without a raw writer.
                 let _ = tx.send(Created { name, uid, who }).await;
@@ -280,25 +300,30 @@ async fn measure(admin: &Client, ns: &str, count: usize, raw: Option<Client>) ->
         .try_collect::<()>()
         .await?;
     let created = started.elapsed();
-    drop(tx);
+    drop(senders);
 
-    let timeout = Duration::from_secs(120) + Duration::from_millis(500) * count as u32;
-    let seen = tokio::time::timeout(timeout, observer)
+    let total = count * names.len();
+    let timeout = Duration::from_secs(120) + Duration::from_millis(500) * total as u32;
+    let all = tokio::time::timeout(timeout, futures::future::join_all(observers))
         .await
-        .with_context(|| format!("not all {count} HelloWorlds converged within {timeout:?}"))???;
-    if let Some(writer) = writer {
+        .with_context(|| format!("not all {total} HelloWorlds converged within {timeout:?}"))?;
+    for writer in writers {
         writer.await??;
     }
     let created_at = created_at.lock().unwrap();
-    let latencies = seen
-        .ok_at
-        .iter()
-        .filter_map(|(name, at)| Some(at.saturating_duration_since(*created_at.get(name)?)))
-        .collect();
+    let (mut converged, mut writes, mut latencies) = (started, 0, Vec::new());
+    for seen in all {
+        let seen = seen??;
+        converged = converged.max(seen.converged);
+        writes += seen.writes;
+        latencies.extend(seen.ok_at.iter().filter_map(|(name, at)| {
+            Some(at.saturating_duration_since(*created_at.get(name)?))
+        }));
+    }
     Ok(Round {
-        converged: seen.converged.duration_since(started),
+        converged: converged.duration_since(started),
         created,
-        writes: seen.writes,
+        writes,
         latencies,
     })
 }
@@ -387,7 +412,9 @@ async fn observe(
                     writes += 1;
                 }
                 if status["pods"].as_i64() == Some(1) {
-                    ok_at.entry(name.clone()).or_insert_with(Instant::now);
+                    ok_at
+                        .entry(format!("{ns}/{name}"))
+                        .or_insert_with(Instant::now);
                 }
                 statuses.insert(name, status);
             }
@@ -461,7 +488,7 @@ async fn raw_writes(client: Client, ns: String, rx: mpsc::Receiver<Created>) -> 
 
 /// Deletes the round's namespace and waits until it is gone, so that the next round does not
 /// share the API server with its garbage.
-async fn delete_namespace(cp: &ControlPlane, admin: &Client, ns: &str) -> Result<()> {
+pub async fn delete_namespace(cp: &ControlPlane, admin: &Client, ns: &str) -> Result<()> {
     cp.delete_namespace(ns).await?;
     let namespaces: Api<Namespace> = Api::all(admin.clone());
     crate::support::eventually(

@@ -37,7 +37,7 @@ pub async fn install(
     let deploy = workspace().join("deploy");
     let deploy = deploy.to_str().context("non-UTF-8 path")?;
     let started = Instant::now();
-    kubectl.run(&["apply", "-k", deploy]).await?;
+    apply_kustomization(kubectl, deploy, timings).await?;
     kubectl
         .run(&[
             "wait",
@@ -49,7 +49,7 @@ pub async fn install(
         ])
         .await?;
     let overlay = format!("{deploy}/overlays/tutorials");
-    kubectl.run(&["apply", "-k", &overlay]).await?;
+    apply_kustomization(kubectl, &overlay, timings).await?;
     timings.note(format!(
         "apply -k deploy/, CRDs Established, apply -k deploy/overlays/tutorials: {}",
         secs(started.elapsed())
@@ -274,5 +274,39 @@ async fn only_what_deploy_grants(cluster: &NodeCluster) -> Result<()> {
         "ServiceAccount {SYSTEM}/{ACCOUNT}: {}",
         wrong.join("; ")
     );
+    Ok(())
+}
+
+/// `kubectl apply -k dir`, as a user does, on a server that serves `policy/v1`. The local
+/// cluster is Kubernetes 1.20 (what builds here from Debian's source), which serves the
+/// PodDisruptionBudget only as `policy/v1beta1` (the same fields; `policy/v1` came in 1.21, and
+/// 1.25 removed `v1beta1`): there the rendered manifests' one PodDisruptionBudget is applied as
+/// `policy/v1beta1`, and the timings say so.
+pub async fn apply_kustomization(
+    kubectl: &crate::support::Kubectl,
+    dir: &str,
+    timings: &mut Timings,
+) -> Result<()> {
+    let versions = kubectl.run(&["api-versions"]).await?;
+    if versions.lines().any(|v| v.trim() == "policy/v1") {
+        kubectl.run(&["apply", "-k", dir]).await?;
+        return Ok(());
+    }
+    let rendered = kubectl.run(&["kustomize", dir]).await?;
+    const V1: &str = "apiVersion: policy/v1\nkind: PodDisruptionBudget";
+    ensure!(
+        rendered.matches(V1).count() == 1,
+        "kubectl kustomize {dir} has no single policy/v1 PodDisruptionBudget"
+    );
+    let rendered = rendered.replace(
+        V1,
+        "apiVersion: policy/v1beta1\nkind: PodDisruptionBudget",
+    );
+    kubectl
+        .run_with_input(&["apply", "-f", "-"], Some(rendered.as_bytes()))
+        .await?;
+    timings.note(format!(
+        "{dir}: the server has no policy/v1 (Kubernetes < 1.21): its PodDisruptionBudget applied as policy/v1beta1"
+    ));
     Ok(())
 }
