@@ -144,12 +144,7 @@ impl Plan {
             );
             python = false;
         }
-        Ok(Plan {
-            p2,
-            p4,
-            p6,
-            python,
-        })
+        Ok(Plan { p2, p4, p6, python })
     }
 }
 

@@ -262,7 +262,12 @@ pub async fn measure_many(
     let mut writers = Vec::new();
     for (ns, raw) in namespaces {
         let (ready_tx, ready_rx) = oneshot::channel();
-        observers.push(tokio::spawn(observe(admin.clone(), ns.clone(), count, ready_tx)));
+        observers.push(tokio::spawn(observe(
+            admin.clone(),
+            ns.clone(),
+            count,
+            ready_tx,
+        )));
         ready_rx
             .await
             .context("the HelloWorld and Pod watches did not start")?;
@@ -316,9 +321,11 @@ pub async fn measure_many(
         let seen = seen??;
         converged = converged.max(seen.converged);
         writes += seen.writes;
-        latencies.extend(seen.ok_at.iter().filter_map(|(name, at)| {
-            Some(at.saturating_duration_since(*created_at.get(name)?))
-        }));
+        latencies.extend(
+            seen.ok_at.iter().filter_map(|(name, at)| {
+                Some(at.saturating_duration_since(*created_at.get(name)?))
+            }),
+        );
     }
     Ok(Round {
         converged: converged.duration_since(started),

@@ -18,12 +18,12 @@ use futures::StreamExt as _;
 use kube::Client;
 use kubewasm::controller::{DEFAULT_SHARDS, shard_of};
 
+use crate::BENCH_LOG_FILTER;
 use crate::cluster::{apply, apply_all, example, guest, module_config_map};
 use crate::hello::{Round, delete_namespace, measure_many};
 use crate::runtime::RuntimeProcess;
 use crate::stats::{Samples, ms};
 use crate::support::{ControlPlane, RUNTIME_NAMESPACE, eventually};
-use crate::BENCH_LOG_FILTER;
 
 /// What P6 runs.
 #[derive(Debug, Clone)]
@@ -55,11 +55,14 @@ impl Writer {
     }
 }
 
+/// What one round measured, and how many controllers each replica ran.
+type Measured = (Round, BTreeMap<String, usize>);
+
 /// Runs P6 and prints its table.
 pub async fn bench(cp: &ControlPlane, size: Size) -> Result<()> {
     let admin = cp.client().await?;
     crate::cluster::ensure_crds(cp, &admin).await?;
-    let mut results: BTreeMap<Writer, Vec<(Round, BTreeMap<String, usize>)>> = BTreeMap::new();
+    let mut results: BTreeMap<Writer, Vec<Measured>> = BTreeMap::new();
     for round in 0..size.rounds {
         let mut order: Vec<Writer> = std::iter::once(Writer::Raw)
             .chain(size.replicas.iter().map(|n| Writer::Replicas(*n)))
@@ -97,8 +100,12 @@ pub async fn bench(cp: &ControlPlane, size: Size) -> Result<()> {
             .iter()
             .map(|(m, _)| format!("{:.0}", m.writes as f64 / m.converged.as_secs_f64()))
             .collect();
-        let latencies =
-            Samples::new(rounds.iter().flat_map(|(m, _)| m.latencies.clone()).collect());
+        let latencies = Samples::new(
+            rounds
+                .iter()
+                .flat_map(|(m, _)| m.latencies.clone())
+                .collect(),
+        );
         println!("  {}", writer.name());
         println!("    all converged: {}", converged.rounds());
         println!(
@@ -146,7 +153,7 @@ async fn one(
     admin: &Client,
     writer: Writer,
     size: &Size,
-) -> Result<(Round, BTreeMap<String, usize>)> {
+) -> Result<Measured> {
     let run = cp.namespace("p6").await?;
     let tenants = tenants(&run, size.tenants);
     let wasm = guest("hello_world");
@@ -197,7 +204,9 @@ async fn one(
         namespaces.extend(tenants.iter().map(|ns| (ns.clone(), None)));
     } else {
         for ns in &tenants {
-            let raw = cp.client_for_service_account(ns, "hello-controller").await?;
+            let raw = cp
+                .client_for_service_account(ns, "hello-controller")
+                .await?;
             namespaces.push((ns.clone(), Some(raw)));
         }
     }
@@ -234,12 +243,18 @@ async fn settled(admin: &Client, tenants: &[String], n: usize) -> Result<BTreeMa
     };
     let wait = std::time::Duration::from_secs(180);
     let placed = eventually(
-        &format!("{} controllers Ready over {n} replicas, settled", tenants.len()),
+        &format!(
+            "{} controllers Ready over {n} replicas, settled",
+            tenants.len()
+        ),
         wait,
         || async {
             let placed = placement().await?;
             let replicas: BTreeSet<&String> = placed.values().collect();
-            anyhow::ensure!(replicas.len() == n.min(tenants.len()), "run by {replicas:?}");
+            anyhow::ensure!(
+                replicas.len() == n.min(tenants.len()),
+                "run by {replicas:?}"
+            );
             tokio::time::sleep(std::time::Duration::from_secs(3)).await;
             let again = placement().await?;
             anyhow::ensure!(again == placed, "still moving");

@@ -244,8 +244,6 @@ pub struct Manager {
     controllers: HashMap<ControllerId, Managed>,
     /// Modules that took a runtime down while compiling, and the journal of the one compiling.
     quarantine: quarantine::Quarantine,
-    /// The runtime's own status writes, per namespace ([`status::STATUS_WRITES_PER_SECOND`]).
-    status_rate: crate::sandbox::TenantRate,
     /// Metadata of the ConfigMaps modules may come from (see [`modules`]).
     module_config_maps: Option<reflector::Store<PartialObjectMeta<ConfigMap>>>,
     /// Registry pulls, beside the loop.
@@ -299,10 +297,6 @@ impl Manager {
             metrics: Arc::default(),
             controllers: HashMap::new(),
             quarantine: quarantine::Quarantine::off(),
-            status_rate: crate::sandbox::TenantRate::new(
-                status::STATUS_WRITES_PER_SECOND,
-                status::STATUS_WRITE_BURST,
-            ),
             module_config_maps: None,
             sharding: None,
             declared: HashMap::new(),

@@ -10,6 +10,8 @@ use serde_json::json;
 
 use crate::api::{ClusterWasmController, Reason, WasmController, WasmControllerStatus};
 
+use prometheus_client::metrics::counter::Counter;
+
 use super::sharding::Place;
 use super::{ControllerId, Managed, Manager};
 use crate::host::MAX_LISTED_FINALIZING;
@@ -240,28 +242,35 @@ impl Manager {
                     (m.written.as_ref() != Some(&status) && which(&status))
                         .then(|| (id.clone(), status))
                 })
-                // Within its namespace's share: a tenant whose controllers' statuses change
-                // all the time waits for the next tick, not for anyone else's writes.
-                .filter(|(id, _)| {
-                    let tenant = id.namespace.as_deref().unwrap_or(id.name.as_str());
-                    self.status_rate.take(tenant, 1) == 1
-                })
                 .collect()
         } else {
             Vec::new() // the new leader writes them now
         };
         let client = self.client.clone();
+        let writes = self.writes.clone();
         async move {
             let (count, writing) = (changed.len(), std::time::Instant::now());
             let written: Vec<StatusWritten> = futures::stream::iter(changed)
                 .map(|(id, status)| {
                     let client = &client;
+                    // The tenant's turn at the replica's writes, as its controllers' writes
+                    // wait for theirs (one more "controller" of the tenant); not had in time
+                    // (a busy replica), it is written at a later tick instead.
+                    let lane = writes.lane(
+                        id.namespace.as_deref().unwrap_or_default(),
+                        STATUS_LANE,
+                        Counter::default(),
+                    );
                     async move {
+                        tokio::time::timeout(STATUS_TURN_WAIT, lane.take())
+                            .await
+                            .ok()?;
                         let result = write_status(client, &id, &status).await;
-                        StatusWritten(id, status, result)
+                        Some(StatusWritten(id, status, result))
                     }
                 })
                 .buffer_unordered(PARALLEL_STATUS_WRITES)
+                .filter_map(std::future::ready)
                 .collect()
                 .await;
             if count > 0 {
@@ -300,11 +309,12 @@ pub(super) fn settled(status: &WasmControllerStatus) -> bool {
     })
 }
 
-/// Status writes per second the runtime makes for one namespace (all its controllers), and at
-/// once after a quiet spell: enough for every controller a namespace may run to show its
-/// start at once.
-pub(super) const STATUS_WRITES_PER_SECOND: f64 = 5.0;
-pub(super) const STATUS_WRITE_BURST: u32 = 128;
+/// The name status writes have among a tenant's controllers at the replica's write scheduler.
+const STATUS_LANE: &str = "(status)";
+
+/// How long a status write waits for its tenant's turn before it is left to a later tick: the
+/// manager waits for a batch of status writes, so a replica busy with writes must not hold it.
+const STATUS_TURN_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Status writes in flight at once.
 const PARALLEL_STATUS_WRITES: usize = 32;

@@ -298,10 +298,7 @@ pub async fn apply_kustomization(
         rendered.matches(V1).count() == 1,
         "kubectl kustomize {dir} has no single policy/v1 PodDisruptionBudget"
     );
-    let rendered = rendered.replace(
-        V1,
-        "apiVersion: policy/v1beta1\nkind: PodDisruptionBudget",
-    );
+    let rendered = rendered.replace(V1, "apiVersion: policy/v1beta1\nkind: PodDisruptionBudget");
     kubectl
         .run_with_input(&["apply", "-f", "-"], Some(rendered.as_bytes()))
         .await?;

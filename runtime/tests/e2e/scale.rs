@@ -99,7 +99,10 @@ async fn wait_spread(
 ) -> Result<BTreeMap<String, usize>> {
     let api: Api<ClusterWasmController> = Api::all(client.clone());
     eventually(
-        &format!("{} ClusterWasmControllers Ready, run by {pods:?}", names.len()),
+        &format!(
+            "{} ClusterWasmControllers Ready, run by {pods:?}",
+            names.len()
+        ),
         WAIT,
         || async {
             let mut running: BTreeMap<String, usize> =
