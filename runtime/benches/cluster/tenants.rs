@@ -148,12 +148,7 @@ fn tenants(run: &str, count: usize) -> Vec<String> {
 
 /// One round of `writer`: set up, measured, torn down. What it measured, and how many
 /// controllers each replica ran.
-async fn one(
-    cp: &ControlPlane,
-    admin: &Client,
-    writer: Writer,
-    size: &Size,
-) -> Result<Measured> {
+async fn one(cp: &ControlPlane, admin: &Client, writer: Writer, size: &Size) -> Result<Measured> {
     let run = cp.namespace("p6").await?;
     let tenants = tenants(&run, size.tenants);
     let wasm = guest("hello_world");
