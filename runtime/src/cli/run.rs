@@ -254,26 +254,81 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             settings.shards,
             settings.prefix
         );
-        let holder = std::sync::Arc::new(ShardHolder::new(
-            kube::Client::try_from(kubewasm::manager::request_config(kube_config.clone()))?,
+        let rounds = Rounds::start(
+            kubewasm::manager::request_config(kube_config.clone()),
             settings,
-        ));
-        // The rounds run in a task of their own, so that nothing the manager does can delay a
-        // renewal; a shard lost closes its fence, and a renewal that no longer covers the
-        // present shuts it even before that.
-        let rounds = tokio::spawn({
-            let holder = holder.clone();
-            async move { holder.run().await }
-        });
+        )?;
         let result = manager
-            .with_shards(holder.clone())
+            .with_shards(rounds.holder.clone())
             .run(shutdown_signal())
             .await;
         // The controllers have stopped: the shards may go to the others at once.
-        rounds.abort();
-        holder.release_all().await;
+        rounds.stop();
         result
     })
+}
+
+/// The shard rounds, on a thread and an async runtime of their own, with a client of their
+/// own: however busy the guests keep the manager's runtime (a computing guest yields only
+/// every epoch tick), a renewal is never queued behind them, and a late renewal would shut the
+/// shard's fence.
+struct Rounds {
+    holder: std::sync::Arc<ShardHolder>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Rounds {
+    fn start(config: kube::Config, settings: ShardSettings) -> anyhow::Result<Rounds> {
+        let (made, holder) = std::sync::mpsc::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("kubewasm-shards".into())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime,
+                    Err(e) => {
+                        let _ =
+                            made.send(Err(anyhow::anyhow!("cannot start the shard rounds: {e}")));
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    let client = match kube::Client::try_from(config) {
+                        Ok(client) => client,
+                        Err(e) => {
+                            let _ = made.send(Err(e.into()));
+                            return;
+                        }
+                    };
+                    let holder = std::sync::Arc::new(ShardHolder::new(client, settings));
+                    let _ = made.send(Ok(holder.clone()));
+                    tokio::select! {
+                        () = holder.run() => {}
+                        _ = stopped => {}
+                    }
+                    holder.release_all().await;
+                });
+            })
+            .context("cannot start the shard rounds' thread")?;
+        let holder = holder
+            .recv()
+            .context("the shard rounds' thread ended at once")??;
+        Ok(Rounds {
+            holder,
+            stop,
+            thread,
+        })
+    }
+
+    /// Stops the rounds and gives every shard up (each fence shut first).
+    fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.thread.join();
+    }
 }
 
 async fn shutdown_signal() {

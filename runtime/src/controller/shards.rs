@@ -182,16 +182,20 @@ impl ShardHolder {
         self.stopped.locked().insert(shard);
     }
 
-    /// Rounds until dropped: one every third of the Lease duration. Errors are logged and
-    /// the next round tries again (a holder that cannot renew loses its shards by time).
+    /// Rounds until dropped: one starting every third of the Lease duration (a round that
+    /// took longer is followed at once), so that a slow round does not push the next
+    /// renewal past the fences' deadline. Errors are logged and the next round tries again (a
+    /// holder that cannot renew loses its shards by time).
     pub async fn run(&self) {
+        let mut every = tokio::time::interval(self.settings.duration / 3);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            every.tick().await;
             if let Err(e) = self.round().await {
                 tracing::warn!(identity = self.settings.identity, "shard round failed: {e}");
             }
             // A round that failed half-way may have lost or given up shards too.
             self.publish();
-            tokio::time::sleep(self.settings.duration / 3).await;
         }
     }
 
@@ -267,23 +271,38 @@ impl ShardHolder {
         }
         let deadline = started + self.settings.renew_deadline();
 
-        // Renew what is held; what could not be renewed is lost (its fence closes by time,
-        // and at once here).
+        // Renew what is held, all at once (a round's length must not grow with the shards
+        // held); what could not be renewed is lost (its fence closes by time, and at once here).
         let held: Vec<u32> = self.held.locked().keys().copied().collect();
-        for shard in held {
-            let name = self.settings.shard_lease(shard);
-            let renewed = match shards.get(&name) {
-                Some(lease) if holder_of(lease) == Some(self.settings.identity.as_str()) => {
-                    self.write(lease.clone(), now, false).await?
+        let renewals = held.iter().map(|shard| {
+            let name = self.settings.shard_lease(*shard);
+            let lease = shards
+                .get(&name)
+                .filter(|l| holder_of(l) == Some(self.settings.identity.as_str()))
+                .cloned();
+            async move {
+                match lease {
+                    Some(lease) => self.write(lease, now, false).await,
+                    None => Ok(false),
                 }
-                _ => false,
-            };
-            if renewed {
-                if let Some(fence) = self.held.locked().get(&shard) {
-                    fence.extend(deadline);
+            }
+        });
+        let renewed = futures::future::join_all(renewals).await;
+        for (shard, renewed) in held.into_iter().zip(renewed) {
+            match renewed {
+                Ok(true) => {
+                    if let Some(fence) = self.held.locked().get(&shard) {
+                        fence.extend(deadline);
+                    }
                 }
-            } else {
-                self.lose(shard);
+                Ok(false) => self.lose(shard),
+                // Not known: kept, not extended (its fence shuts by time unless the next
+                // round renews it).
+                Err(e) => tracing::warn!(
+                    identity = self.settings.identity,
+                    shard,
+                    "could not renew the shard's Lease: {e}"
+                ),
             }
         }
 

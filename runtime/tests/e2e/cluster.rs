@@ -299,7 +299,7 @@ impl NodeCluster {
                 "-l",
                 RUNTIME_SELECTOR,
                 "--prefix",
-                "--tail=300",
+                "--tail=5000",
             ],
             &[
                 "get",

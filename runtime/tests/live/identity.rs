@@ -32,6 +32,8 @@ async fn runtime_identity_is_least_privilege() {
 async fn least_privilege(control_plane: &ControlPlane, admin: &Client, ns: &str) -> Result<()> {
     let runtime = control_plane.runtime_client().await?;
     let allowed: &[Request] = &[
+        ("get", "kubewasm.dev", "wasmcontrollers", ns),
+        ("get", "kubewasm.dev", "clusterwasmcontrollers", ""),
         ("list", "kubewasm.dev", "wasmcontrollers", ""),
         ("watch", "kubewasm.dev", "wasmcontrollers", ""),
         ("list", "kubewasm.dev", "clusterwasmcontrollers", ""),

@@ -101,6 +101,11 @@ pub struct ControllerSetup {
 /// How soon an object is looked at again while the caches list its namespace again.
 const WITHHELD_RETRY: Duration = Duration::from_secs(1);
 
+/// How soon an object is looked at again when its reconcile could not start because the fence
+/// was shut: a shard's fence shuts by time when a renewal is late and opens again when it
+/// lands; when the shard is lost instead, the runner is stopped before then.
+const FENCED_RETRY: Duration = Duration::from_secs(1);
+
 /// Most parents listed in the status as waiting for clean-up.
 pub const MAX_LISTED_FINALIZING: usize = 16;
 
@@ -299,7 +304,9 @@ impl Runner {
 
     async fn reconcile(&self, key: &ObjectKey) {
         if !self.setup.writes.is_open() {
-            return; // leadership lost: the process is stopping, nothing starts any more
+            // Not now: this replica may not act for the controller's shard at the moment.
+            self.queue.add_after(key.clone(), FENCED_RETRY);
+            return;
         }
         // A namespace held back from the caches: its objects are not handed to any controller
         // (the cache lacks them, and a guest would take that for deletions). The watch of the
