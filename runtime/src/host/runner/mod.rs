@@ -305,7 +305,7 @@ impl Runner {
     async fn reconcile(&self, key: &ObjectKey) {
         if !self.setup.writes.is_open() {
             // Not now: this replica may not act for the controller's shard at the moment.
-            tracing::debug!(controller = self.setup.id.as_str(), object = %key, "not reconciled now: the fence is shut (a renewal is late, or the shard is being given up)");
+            tracing::debug!(controller = self.setup.id.as_str(), object = %key, "held back for a second: the fence is shut (a renewal is late, or the shard is being given up)");
             self.queue.add_after(key.clone(), FENCED_RETRY);
             return;
         }
