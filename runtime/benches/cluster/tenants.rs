@@ -15,8 +15,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::{Context, Result};
 use futures::StreamExt as _;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
 use kube::Client;
-use kubewasm::controller::{DEFAULT_SHARDS, shard_of};
+use kube::api::ListParams;
+use kubewasm::controller::{DEFAULT_SHARDS, ROLE_LABEL, SHARD_SET_LABEL, shard_of};
 
 use crate::BENCH_LOG_FILTER;
 use crate::cluster::{apply, apply_all, example, guest, module_config_map};
@@ -195,7 +198,7 @@ async fn one(cp: &ControlPlane, admin: &Client, writer: Writer, size: &Size) -> 
                 BENCH_LOG_FILTER,
             ));
         }
-        spread = settled(admin, &tenants, n).await?;
+        spread = settled(admin, &run, &tenants, n).await?;
         namespaces.extend(tenants.iter().map(|ns| (ns.clone(), None)));
     } else {
         for ns in &tenants {
@@ -219,10 +222,15 @@ async fn one(cp: &ControlPlane, admin: &Client, writer: Writer, size: &Size) -> 
     Ok((measured?, spread))
 }
 
-/// Waits until every tenant's controller is Ready and the replicas have settled: `n` of them
-/// run controllers, and the statuses have not moved for a few seconds. Controllers per
-/// replica.
-async fn settled(admin: &Client, tenants: &[String], n: usize) -> Result<BTreeMap<String, usize>> {
+/// Waits until every tenant's controller is Ready and the replicas have settled: the shard
+/// Leases of set `run` split evenly between `n` replicas, and the statuses unmoved for a few
+/// seconds. Controllers per replica.
+async fn settled(
+    admin: &Client,
+    run: &str,
+    tenants: &[String],
+    n: usize,
+) -> Result<BTreeMap<String, usize>> {
     let placement = || async {
         let mut placed = BTreeMap::new();
         for ns in tenants {
@@ -236,20 +244,38 @@ async fn settled(admin: &Client, tenants: &[String], n: usize) -> Result<BTreeMa
         }
         anyhow::Ok(placed)
     };
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), RUNTIME_NAMESPACE);
+    let share = (DEFAULT_SHARDS as usize).div_ceil(n);
     let wait = std::time::Duration::from_secs(180);
     let placed = eventually(
         &format!(
-            "{} controllers Ready over {n} replicas, settled",
+            "{} controllers Ready, {DEFAULT_SHARDS} shards split over {n} replicas, settled",
             tenants.len()
         ),
         wait,
         || async {
-            let placed = placement().await?;
-            let replicas: BTreeSet<&String> = placed.values().collect();
+            let listed = leases
+                .list(
+                    &ListParams::default()
+                        .labels(&format!("{SHARD_SET_LABEL}={run},{ROLE_LABEL}=shard")),
+                )
+                .await?;
+            let mut held: BTreeMap<String, usize> = BTreeMap::new();
+            for lease in listed.items {
+                let holder = lease
+                    .spec
+                    .and_then(|s| s.holder_identity)
+                    .unwrap_or_default();
+                *held.entry(holder).or_default() += 1;
+            }
             anyhow::ensure!(
-                replicas.len() == n.min(tenants.len()),
-                "run by {replicas:?}"
+                held.len() == n
+                    && !held.contains_key("")
+                    && held.values().sum::<usize>() == DEFAULT_SHARDS as usize
+                    && held.values().all(|h| *h <= share),
+                "shards held: {held:?}"
             );
+            let placed = placement().await?;
             tokio::time::sleep(std::time::Duration::from_secs(3)).await;
             let again = placement().await?;
             anyhow::ensure!(again == placed, "still moving");
