@@ -83,7 +83,7 @@ unit-test: guests
 integration-test: guests k8s-binaries
 	$(CARGO) test -p kubewasm --features kubewasm/cluster-tests --test control_plane --test live --test shards --test watches
 
-## Every benchmark, P1–P5 (BENCHMARKS.md): one reconcile four ways and epoch on/off, density,
+## Every benchmark, P1–P6 (BENCHMARKS.md): one reconcile four ways and epoch on/off, density,
 ## then the cluster comparisons.
 bench: bench-reconcile bench-density bench-cluster
 
@@ -112,8 +112,9 @@ bench-fairness: guests k8s-binaries
 	$(CARGO) test -p kubewasm --features kubewasm/cluster-tests --test live fairness -- --nocapture 2>&1 \
 		| grep -E '^(team-b reconcile latency|team-a |test result)'
 
-## P2 (ConfigMap change → Pods deleted: kubewasm, a native kube-rs floor, the tutorial's Python) and
-## P4 (1,000 HelloWorlds at once: kubewasm vs a raw kube-rs client) on a local control plane, no node.
+## P2 (ConfigMap change → Pods deleted: kubewasm, a native kube-rs floor, the tutorial's Python),
+## P4 (1,000 HelloWorlds at once: kubewasm vs a raw kube-rs client) and P6 (3,000 HelloWorlds over
+## 30 tenants: 1, 2 and 3 replicas vs raw clients) on a local control plane, no node.
 ## The bench itself runs in the dev profile (the bench profile would rebuild every dependency
 ## once more); what it measures is the release `kubewasm run`.
 bench-cluster: guests k8s-binaries bench-cluster-venv
