@@ -45,7 +45,7 @@ const NAMESPACE_GONE: Duration = Duration::from_secs(300);
 /// Who makes the Pods and statuses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Writer {
-    /// `kubewasm run` with the operator's default caps and the example's `concurrency: 2`.
+    /// `kubewasm run` with the operator's default caps and the example's spec as it is.
     KubewasmShipped,
     /// `kubewasm run` with `--max-writes-per-second`/`--write-burst` lifted and `concurrency: 8`.
     KubewasmLifted,
@@ -57,7 +57,7 @@ impl Writer {
     fn name(self) -> String {
         match self {
             Writer::KubewasmShipped => format!(
-                "kubewasm, as shipped ({} writes/s, burst {}, concurrency 2)",
+                "kubewasm, as shipped ({} writes/s, burst {}, the example's spec)",
                 kubewasm::manager::ManagerConfig::default().writes_per_second,
                 kubewasm::manager::ManagerConfig::default().write_burst
             ),

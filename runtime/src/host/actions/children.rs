@@ -137,7 +137,9 @@ impl Executor<'_> {
             }
         }
         self.server_side_apply(&child.kind, r, &object, outcome)
-            .await
+            .await?;
+        outcome.wrote_child = true;
+        Ok(())
     }
 
     /// Deletes every observed child that the actions did not apply.

@@ -19,6 +19,7 @@ mod tests;
 
 pub use children::{DESIRED_ANNOTATION, ExistingChildren, NoExistingChildren, as_child};
 pub use events::EventRecorder;
+pub use parent::HeldStatuses;
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -104,6 +105,8 @@ pub struct Executor<'a> {
     pub events: &'a EventRecorder,
     /// The controller's saved states (`setState`), and the target's key in them.
     pub state: (&'a GuestState, &'a str),
+    /// The parents whose last status was held back ([`HeldStatuses`]).
+    pub held: &'a HeldStatuses,
 }
 
 /// Owned children a response applied, as `(apiVersion, kind, name)`: every other observed
@@ -123,6 +126,9 @@ pub struct Outcome {
     /// Kinds (`Kind (apiVersion)`) applied without an owner: granted, not declared children,
     /// so nothing collects them with the parent — said in the controller's status.
     pub unowned: Vec<String>,
+    /// An owned child was created, replaced or updated: its watch event brings the parent
+    /// back, and the guest sees the child as it is now.
+    pub wrote_child: bool,
 }
 
 fn str_at<'v>(v: &'v Value, ptr: &str) -> Option<&'v str> {
@@ -190,6 +196,8 @@ impl Executor<'_> {
         if self.parent.is_some() {
             self.delete_undesired_children(&desired_children, &mut outcome)
                 .await?;
+        } else {
+            self.held.forget(self.target);
         }
         Ok(outcome)
     }

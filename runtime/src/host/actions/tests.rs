@@ -17,7 +17,7 @@ use crate::host::grants::Permissions;
 use crate::host::kinds::DeclaredKinds;
 use crate::sandbox::{Action, EventType, ObjectRef};
 
-use super::{ChildKind, DESIRED_ANNOTATION, EventRecorder, Executor};
+use super::{ChildKind, DESIRED_ANNOTATION, EventRecorder, Executor, HeldStatuses};
 
 /// One request the executor sent: method, path with query, JSON body.
 type Sent = (String, String, Value);
@@ -100,6 +100,13 @@ fn pod(name: &str, cpu: &str) -> Value {
             "resources": {"requests": {"cpu": cpu}}}]}})
 }
 
+/// What a controller keeps from one reconcile to the next.
+#[derive(Default)]
+struct Kept {
+    events: EventRecorder,
+    held: HeldStatuses,
+}
+
 /// Runs `actions` for HelloWorld `ns/web` (uid `u-1`) owning Pods with `strategy`, with
 /// `observed` children, and returns what was sent.
 async fn run(
@@ -107,7 +114,7 @@ async fn run(
     observed: Vec<Value>,
     actions: Vec<Action>,
     answer: fn(&str, &str) -> (u16, Value),
-    events: &EventRecorder,
+    kept: &Kept,
 ) -> Vec<Sent> {
     let (client, sent) = api_server(answer);
     let pods = kind("", "v1", "Pod", "pods");
@@ -145,8 +152,9 @@ async fn run(
         child_kinds: &child_kinds,
         children: &observed,
         existing: &super::NoExistingChildren,
-        events,
+        events: &kept.events,
         state: (&GuestState::in_memory(), "ns/web"),
+        held: &kept.held,
     };
     executor
         .execute(&actions)
@@ -165,7 +173,7 @@ async fn applied_and_stored() -> (Value, Value) {
         vec![],
         vec![Action::Apply(pod("web", "0.5"))],
         cooperative,
-        &EventRecorder::default(),
+        &Kept::default(),
     )
     .await;
     assert_eq!(sent.len(), 1, "{sent:#?}");
@@ -201,7 +209,7 @@ async fn a_child_the_server_normalised_is_left_alone_under_every_strategy() {
             vec![stored.clone()],
             vec![Action::Apply(pod("web", "0.5"))],
             cooperative,
-            &EventRecorder::default(),
+            &Kept::default(),
         )
         .await;
         assert!(sent.is_empty(), "{strategy:?}: {sent:#?}");
@@ -217,7 +225,7 @@ async fn a_changed_child_is_updated_as_its_strategy_says() {
         vec![stored.clone()],
         changed(),
         cooperative,
-        &EventRecorder::default(),
+        &Kept::default(),
     )
     .await;
     let calls: Vec<(&str, &str)> = sent
@@ -241,7 +249,7 @@ async fn a_changed_child_is_updated_as_its_strategy_says() {
         vec![stored.clone()],
         changed(),
         cooperative,
-        &EventRecorder::default(),
+        &Kept::default(),
     )
     .await;
     assert_eq!(sent.len(), 1, "{sent:#?}");
@@ -252,7 +260,7 @@ async fn a_changed_child_is_updated_as_its_strategy_says() {
         vec![stored],
         changed(),
         cooperative,
-        &EventRecorder::default(),
+        &Kept::default(),
     )
     .await;
     assert!(sent.is_empty(), "{sent:#?}");
@@ -266,7 +274,7 @@ async fn a_child_no_longer_asked_for_is_deleted() {
         vec![stored],
         vec![],
         cooperative,
-        &EventRecorder::default(),
+        &Kept::default(),
     )
     .await;
     assert_eq!(sent.len(), 1, "{sent:#?}");
@@ -276,7 +284,7 @@ async fn a_child_no_longer_asked_for_is_deleted() {
 
 #[tokio::test]
 async fn the_same_event_is_counted_on_one_object() {
-    let events = EventRecorder::default();
+    let events = Kept::default();
     let event = || {
         vec![Action::Event {
             event_type: EventType::Normal,
@@ -327,4 +335,84 @@ async fn the_same_event_is_counted_on_one_object() {
     let calls: Vec<&str> = gone.iter().map(|(m, _, _)| m.as_str()).collect();
     assert_eq!(calls, ["PATCH", "POST"], "{gone:#?}");
     assert_eq!(gone[1].2["count"], 1);
+}
+
+#[tokio::test]
+async fn a_status_computed_before_a_child_write_is_left_to_the_next_reconcile_once() {
+    let kept = Kept::default();
+    let status = |pods: u32| Action::SetStatus(json!({"pods": pods}));
+    let methods = |sent: &[Sent]| -> Vec<String> {
+        sent.iter()
+            .map(|(m, p, _)| format!("{m} {}", p.split('?').next().unwrap_or_default()))
+            .collect()
+    };
+    let pod_path = "PATCH /api/v1/namespaces/ns/pods/web";
+    let status_path = "PATCH /apis/example.com/v1/namespaces/ns/helloworlds/web/status";
+    // HelloWorld's first reconcile: the Pod is created, and `pods: 0` is stale at once; the
+    // Pod's watch event brings the parent back.
+    let first = run(
+        UpdateStrategy::Recreate,
+        vec![],
+        vec![Action::Apply(pod("web", "0.5")), status(0)],
+        cooperative,
+        &kept,
+    )
+    .await;
+    assert_eq!(methods(&first), [pod_path], "{first:#?}");
+    // A reconcile that writes a child again still writes its status: never held twice in a
+    // row, so a guest that writes a child every time still has its statuses written.
+    let second = run(
+        UpdateStrategy::Recreate,
+        vec![],
+        vec![Action::Apply(pod("web", "1")), status(1)],
+        cooperative,
+        &kept,
+    )
+    .await;
+    assert_eq!(methods(&second), [pod_path, status_path], "{second:#?}");
+    assert_eq!(second[1].2["status"], json!({"pods": 1}));
+    // The next child write may be held again.
+    let third = run(
+        UpdateStrategy::Recreate,
+        vec![],
+        vec![Action::Apply(pod("web", "2")), status(2)],
+        cooperative,
+        &kept,
+    )
+    .await;
+    assert_eq!(methods(&third), [pod_path], "{third:#?}");
+    // No child written: the status is written, and nothing stays held.
+    let fourth = run(
+        UpdateStrategy::Recreate,
+        vec![],
+        vec![status(3)],
+        cooperative,
+        &kept,
+    )
+    .await;
+    assert_eq!(methods(&fourth), [status_path], "{fourth:#?}");
+    let fifth = run(
+        UpdateStrategy::Recreate,
+        vec![],
+        vec![Action::Apply(pod("web", "4")), status(4)],
+        cooperative,
+        &kept,
+    )
+    .await;
+    assert_eq!(
+        methods(&fifth),
+        [pod_path],
+        "held again after a written one: {fifth:#?}"
+    );
+    // A status set before the child write is written as asked.
+    let before = Kept::default();
+    let sent = run(
+        UpdateStrategy::Recreate,
+        vec![],
+        vec![status(0), Action::Apply(pod("web", "0.5"))],
+        cooperative,
+        &before,
+    )
+    .await;
+    assert_eq!(methods(&sent), [status_path, pod_path], "{sent:#?}");
 }

@@ -26,7 +26,7 @@ use crate::controller::{Backoff, Change, ObjectKey, Watch, WorkQueue, WriteGate}
 use crate::metrics::Metrics;
 use crate::sandbox::{GuestPre, Limits, MAX_GUEST_MESSAGE_BYTES, Sandbox, guest_text};
 
-use super::actions::{ChildKind, EventRecorder};
+use super::actions::{ChildKind, EventRecorder, HeldStatuses};
 use super::cache::CacheSource;
 use super::finalizer::Finalizer;
 use super::grants::Permissions;
@@ -126,6 +126,8 @@ pub struct Runner {
     stats: Stats,
     synced: std::sync::atomic::AtomicBool,
     events: EventRecorder,
+    /// Parents whose last status was held back because a child write brings them back.
+    held: HeldStatuses,
     /// Each parent as the last successful reconcile of it saw it (the request's `previous`):
     /// shared with the cache while unchanged, so at most one extra version per object.
     reconciled: Mutex<HashMap<ObjectKey, Arc<DynamicObject>>>,
@@ -144,6 +146,7 @@ impl Runner {
             stats: Stats::default(),
             synced: std::sync::atomic::AtomicBool::new(false),
             events: EventRecorder::default(),
+            held: HeldStatuses::default(),
             reconciled: Mutex::default(),
             permanent: Mutex::default(),
         })

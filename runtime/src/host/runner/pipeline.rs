@@ -310,6 +310,7 @@ impl Runner {
             existing: &s.children,
             events: &self.events,
             state: (&s.state, state_key),
+            held: &self.held,
         }
     }
 
