@@ -11,7 +11,7 @@
 //! until each has its Pod and `status.pods = 1`. Then it stops the replicas and deletes the
 //! namespaces (waited for).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use anyhow::{Context, Result};
 use futures::StreamExt as _;
@@ -19,13 +19,14 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use kube::Client;
 use kube::api::ListParams;
-use kubewasm::controller::{DEFAULT_SHARDS, ROLE_LABEL, SHARD_SET_LABEL, shard_of};
+use kubewasm::controller::{DEFAULT_SHARDS, ROLE_LABEL, SHARD_SET_LABEL};
 
 use crate::BENCH_LOG_FILTER;
 use crate::cluster::{apply, apply_all, example, guest, module_config_map};
 use crate::hello::{Round, delete_namespace, measure_many};
 use crate::runtime::RuntimeProcess;
 use crate::stats::{Samples, ms};
+use crate::support::shards::{one_per_shard, replica_args};
 use crate::support::{ControlPlane, RUNTIME_NAMESPACE, eventually};
 
 /// What P6 runs.
@@ -139,21 +140,11 @@ pub async fn bench(cp: &ControlPlane, size: Size) -> Result<()> {
     Ok(())
 }
 
-/// Tenant names of `run`, each in a shard of its own (at most [`DEFAULT_SHARDS`]).
-fn tenants(run: &str, count: usize) -> Vec<String> {
-    let mut shards = BTreeSet::new();
-    (0..)
-        .map(|i| format!("{run}-t{i}"))
-        .filter(|name| shards.insert(shard_of(name, DEFAULT_SHARDS)))
-        .take(count.min(DEFAULT_SHARDS as usize))
-        .collect()
-}
-
 /// One round of `writer`: set up, measured, torn down. What it measured, and how many
 /// controllers each replica ran.
 async fn one(cp: &ControlPlane, admin: &Client, writer: Writer, size: &Size) -> Result<Measured> {
     let run = cp.namespace("p6").await?;
-    let tenants = tenants(&run, size.tenants);
+    let tenants = one_per_shard(&run, size.tenants);
     let wasm = guest("hello_world");
     let kubewasm = matches!(writer, Writer::Replicas(_));
     futures::stream::iter(&tenants)
@@ -183,13 +174,7 @@ async fn one(cp: &ControlPlane, admin: &Client, writer: Writer, size: &Size) -> 
     let mut spread = BTreeMap::new();
     let mut namespaces = Vec::new();
     if let Writer::Replicas(n) = writer {
-        let args = [
-            "--leader-elect",
-            "--leader-election-namespace",
-            RUNTIME_NAMESPACE,
-            "--leader-election-id",
-            &run,
-        ];
+        let args = replica_args(&run, &[]);
         for _ in 0..n {
             replicas.push(RuntimeProcess::start_with_log_filter(
                 &cp.runtime_kubeconfig(),

@@ -22,6 +22,7 @@ mod logs;
 mod manifest;
 pub mod registry;
 pub mod runtime;
+pub mod shards;
 mod wait;
 
 use std::{

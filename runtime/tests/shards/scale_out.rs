@@ -1,7 +1,7 @@
 //! Replicas that share the work, as processes: three `kubewasm run --leader-elect` over 30
 //! tenants (one HelloWorld controller each, every tenant in a shard of its own), then one
-//! killed without a word (SIGKILL) with a change made at once, then scaled 2 → 4 → 2 while
-//! changes flow the whole time.
+//! killed without a word (SIGKILL) with a change made at once, then (one started in its
+//! place, as the Deployment would) scaled 3 → 4 → 2 while changes flow the whole time.
 //!
 //! Checked: each replica runs between 5 and 15 controllers and none runs in two (the statuses
 //! say where each runs); the killed replica's shards are taken within the Lease duration + 5 s
@@ -29,22 +29,12 @@ use super::support::cluster::{
     apply_all, ensure_crds, example, guest, hello_worlds, module_config_map,
 };
 use super::support::runtime::{RuntimeProcess, finish};
+use super::support::shards::{one_per_shard, replica_args};
 use super::support::{ControlPlane, RUNTIME_NAMESPACE, eventually};
 
 const TENANTS: usize = 30;
 const LEASE_SECONDS: u64 = 6;
 const WAIT: Duration = Duration::from_secs(120);
-
-/// 30 tenant names of this run, each in a shard of its own (so that how many controllers a
-/// replica runs follows from how many shards it holds, not from how names hash).
-fn tenants(run: &str) -> Vec<String> {
-    let mut shards = BTreeSet::new();
-    (0..)
-        .map(|i| format!("{run}-t{i}"))
-        .filter(|name| shards.insert(shard_of(name, DEFAULT_SHARDS)))
-        .take(TENANTS)
-        .collect()
-}
 
 async fn set_up(cp: &ControlPlane, client: &Client, ns: &str, wasm: &[u8]) -> Result<()> {
     cp.namespace_named(ns).await?;
@@ -231,7 +221,7 @@ async fn scenario(cp: &ControlPlane, runtimes: &mut Vec<RuntimeProcess>) -> Resu
     let client = cp.client().await?;
     ensure_crds(cp, &client).await?;
     let run = cp.namespace("scale").await?;
-    let tenants = tenants(&run);
+    let tenants = one_per_shard(&run, TENANTS);
     let wasm = guest("hello_world");
     futures::stream::iter(&tenants)
         .map(|ns| set_up(cp, &client, ns, &wasm))
@@ -243,15 +233,7 @@ async fn scenario(cp: &ControlPlane, runtimes: &mut Vec<RuntimeProcess>) -> Resu
 
     let kubeconfig = cp.runtime_kubeconfig();
     let lease = LEASE_SECONDS.to_string();
-    let args = [
-        "--leader-elect",
-        "--leader-election-namespace",
-        RUNTIME_NAMESPACE,
-        "--leader-election-id",
-        &run,
-        "--lease-duration-seconds",
-        &lease,
-    ];
+    let args = replica_args(&run, &["--lease-duration-seconds", &lease]);
     let start = |runtimes: &mut Vec<RuntimeProcess>| {
         runtimes.push(RuntimeProcess::start_with_args(&kubeconfig, "", &args));
         runtimes.len() - 1
@@ -374,7 +356,8 @@ async fn scenario(cp: &ControlPlane, runtimes: &mut Vec<RuntimeProcess>) -> Resu
         moved.len()
     );
 
-    // 3. Scale 2 → 4 → 2 while changes flow.
+    // 3. The killed one replaced (as the Deployment does), then scaled 3 → 4 → 2 while
+    // changes flow.
     let flowing = Arc::new(AtomicBool::new(true));
     let changer = tokio::spawn({
         let (client, tenants, flowing) = (client.clone(), tenants.clone(), flowing.clone());
@@ -393,7 +376,19 @@ async fn scenario(cp: &ControlPlane, runtimes: &mut Vec<RuntimeProcess>) -> Resu
             (last, n)
         }
     });
-    let (a, b) = (start(runtimes), start(runtimes));
+    let a = start(runtimes);
+    let three = eventually(
+        "30 controllers Ready over 3 replicas again",
+        WAIT,
+        || async {
+            let placed = placement(&client, &tenants).await?;
+            let counts = counts(&placed);
+            ensure!(counts.len() == 3, "run by {counts:?}");
+            Ok(Some(counts))
+        },
+    )
+    .await?;
+    let b = start(runtimes);
     eventually("30 controllers Ready over 4 replicas", WAIT, || async {
         let placed = placement(&client, &tenants).await?;
         let counts = counts(&placed);
@@ -428,7 +423,7 @@ async fn scenario(cp: &ControlPlane, runtimes: &mut Vec<RuntimeProcess>) -> Resu
     }
     let handovers = never_two_at_once(runtimes, &killed, &tenants)?;
     eprintln!(
-        "4 replicas: {four:?}; 2 replicas: {two:?}; {changes} changes made while scaling, all carried out; {handovers} times a controller started on a replica, never while another ran it"
+        "3 replicas again: {three:?}; 4 replicas: {four:?}; 2 replicas: {two:?}; {changes} changes made while scaling, all carried out; {handovers} times a controller started on a replica, never while another ran it"
     );
     Ok(())
 }
