@@ -217,6 +217,11 @@ impl Response {
     }
 
     /// Replace the target's status.
+    ///
+    /// Set after an apply that writes an owned child (creates, replaces or updates it), the
+    /// status is left to the next reconcile, which the child's watch event brings at once
+    /// with the child observed: a status counting children would be stale when written. Never
+    /// twice in a row for one parent; set before the child's apply, it is written as usual.
     #[must_use]
     pub fn set_status(self, status: Value) -> Self {
         self.push(Action::SetStatus(status))
