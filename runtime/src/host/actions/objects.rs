@@ -1,6 +1,7 @@
 //! Granted objects of other kinds: delete one, or every one matching a label selector (their
 //! apply is the plain server-side apply in the parent module).
 
+use futures::StreamExt as _;
 use kube::Api;
 use kube::api::{DeleteParams, DynamicObject, ListParams};
 use kubewasm_guest_sdk::query;
@@ -11,6 +12,10 @@ use crate::api::Verb;
 use crate::sandbox::{ObjectRef, parse_time};
 
 use super::{ActionError, Executor, Outcome};
+
+/// Deletes of one delete-by-selector under way at once (the matching objects are independent,
+/// and one after another each waits a round trip for the one before).
+const DELETES_IN_FLIGHT: usize = 8;
 
 impl Executor<'_> {
     pub(super) async fn delete_one(
@@ -67,18 +72,36 @@ impl Executor<'_> {
                 what: format!("list {} matching `{selector}`", r.kind),
                 source,
             })?;
-        for object in found.items {
-            // Strictly earlier: objects made in the same second as `before` (the API server
-            // keeps seconds) are taken to be newer.
-            let created = object.metadata.creation_timestamp.as_ref().map(|t| t.0);
-            if let Some(before) = before
-                && created.is_none_or(|c| c >= before)
-            {
-                continue;
-            }
-            let value = serde_json::to_value(&object).unwrap_or(Value::Null);
-            self.delete_object(kind, namespace.as_deref(), &value, outcome)
-                .await?;
+        let doomed: Vec<Value> = found
+            .items
+            .into_iter()
+            .filter(|object| {
+                // Strictly earlier: objects made in the same second as `before` (the API
+                // server keeps seconds) are taken to be newer.
+                let created = object.metadata.creation_timestamp.as_ref().map(|t| t.0);
+                before.is_none_or(|before| created.is_some_and(|c| c < before))
+            })
+            .map(|object| serde_json::to_value(&object).unwrap_or(Value::Null))
+            .collect();
+        // Deleted [`DELETES_IN_FLIGHT`] at a time: each still takes its turn in the write
+        // scheduler and passes the fence, and a failure fails the action once the deletes
+        // under way are answered.
+        let namespace = namespace.as_deref();
+        let deletes: Vec<_> = doomed
+            .iter()
+            .map(|value| async move {
+                let mut done = Outcome::default();
+                self.delete_object(kind, namespace, value, &mut done)
+                    .await
+                    .map(|_| done.changes)
+            })
+            .collect();
+        let deleted: Vec<Result<Vec<String>, ActionError>> = futures::stream::iter(deletes)
+            .buffer_unordered(DELETES_IN_FLIGHT)
+            .collect()
+            .await;
+        for changes in deleted {
+            outcome.changes.extend(changes?);
         }
         Ok(())
     }

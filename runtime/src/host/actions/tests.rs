@@ -416,3 +416,56 @@ async fn a_status_computed_before_a_child_write_is_left_to_the_next_reconcile_on
     .await;
     assert_eq!(methods(&sent), [status_path, pod_path], "{sent:#?}");
 }
+
+/// Twenty Pods match `app=web`; every other request as [`cooperative`].
+fn twenty_listed(method: &str, path: &str) -> (u16, Value) {
+    if method == "GET" && path.contains("labelSelector") {
+        let items: Vec<Value> = (0..20)
+            .map(|i| {
+                json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": format!("web-{i}"),
+                    "namespace": "ns", "uid": format!("uid-{i}")}})
+            })
+            .collect();
+        return (
+            200,
+            json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}),
+        );
+    }
+    cooperative(method, path)
+}
+
+#[tokio::test]
+async fn delete_all_of_deletes_every_match_once_each_guarded_by_its_uid() {
+    let sent = run(
+        UpdateStrategy::InPlace,
+        vec![],
+        vec![Action::DeleteAllOf {
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            namespace: None,
+            label_selector: "app=web".into(),
+            created_before: None,
+        }],
+        twenty_listed,
+        &Kept::default(),
+    )
+    .await;
+    assert_eq!(sent[0].0, "GET", "listed first: {sent:#?}");
+    let mut deleted: Vec<(String, String)> = sent[1..]
+        .iter()
+        .map(|(m, p, body)| {
+            assert_eq!(m, "DELETE", "{sent:#?}");
+            let name = p.split('?').next().unwrap_or_default().rsplit('/').next();
+            (
+                name.unwrap_or_default().to_owned(),
+                body["preconditions"]["uid"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    deleted.sort();
+    let mut expected: Vec<(String, String)> = (0..20)
+        .map(|i| (format!("web-{i}"), format!("uid-{i}")))
+        .collect();
+    expected.sort();
+    assert_eq!(deleted, expected);
+}
