@@ -22,6 +22,12 @@
 //! each `Ready` status), made by a raw kube-rs client on the same API server, so that the
 //! runtime's time reads against what the API server on these cores can do.
 //!
+//! `KUBEWASM_DENSITY_CANDIDATE=<another kubewasm>` runs it too, a warm run beside each of the
+//! runtime's (the first alternating), to measure one change side by side.
+//! `KUBEWASM_DENSITY_EXAMPLE=configmap-restarter` runs the ConfigMap restarter in every namespace
+//! instead of HelloWorld (its parent is every ConfigMap of its namespace, its own module
+//! ConfigMap included: a cache of a core kind with large objects).
+//!
 //! `cargo bench -p kubewasm --bench density [-- N...]`; `KUBEWASM_DENSITY_ROUNDS` sets the
 //! warm rounds per N (default 3), `KUBEWASM_DENSITY_BINARY` another `kubewasm` binary to
 //! measure (e.g. a copy of an older build; default: the one cargo built). Tiny mode for `make test`: `cargo test -p kubewasm --bench
@@ -72,11 +78,19 @@ fn main() -> Result<()> {
         .and_then(|v| v.parse().ok())
         .unwrap_or(3)
         .max(1);
-    let wasm = cluster::guest("hello_world");
+    let example = Example::from_env()?;
+    let wasm = cluster::guest(example.guest);
     let state_dir = ControlPlane::state_dir_of_this_process();
     let control_plane = ControlPlane::start(&state_dir, Some(std::process::id()))?;
     let runtime = tokio::runtime::Runtime::new()?;
-    let result = runtime.block_on(measure(&control_plane, &state_dir, &wasm, &sizes, rounds));
+    let result = runtime.block_on(measure(
+        &control_plane,
+        &state_dir,
+        example,
+        &wasm,
+        &sizes,
+        rounds,
+    ));
     control_plane.stop()?;
     let rows = result?;
     print_tables(&rows);
@@ -108,6 +122,8 @@ struct Row {
     warm: Vec<Run>,
     /// [`floor_once`] after each warm run: the API calls alone.
     floor: Vec<Duration>,
+    /// Warm runs of `KUBEWASM_DENSITY_CANDIDATE`, one per round beside the runtime's.
+    candidate: Vec<Run>,
 }
 
 /// One start of the runtime until all are Ready.
@@ -121,18 +137,30 @@ struct Run {
 async fn measure(
     control_plane: &ControlPlane,
     state_dir: &Path,
+    example: Example,
     wasm: &[u8],
     sizes: &[usize],
     rounds: usize,
 ) -> Result<Vec<Row>> {
     let client = control_plane.client().await?;
     cluster::ensure_crds(control_plane, &client).await?;
-    let fixture = Fixture::new(&client, wasm).await?;
+    let fixture = Fixture::new(&client, example, wasm).await?;
     let binary = std::env::var_os("KUBEWASM_DENSITY_BINARY").map_or_else(
         || PathBuf::from(env!("CARGO_BIN_EXE_kubewasm")),
         PathBuf::from,
     );
-    eprintln!("runtime: {}", binary.display());
+    let candidate = std::env::var_os("KUBEWASM_DENSITY_CANDIDATE").map(PathBuf::from);
+    eprintln!(
+        "runtime: {}; every namespace runs deploy/examples/{} (KUBEWASM_DENSITY_EXAMPLE)",
+        binary.display(),
+        example.dir
+    );
+    if let Some(c) = &candidate {
+        eprintln!(
+            "candidate (KUBEWASM_DENSITY_CANDIDATE): {}, a warm run beside each of the runtime's, the first alternating",
+            c.display()
+        );
+    }
     let mut rows = Vec::new();
     let mut existing = 0;
     for &n in sizes {
@@ -149,7 +177,15 @@ async fn measure(
         let mut cold = None;
         let mut warm = Vec::new();
         let mut floor = Vec::new();
+        let mut candidate_runs = Vec::new();
         for round in 0..=rounds {
+            let candidate_first = round % 2 == 0;
+            if let Some(c) = candidate.as_ref().filter(|_| round > 0 && candidate_first) {
+                candidate_runs.push(
+                    run_candidate(c, control_plane.kubeconfig(), &client, n, state_dir, round)
+                        .await?,
+                );
+            }
             clear_statuses(&client).await?;
             let log = state_dir.join(format!("kubewasm-density-{n}-{round}.log"));
             let run = run_once(&binary, control_plane.kubeconfig(), &client, n, &log).await?;
@@ -168,6 +204,12 @@ async fn measure(
                 let took = floor_once(&client, n).await?;
                 eprintln!("N={n} floor: the same API calls by a raw client in {took:.2?}");
                 floor.push(took);
+                if let Some(c) = candidate.as_ref().filter(|_| !candidate_first) {
+                    candidate_runs.push(
+                        run_candidate(c, control_plane.kubeconfig(), &client, n, state_dir, round)
+                            .await?,
+                    );
+                }
             }
         }
         rows.push(Row {
@@ -177,31 +219,72 @@ async fn measure(
             cold: cold.context("no cold run")?,
             warm,
             floor,
+            candidate: candidate_runs,
         });
     }
     Ok(rows)
 }
 
+/// The example every namespace runs (`KUBEWASM_DENSITY_EXAMPLE`).
+#[derive(Debug, Clone, Copy)]
+struct Example {
+    /// Its directory under `deploy/examples/`.
+    dir: &'static str,
+    /// The guest (`<guest>.wasm`).
+    guest: &'static str,
+    /// The module ConfigMap its controller.yaml names, and the key.
+    config_map: &'static str,
+    key: &'static str,
+}
+
+impl Example {
+    /// `hello-world` (the default: parent a small CRD) or `configmap-restarter` (parent every
+    /// ConfigMap of the namespace, its own module ConfigMap included: what a cache of a core
+    /// kind with large objects costs).
+    fn from_env() -> Result<Example> {
+        match std::env::var("KUBEWASM_DENSITY_EXAMPLE").as_deref() {
+            Err(_) | Ok("hello-world") => Ok(Example {
+                dir: "hello-world",
+                guest: "hello_world",
+                config_map: "hello-controller",
+                key: "hello_world.wasm",
+            }),
+            Ok("configmap-restarter") => Ok(Example {
+                dir: "configmap-restarter",
+                guest: "configmap_restarter",
+                config_map: "configmap-restarter",
+                key: "configmap_restarter.wasm",
+            }),
+            Ok(other) => bail!(
+                "KUBEWASM_DENSITY_EXAMPLE={other}: expected hello-world or configmap-restarter"
+            ),
+        }
+    }
+}
+
 /// Creates the objects of one namespace, with each kind resolved once.
 struct Fixture {
     client: Client,
-    /// The hello-world example's RBAC, WasmController and the module ConfigMap, in namespace
-    /// `NAMESPACE` (replaced per namespace).
+    /// The example's RBAC, WasmController and the module ConfigMap, in namespace `NAMESPACE`
+    /// (replaced per namespace).
     objects: Vec<(ApiResource, Value)>,
 }
 
 const NAMESPACE: &str = "density-placeholder";
 
 impl Fixture {
-    async fn new(client: &Client, wasm: &[u8]) -> Result<Fixture> {
-        let mut docs = cluster::example("hello-world/rbac.yaml", NAMESPACE)?;
+    async fn new(client: &Client, example: Example, wasm: &[u8]) -> Result<Fixture> {
+        let mut docs = cluster::example(&format!("{}/rbac.yaml", example.dir), NAMESPACE)?;
         docs.push(cluster::module_config_map(
             NAMESPACE,
-            "hello-controller",
-            "hello_world.wasm",
+            example.config_map,
+            example.key,
             wasm,
         ));
-        docs.extend(cluster::example("hello-world/controller.yaml", NAMESPACE)?);
+        docs.extend(cluster::example(
+            &format!("{}/controller.yaml", example.dir),
+            NAMESPACE,
+        )?);
         let mut objects = Vec::new();
         for doc in docs {
             let api_version = doc["apiVersion"].as_str().context("no apiVersion")?;
@@ -357,6 +440,25 @@ async fn run_once(
     })
 }
 
+/// One warm run of the candidate binary, from cleared statuses.
+async fn run_candidate(
+    binary: &Path,
+    kubeconfig: &Path,
+    client: &Client,
+    n: usize,
+    state_dir: &Path,
+    round: usize,
+) -> Result<Run> {
+    clear_statuses(client).await?;
+    let log = state_dir.join(format!("kubewasm-density-{n}-{round}-candidate.log"));
+    let run = run_once(binary, kubeconfig, client, n, &log).await?;
+    eprintln!(
+        "N={n} candidate: Ready in {:.2?}, VmRSS {} KiB, VmHWM {} KiB",
+        run.ready, run.rss_kib, run.hwm_kib
+    );
+    Ok(run)
+}
+
 /// The API server's part of making `n` controllers Ready, with nothing of kubewasm: a raw
 /// kube-rs client makes the calls a starting runtime cannot do without — list the
 /// WasmControllers and the ConfigMaps' metadata, read each module ConfigMap by name (as the
@@ -411,7 +513,7 @@ async fn floor_once(client: &Client, n: usize) -> Result<Duration> {
                 let status = json!({"status": {
                     "conditions": [
                         condition("ModuleReady", "True", "ModuleLoaded", format!("module of {bytes} bytes is loaded")),
-                        condition("Ready", "True", "Running", "reconciling HelloWorld objects".into()),
+                        condition("Ready", "True", "Running", "reconciling its parents".into()),
                         condition("Degraded", "False", "ReconcilesSucceeding", "the last reconciles succeeded".into()),
                     ],
                     "observedGeneration": wc.metadata.generation,
@@ -536,6 +638,31 @@ fn print_tables(rows: &[Row]) {
             floor[0],
             median(&floor),
             floor[floor.len() - 1],
+        );
+    }
+    if rows.iter().all(|r| r.candidate.is_empty()) {
+        return;
+    }
+    println!(
+        "
+The candidate (`KUBEWASM_DENSITY_CANDIDATE`), warm, beside the runtime's warm runs above:"
+    );
+    println!("| N | warm: Ready min / median / max | warm: VmRSS median | warm: VmHWM max |");
+    println!("|---:|---:|---:|---:|");
+    for r in rows.iter().filter(|r| !r.candidate.is_empty()) {
+        let mut ready: Vec<f64> = r.candidate.iter().map(|w| w.ready.as_secs_f64()).collect();
+        ready.sort_by(f64::total_cmp);
+        let mut rss: Vec<f64> = r.candidate.iter().map(|w| w.rss_kib as f64).collect();
+        rss.sort_by(f64::total_cmp);
+        let hwm = r.candidate.iter().map(|w| w.hwm_kib).max().unwrap_or(0);
+        println!(
+            "| {} | {:.2} / {:.2} / {:.2} s | {} | {} |",
+            r.n,
+            ready[0],
+            median(&ready),
+            ready[ready.len() - 1],
+            mib(median(&rss) as u64),
+            mib(hwm),
         );
     }
 }

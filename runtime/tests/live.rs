@@ -33,7 +33,7 @@ mod guitars;
 mod identity;
 #[path = "live/isolation.rs"]
 mod isolation;
-#[path = "live/oci.rs"]
+#[path = "live/oci/mod.rs"]
 mod oci;
 #[path = "live/pods.rs"]
 mod pods;

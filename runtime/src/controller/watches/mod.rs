@@ -89,6 +89,9 @@ pub struct Watch {
     accounts: Arc<CacheAccounts>,
 }
 
+/// The largest text of an object kept beside it ([`Watch::text`]).
+pub const KEPT_TEXT_BYTES: usize = 64 << 10;
+
 /// JSON texts by the address of the cached object they were made from; the weak reference
 /// tells whether that object (that version) still exists, so a new version or a reused
 /// address never gets an old text.
@@ -97,6 +100,32 @@ struct Texts {
     by_object: HashMap<usize, (Weak<DynamicObject>, Arc<str>)>,
     /// Size after the last sweep of texts whose object is gone.
     swept: usize,
+}
+
+impl Texts {
+    /// The text kept for this version of the object.
+    fn get(&self, object: &Arc<DynamicObject>) -> Option<Arc<str>> {
+        let (seen, text) = self.by_object.get(&(Arc::as_ptr(object) as usize))?;
+        seen.upgrade()
+            .is_some_and(|o| Arc::ptr_eq(&o, object))
+            .then(|| text.clone())
+    }
+
+    /// Keeps `text` for this version of the object, unless it is over [`KEPT_TEXT_BYTES`].
+    fn keep(&mut self, object: &Arc<DynamicObject>, text: &Arc<str>) {
+        if text.len() > KEPT_TEXT_BYTES {
+            return;
+        }
+        self.by_object.insert(
+            Arc::as_ptr(object) as usize,
+            (Arc::downgrade(object), text.clone()),
+        );
+        if self.by_object.len() > 2 * self.swept.max(64) {
+            self.by_object
+                .retain(|_, (seen, _)| seen.strong_count() > 0);
+            self.swept = self.by_object.len();
+        }
+    }
 }
 
 impl Drop for Watch {
@@ -192,29 +221,19 @@ impl Watch {
     /// an object is reconciled many more times than it changes (resyncs, its children, every
     /// controller of the kind), so it is serialized once per version instead of once per
     /// reconcile. Texts of versions that are gone are dropped whenever the map has doubled.
+    ///
+    /// A text over [`KEPT_TEXT_BYTES`] is not kept: the cache already holds the object, and a
+    /// second copy of every large one (a ConfigMap holding a module, a bundle, a certificate
+    /// chain) would double what the cache costs where it costs most, to save a serialization
+    /// that is small beside the reconcile of so large an object.
     pub fn text(&self, object: &Arc<DynamicObject>, make: impl FnOnce() -> String) -> Arc<str> {
-        let address = Arc::as_ptr(object) as usize;
-        {
-            let texts = self.texts.locked();
-            if let Some((seen, text)) = texts.by_object.get(&address)
-                && seen.upgrade().is_some_and(|o| Arc::ptr_eq(&o, object))
-            {
-                return text.clone();
-            }
+        if let Some(text) = self.texts.locked().get(object) {
+            return text;
         }
         // Made without the lock: one tenant's large object does not hold up the others'
         // reconciles of the kind (two making the same text at once is harmless).
         let text: Arc<str> = make().into();
-        let mut texts = self.texts.locked();
-        texts
-            .by_object
-            .insert(address, (Arc::downgrade(object), text.clone()));
-        if texts.by_object.len() > 2 * texts.swept.max(64) {
-            texts
-                .by_object
-                .retain(|_, (seen, _)| seen.strong_count() > 0);
-            texts.swept = texts.by_object.len();
-        }
+        self.texts.locked().keep(object, &text);
         text
     }
 
@@ -392,6 +411,40 @@ mod tests {
         ] {
             assert_eq!(ObjectKey::parse(&k.to_string()), k);
         }
+    }
+
+    #[test]
+    fn texts_are_kept_per_version_and_large_ones_not_at_all() {
+        let object = |name: &str| -> Arc<DynamicObject> {
+            Arc::new(
+                serde_json::from_value(serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": name, "namespace": "ns"}}))
+                .unwrap(),
+            )
+        };
+        let mut texts = Texts::default();
+        let small = object("small");
+        let text: Arc<str> = "{\"small\":true}".into();
+        texts.keep(&small, &text);
+        assert!(texts.get(&small).is_some_and(|t| Arc::ptr_eq(&t, &text)));
+        // Another version (another Arc) of the same object gets nothing.
+        assert!(texts.get(&object("small")).is_none());
+        let large = object("large");
+        texts.keep(&large, &"x".repeat(KEPT_TEXT_BYTES + 1).into());
+        assert!(texts.get(&large).is_none(), "a large text is not kept");
+        texts.keep(&large, &"x".repeat(KEPT_TEXT_BYTES).into());
+        assert!(texts.get(&large).is_some(), "up to the bound it is");
+        // Texts of versions gone are swept once the map has doubled.
+        drop(small);
+        for i in 0..200 {
+            let o = object(&format!("o{i}"));
+            texts.keep(&o, &"{}".into());
+        }
+        assert!(
+            texts.by_object.len() < 130,
+            "{} texts kept",
+            texts.by_object.len()
+        );
     }
 
     #[test]

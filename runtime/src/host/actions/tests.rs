@@ -458,7 +458,10 @@ async fn delete_all_of_deletes_every_match_once_each_guarded_by_its_uid() {
             let name = p.split('?').next().unwrap_or_default().rsplit('/').next();
             (
                 name.unwrap_or_default().to_owned(),
-                body["preconditions"]["uid"].as_str().unwrap_or_default().to_owned(),
+                body["preconditions"]["uid"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
             )
         })
         .collect();
