@@ -51,7 +51,7 @@ pub mod __private;
 pub use cluster::{Cluster, LogLevel, Reads};
 pub use error::Error;
 pub use request::{ObjectRef, Request};
-pub use response::{Action, EventType, MAX_STATE_BYTES, MAX_STATE_OBJECTS, Response};
+pub use response::{Action, EventType, MAX_STATE_BYTES, Response};
 #[doc(hidden)]
 pub use wire::WireRequest;
 

@@ -106,9 +106,10 @@ pub struct Request {
     /// `Some` → `None` was deleted.
     pub previous: Option<Value>,
     /// What this controller saved for the target with [`crate::Action::SetState`], kept by
-    /// the runtime in the controller's status across restarts; `None` when nothing is saved.
-    /// At most [`crate::MAX_STATE_BYTES`] per object, [`crate::MAX_STATE_OBJECTS`] objects per
-    /// controller. Forgotten once the target is gone, after the guest was called once more
+    /// the runtime across restarts (in WasmControllerState objects of the controller's
+    /// namespace); `None` when nothing is saved. At most [`crate::MAX_STATE_BYTES`] per
+    /// object; how many objects is the operator's quota per controller in bytes
+    /// (`--max-state-bytes-per-controller`, 8 MiB by default: over 10,000 objects). Forgotten once the target is gone, after the guest was called once more
     /// without `parent` — also for a target deleted while the runtime was not running.
     pub state: Option<String>,
     /// The target is being deleted and still carries this controller's finalizer

@@ -76,10 +76,6 @@ pub enum Action {
 /// longer state fails the reconcile. Keep a digest or a version, not the data.
 pub const MAX_STATE_BYTES: usize = 512;
 
-/// The most objects a controller keeps state for at once; saving state for one more fails the
-/// reconcile until state is forgotten (automatically once its object is gone).
-pub const MAX_STATE_OBJECTS: usize = 256;
-
 /// A delay as whole milliseconds (saturating at `u64::MAX`).
 mod millis {
     use std::time::Duration;

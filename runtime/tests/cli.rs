@@ -635,7 +635,8 @@ fn crds_prints_both_crds() {
         names,
         [
             "wasmcontrollers.kubewasm.dev",
-            "clusterwasmcontrollers.kubewasm.dev"
+            "clusterwasmcontrollers.kubewasm.dev",
+            "wasmcontrollerstates.kubewasm.dev"
         ]
     );
 }

@@ -43,6 +43,8 @@ mod quarantine;
 mod reload;
 #[path = "live/restarter.rs"]
 mod restarter;
+#[path = "live/state.rs"]
+mod state;
 use kubewasm_test_support::runtime;
 #[path = "live/signatures.rs"]
 mod signatures;
@@ -57,7 +59,6 @@ use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
-use kubewasm::api::WasmController;
 use serde_json::{Value, json};
 use support::{ControlPlane, eventually};
 
@@ -470,7 +471,7 @@ async fn configmap_restarter(
 }
 
 /// Sets the state WasmController `controller` saved for `key` back to `digest` (as the
-/// admin, through the status subresource: what a runtime killed before its save leaves).
+/// admin, in its WasmControllerState: what a runtime killed before its save leaves).
 async fn rewind_state(
     client: &Client,
     ns: &str,
@@ -478,14 +479,7 @@ async fn rewind_state(
     key: &str,
     digest: &str,
 ) -> Result<()> {
-    let api: Api<WasmController> = Api::namespaced(client.clone(), ns);
-    api.patch_status(
-        controller,
-        &PatchParams::default(),
-        &merge(json!({"status": {"guestState": {key: digest}}})),
-    )
-    .await?;
-    Ok(())
+    cluster::set_saved_state(client, ns, "WasmController", controller, key, digest).await
 }
 
 #[tokio::test]

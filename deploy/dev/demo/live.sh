@@ -103,7 +103,7 @@ step "API server ready, node $(k get nodes -o jsonpath='{.items[0].metadata.name
 say "2. Installing kubewasm's CRDs and the two first tutorials' controllers"
 k apply -f "$ROOT/deploy/crds/kubewasm.dev.yaml" >/dev/null
 k apply -f "$EX/hello-world/crd.yaml" >/dev/null
-wait_for 30 "the CRDs becoming established" k wait --for=condition=Established --timeout=1s crd/wasmcontrollers.kubewasm.dev crd/helloworlds.example.com
+wait_for 30 "the CRDs becoming established" k wait --for=condition=Established --timeout=1s crd/wasmcontrollers.kubewasm.dev crd/wasmcontrollerstates.kubewasm.dev crd/helloworlds.example.com
 k apply -f "$EX/hello-world/rbac.yaml" >/dev/null
 k apply -f "$EX/configmap-restarter/rbac.yaml" >/dev/null
 k -n hello create configmap hello-controller --from-file=hello_world.wasm="$GUESTS/hello_world.wasm" >/dev/null
@@ -166,12 +166,12 @@ two_pods() { [ "$(frontend_pods | wc -w)" = 2 ]; }
 wait_for 60 "Deployment frontend getting 2 Running Pods" two_pods
 before=$(frontend_pods)
 step "Deployment 'frontend' runs Pods: $before (plus Pod 'bystander' with app=other)"
-saved() { k -n test-space get wasmcontroller configmap-restarter -o jsonpath="{.status.guestState['test-space/frontend-config']}"; }
+saved() { k -n test-space get wasmcontrollerstates -o jsonpath="{.items[*].spec.entries['test-space/frontend-config']}"; }
 has_saved() { [ -n "$(saved)" ]; }
 wait_for 30 "the restarter saving the data digest of frontend-config" has_saved
 step "it runs as the tutorial's ServiceAccount 'joe' (read ConfigMaps; read and delete Pods; nothing else)"
 step "first sighting of ConfigMap 'frontend-config': the restarter saved its data digest as its state"
-step "  (kubectl get wc configmap-restarter -o jsonpath='{.status.guestState}': $(saved | cut -c1-23)…); Pods untouched: $(frontend_pods)"
+step "  (kubectl get wasmcontrollerstates -o yaml: $(saved | cut -c1-23)…); Pods untouched: $(frontend_pods)"
 bystander=$(k -n test-space get pod bystander -o jsonpath='{.metadata.uid}')
 k -n test-space patch configmap frontend-config --type merge -p '{"data":{"TEXT3":"Hello from the new config"}}' >/dev/null
 step "changed the ConfigMap's data (TEXT3)"

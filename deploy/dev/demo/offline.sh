@@ -87,8 +87,8 @@ grep -q "delete" "$tmp/out" && fail "a first sighting must not delete anything"
 digest=$(grep -o 'sha256:[0-9a-f]*' "$tmp/out")
 echo
 say "It has never seen this data, so it restarts nothing: it only saves the digest of the"
-say "data as its state for this ConfigMap (the runtime keeps it in the WasmController's"
-say "status.guestState, so the restarter needs no write on ConfigMaps):"
+say "data as its state for this ConfigMap (the runtime keeps it in a WasmControllerState of"
+say "the restarter's namespace, so the restarter needs no write on ConfigMaps):"
 say "$digest"
 
 # The same ConfigMap after someone edited its data.

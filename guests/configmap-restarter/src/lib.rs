@@ -6,7 +6,7 @@
 //!
 //! The tutorial reacts to update *events*, so a change made while it is down is lost. This
 //! guest is level-based instead: it saves, as its state for the ConfigMap (`setState`, kept by
-//! the runtime in the WasmController's status), the digest of the data the Pods were last
+//! the runtime in a WasmControllerState of its namespace), the digest of the data the Pods were last
 //! restarted for, and compares it with the digest of the data it observes now:
 //!
 //! - no state yet (first sighting): save the digest, restart nothing;

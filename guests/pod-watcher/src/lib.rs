@@ -3,8 +3,9 @@
 //! deleted — through the host's `log`, and no write at all.
 //!
 //! What changed is told by comparing the Pod with what this controller last *reported* of it,
-//! which it saves as its per-object state (`setState`, kept by the runtime in the
-//! ClusterWasmController's status, so it outlives the runtime). The rule:
+//! which it saves as its per-object state (`setState`, kept by the runtime in
+//! WasmControllerState objects, so it outlives the runtime, for as many Pods as the operator's
+//! quota holds: over 10,000 by default). The rule:
 //! - no saved state: the Pod is new to this controller, *added*;
 //! - saved state and the Pod: *updated* when a reported field differs, nothing otherwise (a
 //!   relist, a resync, a restart of the runtime that finds the Pod as it was: no line);

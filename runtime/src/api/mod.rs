@@ -1,4 +1,5 @@
-//! The `kubewasm.dev/v1alpha1` API: `WasmController` and `ClusterWasmController`.
+//! The `kubewasm.dev/v1alpha1` API: `WasmController`, `ClusterWasmController`, and the
+//! runtime's own `WasmControllerState`.
 //!
 //! The CRD manifests in `deploy/crds/` are generated from these types
 //! (`kubewasm crds > deploy/crds/kubewasm.dev.yaml`); a test fails when they drift.
@@ -7,6 +8,7 @@ mod limits;
 mod quantity;
 mod reason;
 mod source;
+mod state;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -22,6 +24,7 @@ pub use limits::{
 pub use quantity::parse_bytes;
 pub use reason::{Problem, Reason};
 pub use source::{ImageRef, MAX_IMAGE_REFERENCE_BYTES, Source};
+pub use state::{STATE_OF_LABEL, WasmControllerState, WasmControllerStateSpec, state_prefix};
 
 /// What the CRD schema lets through as an `apiVersion`: `VERSION` or `GROUP/VERSION`, the
 /// group a DNS subdomain and the version a DNS label. The API server checks it before the
@@ -321,9 +324,8 @@ pub struct WasmControllerStatus {
     #[serde(default)]
     #[schemars(length(max = 17))]
     pub finalizing: Vec<String>,
-    /// The state the guest saved per object (`setState`), by `namespace/name`: written by the
-    /// runtime one key at a time, never with the rest of the status. At most 256 objects,
-    /// 512 bytes each.
+    /// Where runtimes before WasmControllerState kept the guest's saved state: read once
+    /// when the controller starts, moved into its WasmControllerState objects, and removed.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend("maxProperties" = 256, "additionalProperties" = {"type": "string", "maxLength": 512}))]
     pub guest_state: BTreeMap<String, String>,
@@ -376,7 +378,7 @@ pub fn crds_yaml() -> String {
             limits.description = Some(limits_description());
         });
     }
-    [namespaced, cluster]
+    [namespaced, cluster, WasmControllerState::crd()]
         .iter()
         .map(|crd| serde_yaml::to_string(crd).expect("CRDs serialise"))
         .collect::<Vec<_>>()

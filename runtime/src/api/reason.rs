@@ -52,6 +52,8 @@ pub enum Reason {
     /// The namespace's objects take more of the runtime's caches than the operator allows:
     /// they are held back from every controller.
     CacheBudgetExceeded,
+    /// The controller's saved states (WasmControllerState) could not be read.
+    StateUnavailable,
     // `Degraded`
     /// The last reconciles succeeded.
     ReconcilesSucceeding,
@@ -102,6 +104,7 @@ impl Reason {
             Reason::SetupTimedOut => "SetupTimedOut",
             Reason::TooManyControllers => "TooManyControllers",
             Reason::CacheBudgetExceeded => "CacheBudgetExceeded",
+            Reason::StateUnavailable => "StateUnavailable",
             Reason::ReconcilesSucceeding => "ReconcilesSucceeding",
             Reason::Timeout => "Timeout",
             Reason::MemoryLimitExceeded => "MemoryLimitExceeded",

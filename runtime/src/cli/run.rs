@@ -82,6 +82,11 @@ pub struct Args {
     /// held back, then the next. Cluster-scoped objects are never held back. `0`: no cap.
     #[arg(long, default_value_t = Unit::Bytes.show(CacheCaps::default().total))]
     max_cached_bytes: String,
+    /// The most bytes of saved states (`setState`: keys and values) one controller keeps, a
+    /// quantity; a save past it fails that reconcile, saying so. The states are kept in
+    /// WasmControllerState objects, 32 shards per controller of at most 1 MiB each.
+    #[arg(long, default_value_t = Unit::Bytes.show(ManagerConfig::default().max_state_bytes_per_controller as u64))]
+    max_state_bytes_per_controller: String,
     /// Keep a journal of the module being compiled in ConfigMap `kubewasm-quarantine` of this
     /// namespace (the runtime's own): a module whose compile ended a runtime (a crash, an OOM
     /// kill) is not compiled again by the next start, of this replica or another. Unset: no
@@ -217,6 +222,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             )?,
             total: cap("max-cached-bytes", &args.max_cached_bytes)?,
         };
+        config.max_state_bytes_per_controller = usize::try_from(cap(
+            "max-state-bytes-per-controller",
+            &args.max_state_bytes_per_controller,
+        )?)
+        .unwrap_or(usize::MAX);
+        config.runtime_namespace = args.leader_election_namespace.clone();
         let manager = Manager::new(kube_config.clone(), config)?;
         if let Some(addr) = args.metrics_addr {
             let bound = kubewasm::metrics::serve(addr, manager.metrics())

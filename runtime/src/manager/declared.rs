@@ -17,9 +17,12 @@ use super::{ControllerId, Managed, Manager, lifecycle};
 #[derive(Clone)]
 pub(super) struct Seen {
     pub(super) id: ControllerId,
+    /// Its uid: the owner of its saved states' objects.
+    pub(super) uid: Option<String>,
     pub(super) generation: Option<i64>,
     pub(super) spec: WasmControllerSpec,
-    /// `status.guestState`: the guest's saved state, read when the controller is first seen.
+    /// `status.guestState`, where runtimes before WasmControllerState kept the guest's saved
+    /// state: moved into its WasmControllerState objects when the controller first starts.
     pub(super) guest_state: BTreeMap<String, String>,
 }
 
@@ -104,6 +107,7 @@ impl Manager {
     pub(super) async fn upsert(&mut self, seen: Seen) -> Option<ControllerId> {
         let Seen {
             id,
+            uid,
             generation,
             spec,
             guest_state,
@@ -116,12 +120,19 @@ impl Manager {
         let old = self.controllers.remove(&id);
         let guest = old.as_ref().and_then(|m| m.guest.clone());
         let image = old.as_ref().and_then(|m| m.image.clone());
-        // The state in memory is at least as new as the status the watch brings (this
-        // process wrote it); the status is read only the first time.
+        // The state in memory is at least as new as what is stored (this process wrote it);
+        // it is read from its objects only the first time ([`GuestState::load`], at setup).
         let state = match old {
             Some(m) => m.state,
             None => Arc::new(GuestState::new(
-                StateOwner::of(self.client.clone(), id.namespace.as_deref(), &id.name),
+                StateOwner::of(
+                    self.client.clone(),
+                    id.namespace.as_deref(),
+                    &id.name,
+                    uid.as_deref(),
+                    &self.config.runtime_namespace,
+                ),
+                self.config.max_state_bytes_per_controller,
                 guest_state,
             )),
         };

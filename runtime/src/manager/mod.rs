@@ -97,6 +97,11 @@ pub struct ManagerConfig {
     /// The most bytes of objects the caches hold for one namespace, and in all (see
     /// [`crate::controller::CacheAccounts`]).
     pub cache_caps: crate::controller::CacheCaps,
+    /// The most bytes (keys and values) of saved states one controller keeps
+    /// ([`crate::host::GuestState`]).
+    pub max_state_bytes_per_controller: usize,
+    /// The runtime's own namespace: where ClusterWasmControllers' saved states are kept.
+    pub runtime_namespace: String,
 }
 
 impl Default for ManagerConfig {
@@ -122,6 +127,8 @@ impl Default for ManagerConfig {
             module_cache: crate::sources::ModuleCache::off(),
             quarantine_namespace: None,
             cache_caps: crate::controller::CacheCaps::default(),
+            max_state_bytes_per_controller: 8 << 20,
+            runtime_namespace: "default".into(),
         }
     }
 }
@@ -361,6 +368,7 @@ impl Manager {
                 namespace: o.namespace(),
                 name: o.name_any(),
             },
+            uid: o.metadata.uid.clone(),
             generation: o.metadata.generation,
             spec: o.spec,
             guest_state: o.status.map(|s| s.guest_state).unwrap_or_default(),
@@ -372,6 +380,7 @@ impl Manager {
                     namespace: None,
                     name: o.name_any(),
                 },
+                uid: o.metadata.uid.clone(),
                 generation: o.metadata.generation,
                 spec: o.spec.controller,
                 guest_state: o.status.map(|s| s.guest_state).unwrap_or_default(),

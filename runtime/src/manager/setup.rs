@@ -61,6 +61,11 @@ impl Manager {
         // Parsed before anything else sees them: every apiVersion and kind the spec names
         // becomes part of a discovery URL, a cache key and an allowlist match.
         validate_declarations(spec)?;
+        // The guest's saved states, read before its first reconcile (once per controller).
+        state
+            .load()
+            .await
+            .map_err(|e| Problem::new(Reason::StateUnavailable, e.to_string()))?;
         // The operator's rules come first: nothing is looked up for a kind it does not allow.
         for (field, api_version, kind) in readable_declarations(spec) {
             if !self.config.watchable.allows(api_version, kind) {

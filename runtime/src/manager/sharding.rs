@@ -184,7 +184,8 @@ impl Manager {
             }
         }
 
-        // In: the controllers of shards gained, with their guest state read again.
+        // In: the controllers of shards gained, with what an older runtime left in their
+        // status read again (their saved states are read from their objects at setup).
         let gained: Vec<ControllerId> = self
             .declared
             .keys()
@@ -206,8 +207,9 @@ impl Manager {
         self.start_all(&starting).await;
     }
 
-    /// Reads the guest state of these controllers from their statuses again,
-    /// [`PARALLEL_STARTS`] at once; a controller whose read fails keeps what the watch said.
+    /// Reads the guest state an older runtime left in these controllers' statuses again (to
+    /// be moved into their WasmControllerState objects at setup), [`PARALLEL_STARTS`] at
+    /// once; a controller whose read fails keeps what the watch said.
     async fn reread_guest_states(&mut self, ids: &[ControllerId]) {
         let client = self.client.clone();
         let read: Vec<_> = futures::stream::iter(ids.iter().cloned())

@@ -296,9 +296,15 @@ impl Sandbox {
     ) -> Result<CallOutcome, CallError> {
         let permit = self.inner.slots.acquire(tenant).await;
         // The tenant's log lines per second are shared by its calls: this one may log what
-        // is left, and gives back what it did not use.
+        // is left, and gives back what it did not use. It takes no more than it could log
+        // (its bytes at the least a line costs): asking for everything would leave nothing to
+        // the tenant's other calls running beside it, whose lines would then be dropped.
         let mut limits = limits;
-        limits.log_lines = self.inner.log_rate.take(tenant, limits.log_lines);
+        let most = limits.log_bytes / super::MIN_LOG_LINE_COST;
+        limits.log_lines = self
+            .inner
+            .log_rate
+            .take(tenant, limits.log_lines.min(most.max(1)));
         // On this task, not a blocking thread: the guest yields every epoch tick, and a call
         // past its deadline is dropped with its Store, so the slot is free again at once.
         let result = guest.call_serialized(request, reads, &limits).await;

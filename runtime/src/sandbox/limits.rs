@@ -5,9 +5,6 @@ use std::time::Duration;
 /// Most bytes of the state a controller saves for one object (`setState`): the contract's.
 pub const MAX_GUEST_STATE_BYTES: usize = kubewasm_guest_sdk::MAX_STATE_BYTES;
 
-/// Most objects a controller keeps state for at once: the contract's.
-pub const MAX_GUEST_STATE_OBJECTS: usize = kubewasm_guest_sdk::MAX_STATE_OBJECTS;
-
 /// Limits for one reconcile call. Every limit is on by default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {

@@ -18,7 +18,7 @@ pub use call::{CallOutcome, Phases};
 pub use compiled::{Compilations, CompiledCache};
 pub use engine::{Digest, GuestPre, Sandbox, SandboxConfig};
 pub use error::{CallError, LoadError};
-pub use limits::{Limits, MAX_GUEST_STATE_BYTES, MAX_GUEST_STATE_OBJECTS};
+pub use limits::{Limits, MAX_GUEST_STATE_BYTES};
 pub use output::Captured;
 pub use output::MIN_LOG_LINE_COST;
 pub use rate::TenantRate;

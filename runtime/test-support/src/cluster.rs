@@ -292,3 +292,50 @@ where
     })
     .await
 }
+
+/// Where the saved states of controller `kind` (`WasmController` or `ClusterWasmController`)
+/// `name` are: the shard object of `key` in `namespace` (the controller's, or the runtime's
+/// for a ClusterWasmController), as its name.
+pub fn state_shard(kind: &str, name: &str, key: &str) -> String {
+    format!(
+        "{}-{:02}",
+        kubewasm::api::state_prefix(kind, name),
+        kubewasm::host::shard_of_key(key)
+    )
+}
+
+/// What controller `kind`/`name` saved for `key` (`None`: nothing), read from its
+/// WasmControllerState objects in `namespace` as the admin.
+pub async fn saved_state(
+    client: &Client,
+    namespace: &str,
+    kind: &str,
+    name: &str,
+    key: &str,
+) -> Result<Option<String>> {
+    let api: Api<kubewasm::api::WasmControllerState> = Api::namespaced(client.clone(), namespace);
+    Ok(api
+        .get_opt(&state_shard(kind, name, key))
+        .await?
+        .and_then(|s| s.spec.entries.get(key).cloned()))
+}
+
+/// Sets what controller `kind`/`name` saved for `key` to `value`, as the admin (what a
+/// runtime killed before its next save leaves); its shard object must exist.
+pub async fn set_saved_state(
+    client: &Client,
+    namespace: &str,
+    kind: &str,
+    name: &str,
+    key: &str,
+    value: &str,
+) -> Result<()> {
+    let api: Api<kubewasm::api::WasmControllerState> = Api::namespaced(client.clone(), namespace);
+    api.patch(
+        &state_shard(kind, name, key),
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(serde_json::json!({"spec": {"entries": {key: value}}})),
+    )
+    .await?;
+    Ok(())
+}

@@ -46,6 +46,7 @@ pub async fn install(
             "--timeout=60s",
             "crd/wasmcontrollers.kubewasm.dev",
             "crd/clusterwasmcontrollers.kubewasm.dev",
+            "crd/wasmcontrollerstates.kubewasm.dev",
         ])
         .await?;
     let overlay = format!("{deploy}/overlays/tutorials");
@@ -247,6 +248,11 @@ async fn only_what_deploy_grants(cluster: &NodeCluster) -> Result<()> {
             true,
         ),
         (&["patch", "wasmcontrollers.kubewasm.dev", "-A"], false),
+        (&["patch", "wasmcontrollerstates.kubewasm.dev", "-A"], true),
+        (
+            &["delete", "wasmcontrollerstates.kubewasm.dev", "-A"],
+            false,
+        ),
         (&["get", "secrets", "-A"], false),
         (&["create", "pods", "-A"], false),
         (&["impersonate", "users", "-A"], false),

@@ -6,8 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail, ensure};
-use kube::{Api, ResourceExt};
-use kubewasm::api::WasmController;
+use kube::ResourceExt;
 
 use crate::cluster::{
     NodeCluster, QUIET, WAIT, live_pods, patch_who, running_and_ready, wait_greeting, wait_logs,
@@ -22,7 +21,7 @@ pub const FRONTEND: &str = "app=frontend";
 /// The restarter's namespace.
 pub const TEST_SPACE: &str = "test-space";
 
-/// The key of the frontend ConfigMap's state in the restarter's `status.guestState`.
+/// The key of the frontend ConfigMap's state among the restarter's saved states.
 const STATE_KEY: &str = "test-space/frontend-config";
 
 /// Step 3: `hello.yaml`; Pod your-name prints `Hello, Your Name!`; `who` patched; a new Pod
@@ -152,18 +151,24 @@ pub fn uids(pods: &BTreeMap<String, k8s_openapi::api::core::v1::Pod>) -> BTreeMa
         .collect()
 }
 
-/// Waits until the restarter's `status.guestState` has a digest for frontend-config other
-/// than `not`.
+/// Waits until the restarter's saved state (its WasmControllerState) has a digest for
+/// frontend-config other than `not`.
 async fn wait_saved(cluster: &NodeCluster, not: Option<&str>) -> Result<String> {
-    let api: Api<WasmController> = Api::namespaced(cluster.client.clone(), TEST_SPACE);
     eventually(
         &format!("WasmController {TEST_SPACE}/configmap-restarter saves a digest for {STATE_KEY} (not {not:?})"),
         WAIT,
         || async {
-            let status = api.get("configmap-restarter").await?.status.unwrap_or_default();
-            match status.guest_state.get(STATE_KEY) {
-                Some(digest) if Some(digest.as_str()) != not => Ok(Some(digest.clone())),
-                other => bail!("status.guestState[{STATE_KEY}] is {other:?}"),
+            let saved = crate::support::cluster::saved_state(
+                &cluster.client,
+                TEST_SPACE,
+                "WasmController",
+                "configmap-restarter",
+                STATE_KEY,
+            )
+            .await?;
+            match saved {
+                Some(digest) if Some(digest.as_str()) != not => Ok(Some(digest)),
+                other => bail!("the saved state of {STATE_KEY} is {other:?}"),
             }
         },
     )

@@ -40,6 +40,9 @@ async fn least_privilege(control_plane: &ControlPlane, admin: &Client, ns: &str)
         ("watch", "kubewasm.dev", "clusterwasmcontrollers", ""),
         ("patch", "kubewasm.dev", "wasmcontrollers/status", ns),
         ("patch", "kubewasm.dev", "clusterwasmcontrollers/status", ""),
+        ("list", "kubewasm.dev", "wasmcontrollerstates", ns),
+        ("create", "kubewasm.dev", "wasmcontrollerstates", ns),
+        ("patch", "kubewasm.dev", "wasmcontrollerstates", ns),
         ("list", "", "configmaps", ""),
         ("watch", "", "configmaps", ""),
         ("create", "authorization.k8s.io", "subjectaccessreviews", ""),
@@ -88,6 +91,8 @@ async fn least_privilege(control_plane: &ControlPlane, admin: &Client, ns: &str)
         ("update", "kubewasm.dev", "wasmcontrollers", ns),
         ("patch", "kubewasm.dev", "wasmcontrollers", ns),
         ("delete", "kubewasm.dev", "wasmcontrollers", ns),
+        ("delete", "kubewasm.dev", "wasmcontrollerstates", ns),
+        ("update", "kubewasm.dev", "wasmcontrollerstates", ns),
         (
             "list",
             "rbac.authorization.k8s.io",

@@ -87,7 +87,7 @@ pub async fn pod_watcher(
                 let state = Owner::Cluster("pod-watcher").saved(client, &key).await?;
                 ensure!(
                     state.as_deref().is_some_and(|s| s.contains(has)),
-                    "status.guestState[{key}] is {state:?}"
+                    "the saved state of {key} is {state:?}"
                 );
                 Ok(Some(()))
             },
@@ -204,7 +204,7 @@ pub async fn pod_watcher(
             WAIT,
             || async {
                 let state = Owner::Cluster("pod-watcher").saved(client, &key).await?;
-                ensure!(state.is_none(), "status.guestState[{key}] is {state:?}");
+                ensure!(state.is_none(), "the saved state of {key} is {state:?}");
                 Ok(Some(()))
             },
         )

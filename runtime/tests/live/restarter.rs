@@ -7,10 +7,9 @@ use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
 use kube::{Api, Client};
-use kubewasm::api::ClusterWasmController;
 use serde_json::json;
 
-use crate::cluster::{WAIT, controller_status, live_pods};
+use crate::cluster::{WAIT, live_pods, saved_state};
 use crate::support::eventually;
 
 /// Creates a Pod with label `app=<app>` (it stays Pending: there are no nodes).
@@ -71,17 +70,18 @@ pub enum Owner<'a> {
 }
 
 impl Owner<'_> {
-    /// The state it saved for `key` (`namespace/name` of the ConfigMap).
+    /// The state it saved for `key` (`namespace/name` of the ConfigMap), from its
+    /// WasmControllerState objects (a ClusterWasmController's are in the runtime's namespace,
+    /// `default` for a `kubewasm run` without `POD_NAMESPACE`).
     pub async fn saved(&self, client: &Client, key: &str) -> Result<Option<String>> {
-        let status = match *self {
-            Owner::Namespaced(ns, name) => controller_status(client, ns, name).await?,
-            Owner::Cluster(name) => Api::<ClusterWasmController>::all(client.clone())
-                .get(name)
-                .await?
-                .status
-                .unwrap_or_default(),
-        };
-        Ok(status.guest_state.get(key).cloned())
+        match *self {
+            Owner::Namespaced(ns, name) => {
+                saved_state(client, ns, "WasmController", name, key).await
+            }
+            Owner::Cluster(name) => {
+                saved_state(client, "default", "ClusterWasmController", name, key).await
+            }
+        }
     }
 }
 
@@ -100,7 +100,7 @@ pub async fn wait_digest(
     eventually(&what, WAIT, || async {
         match owner.saved(client, key).await? {
             Some(digest) if Some(digest.as_str()) != not => Ok(Some(digest)),
-            other => bail!("status.guestState[{key}] is {other:?}"),
+            other => bail!("the saved state of {key} is {other:?}"),
         }
     })
     .await

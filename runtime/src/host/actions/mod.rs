@@ -104,7 +104,7 @@ pub struct Executor<'a> {
     /// The controller's Events, counted per object and reason.
     pub events: &'a EventRecorder,
     /// The controller's saved states (`setState`), and the target's key in them.
-    pub state: (&'a GuestState, &'a str),
+    pub state: (&'a std::sync::Arc<GuestState>, &'a str),
     /// The parents whose last status was held back ([`HeldStatuses`]).
     pub held: &'a HeldStatuses,
 }
@@ -140,7 +140,7 @@ impl Executor<'_> {
     pub async fn execute(&self, actions: &[Action]) -> Result<Outcome, ActionError> {
         let mut outcome = Outcome::default();
         let mut desired_children = DesiredChildren::new();
-        for action in actions {
+        for (i, action) in actions.iter().enumerate() {
             match action {
                 Action::Apply(object) => {
                     self.apply(object, &mut desired_children, &mut outcome)
@@ -181,10 +181,20 @@ impl Executor<'_> {
                     let (state, key) = self.state;
                     if state.changes(key, value.as_deref()) {
                         self.may_write().await?;
-                        state
-                            .set(key, value.as_deref())
-                            .await
-                            .map_err(|e| ActionError::Invalid(e.to_string()))?;
+                        // Nothing of this object follows it (no action after it, no child
+                        // to collect): written within milliseconds, together with other
+                        // objects' saves, and the next reconcile of the object waits for it.
+                        // Otherwise it is stored before the next action runs.
+                        let behind = self.child_kinds.is_empty()
+                            && actions[i + 1..]
+                                .iter()
+                                .all(|a| matches!(a, Action::RequeueAfter(_)));
+                        if behind {
+                            state.set_behind(key, value.as_deref())
+                        } else {
+                            state.set(key, value.as_deref()).await
+                        }
+                        .map_err(|e| ActionError::Invalid(e.to_string()))?;
                         outcome
                             .changes
                             .push(format!("saved state for {}", self.target));

@@ -153,7 +153,7 @@ async fn run(
         children: &observed,
         existing: &super::NoExistingChildren,
         events: &kept.events,
-        state: (&GuestState::in_memory(), "ns/web"),
+        state: (&std::sync::Arc::new(GuestState::in_memory()), "ns/web"),
         held: &kept.held,
     };
     executor

@@ -84,6 +84,14 @@ pub(super) struct Applied {
 impl Runner {
     /// The whole pipeline for one key. `Ok(Some(d))`: reconcile again after `d`.
     pub(super) async fn pipeline(&self, key: &ObjectKey) -> Result<Option<Duration>, Failure> {
+        // A state the last reconcile of this object left behind is stored before anything
+        // of the object runs again (or, if its write failed, this reconcile fails and the
+        // guest is called again with what is stored).
+        self.setup
+            .state
+            .settled(&key.to_string())
+            .await
+            .map_err(|e| Problem::new(Reason::ActionFailed, e.to_string()))?;
         let prepared = match self.prepare(key) {
             Prepare::Skip => return Ok(None),
             Prepare::Finalizer(add, parent) => {

@@ -68,10 +68,10 @@ impl Runner {
         if !self.setup.writes.admit().await {
             return Ok(());
         }
+        // The object is gone: nothing of it follows, so the forget goes with other saves.
         self.setup
             .state
-            .set(key, None)
-            .await
+            .set_behind(key, None)
             .map_err(|e| Problem::new(Reason::ActionFailed, e.to_string()))
     }
 
