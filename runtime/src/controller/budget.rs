@@ -100,6 +100,11 @@ impl WriteGate {
         self.fence.is_open()
     }
 
+    /// The fence, for a write sent later than its turn (a saved state left behind).
+    pub fn fence(&self) -> super::Fence {
+        self.fence.clone()
+    }
+
     /// Writes granted to this controller so far.
     pub fn granted(&self) -> u64 {
         self.lane.granted()

@@ -191,6 +191,9 @@ struct Pending {
     behind: std::collections::HashSet<String>,
     /// A flush of the shard is scheduled.
     scheduled: bool,
+    /// The fence of the saves left behind: none is sent once it is shut (a replica that lost
+    /// the controller's shard, or woke past its Lease, writes nothing).
+    fence: Option<crate::controller::Fence>,
 }
 
 /// One shard: the saves waiting, the keys being written, and the lock its writer holds.
@@ -473,7 +476,12 @@ impl GuestState {
     /// ([`GuestState::settled`]), so nothing of that object runs before it is stored. A
     /// runtime that stops within those milliseconds loses it, as if it had stopped before the
     /// save.
-    pub fn set_behind(self: &Arc<Self>, key: &str, value: Option<&str>) -> Result<(), StateError> {
+    pub fn set_behind(
+        self: &Arc<Self>,
+        key: &str,
+        value: Option<&str>,
+        fence: crate::controller::Fence,
+    ) -> Result<(), StateError> {
         if !self.changes(key, value) {
             return Ok(());
         }
@@ -484,6 +492,7 @@ impl GuestState {
                 .changes
                 .insert(key.to_owned(), value.map(str::to_owned));
             pending.behind.insert(key.to_owned());
+            pending.fence = Some(fence);
             !std::mem::replace(&mut pending.scheduled, true)
         };
         if schedule {
@@ -533,7 +542,11 @@ impl GuestState {
         if batch.changes.is_empty() {
             return Ok(());
         }
-        let written = self.write(index, &batch.changes).await;
+        let written = if batch.fence.as_ref().is_some_and(|f| !f.is_open()) {
+            Err("not sent: this runtime no longer holds the controller's shard".to_owned())
+        } else {
+            self.write(index, &batch.changes).await
+        };
         match &written {
             Ok(()) => {
                 let mut entries = self.entries.locked();
@@ -789,7 +802,9 @@ mod tests {
         let state = Arc::new(GuestState::new(owner, usize::MAX, BTreeMap::new()));
         let keys = keys_of_shard_7(40);
         for k in &keys {
-            state.set_behind(k, Some("seen")).unwrap();
+            state
+                .set_behind(k, Some("seen"), crate::controller::Fence::default())
+                .unwrap();
         }
         assert!(
             sent.locked().is_empty(),
@@ -823,12 +838,35 @@ mod tests {
         );
         let state = Arc::new(GuestState::new(owner, usize::MAX, BTreeMap::new()));
         let key = &keys_of_shard_7(1)[0];
-        state.set_behind(key, Some("seen")).unwrap();
+        state
+            .set_behind(key, Some("seen"), crate::controller::Fence::default())
+            .unwrap();
         let err = state.settled(key).await.unwrap_err().to_string();
         assert!(err.contains("etcd is unhappy"), "{err}");
         assert_eq!(state.get(key), None);
         assert!(!sent.locked().is_empty());
         // Said once: the reconcile after the failed one goes on with what is stored.
         state.settled(key).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_save_left_behind_is_not_sent_once_the_fence_is_shut() {
+        let (client, sent) = api_server();
+        let owner = StateOwner::of(
+            client,
+            Some("ns"),
+            "hello",
+            Some("uid-1"),
+            "kubewasm-system",
+        );
+        let state = Arc::new(GuestState::new(owner, usize::MAX, BTreeMap::new()));
+        let key = &keys_of_shard_7(1)[0];
+        let fence = crate::controller::Fence::default();
+        state.set_behind(key, Some("seen"), fence.clone()).unwrap();
+        fence.close(); // the shard lost before the linger ended
+        let err = state.settled(key).await.unwrap_err().to_string();
+        assert!(err.contains("no longer holds"), "{err}");
+        assert!(sent.locked().is_empty(), "sent: {:?}", sent.locked());
+        assert_eq!(state.get(key), None);
     }
 }

@@ -190,7 +190,7 @@ impl Executor<'_> {
                                 .iter()
                                 .all(|a| matches!(a, Action::RequeueAfter(_)));
                         if behind {
-                            state.set_behind(key, value.as_deref())
+                            state.set_behind(key, value.as_deref(), self.writes.fence())
                         } else {
                             state.set(key, value.as_deref()).await
                         }

@@ -71,7 +71,7 @@ impl Runner {
         // The object is gone: nothing of it follows, so the forget goes with other saves.
         self.setup
             .state
-            .set_behind(key, None)
+            .set_behind(key, None, self.setup.writes.fence())
             .map_err(|e| Problem::new(Reason::ActionFailed, e.to_string()))
     }
 
