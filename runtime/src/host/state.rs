@@ -696,13 +696,8 @@ mod tests {
     /// What the mock API server was sent: method, path, body.
     type Sent = std::sync::Arc<Mutex<Vec<(String, String, Value)>>>;
 
-    /// A mock API server that answers every request with a WasmControllerState after a
-    /// moment, recording method, path and body.
-    fn api_server() -> (Client, Sent) {
-        api_server_answering(200)
-    }
-
-    /// Like [`api_server`], answering with HTTP `status`.
+    /// A mock API server that answers every request with HTTP `status` (200: a
+    /// WasmControllerState) after a moment, recording method, path and body.
     fn api_server_answering(status: u16) -> (Client, Sent) {
         use http::{Request, Response};
         use kube::client::Body;
@@ -744,15 +739,7 @@ mod tests {
 
     #[tokio::test]
     async fn saves_of_one_shard_waiting_for_a_write_go_together_in_the_next() {
-        let (client, sent) = api_server();
-        let owner = StateOwner::of(
-            client,
-            Some("ns"),
-            "hello",
-            Some("uid-1"),
-            "kubewasm-system",
-        );
-        let state = GuestState::new(owner, usize::MAX, BTreeMap::new());
+        let (state, sent) = store_answering(200);
         let keys = keys_of_shard_7(50);
         let saves = keys.iter().map(|k| state.set(k, Some("seen")));
         for saved in futures::future::join_all(saves).await {
@@ -780,6 +767,23 @@ mod tests {
         assert_eq!(state.len(), 50);
     }
 
+    /// The states of WasmController ns/hello, kept through a mock API server answering
+    /// `status`.
+    fn store_answering(status: u16) -> (Arc<GuestState>, Sent) {
+        let (client, sent) = api_server_answering(status);
+        let owner = StateOwner::of(
+            client,
+            Some("ns"),
+            "hello",
+            Some("uid-1"),
+            "kubewasm-system",
+        );
+        (
+            Arc::new(GuestState::new(owner, usize::MAX, BTreeMap::new())),
+            sent,
+        )
+    }
+
     /// Keys of one shard (7).
     fn keys_of_shard_7(n: usize) -> Vec<String> {
         (0..)
@@ -791,15 +795,7 @@ mod tests {
 
     #[tokio::test]
     async fn saves_left_behind_go_in_one_write_and_the_next_reconcile_waits_for_it() {
-        let (client, sent) = api_server();
-        let owner = StateOwner::of(
-            client,
-            Some("ns"),
-            "hello",
-            Some("uid-1"),
-            "kubewasm-system",
-        );
-        let state = Arc::new(GuestState::new(owner, usize::MAX, BTreeMap::new()));
+        let (state, sent) = store_answering(200);
         let keys = keys_of_shard_7(40);
         for k in &keys {
             state
@@ -828,15 +824,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_save_left_behind_that_fails_fails_the_next_reconcile_and_is_not_kept() {
-        let (client, sent) = api_server_answering(500);
-        let owner = StateOwner::of(
-            client,
-            Some("ns"),
-            "hello",
-            Some("uid-1"),
-            "kubewasm-system",
-        );
-        let state = Arc::new(GuestState::new(owner, usize::MAX, BTreeMap::new()));
+        let (state, sent) = store_answering(500);
         let key = &keys_of_shard_7(1)[0];
         state
             .set_behind(key, Some("seen"), crate::controller::Fence::default())
@@ -851,15 +839,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_save_left_behind_is_not_sent_once_the_fence_is_shut() {
-        let (client, sent) = api_server();
-        let owner = StateOwner::of(
-            client,
-            Some("ns"),
-            "hello",
-            Some("uid-1"),
-            "kubewasm-system",
-        );
-        let state = Arc::new(GuestState::new(owner, usize::MAX, BTreeMap::new()));
+        let (state, sent) = store_answering(200);
         let key = &keys_of_shard_7(1)[0];
         let fence = crate::controller::Fence::default();
         state.set_behind(key, Some("seen"), fence.clone()).unwrap();
