@@ -9,14 +9,16 @@
 //!   run` (as shipped and with its write caps lifted) and by a raw kube-rs client making the
 //!   same writes ([`hello`]);
 //! - P6: 3,000 HelloWorlds across 30 tenants, by 1, 2 and 3 `kubewasm run --leader-elect`
-//!   replicas and by raw clients, one per tenant ([`tenants`]).
+//!   replicas and by raw clients, one per tenant ([`tenants`]);
+//! - state: the Chronos pod watcher over 10,000 Pods, then 1,000 of them relabelled: time,
+//!   API writes, writes a second and bytes per object of the guest states ([`state`]).
 //!
 //! `make bench-cluster`, or `cargo bench -p kubewasm --bench cluster [-- WORDS]` with words
-//! `p2`, `p4`, `p6` (default all), `tiny` (a few seconds' worth: proves it still runs),
+//! `p2`, `p4`, `p6`, `state` (default all), `tiny` (a few seconds' worth: proves it still runs),
 //! `no-python`, and sizes `rounds=N` (P2: 20 per restarter; P4: 3 each of the lifted runtime
 //! and the raw client; P6: 1 of each), `count=N` (P4: 1000 HelloWorlds; P6: 100 per tenant),
 //! `shipped=N` (P4: 1 round of the runtime as shipped), `tenants=N` (P6: 30), `replicas=N`
-//! (P6: 1, 2, …, N; 3).
+//! (P6: 1, 2, …, N; 3), `pods=N` and `changes=N` (state: 10,000 and 1,000).
 //! The Python controller needs the official `kubernetes` client in the venv
 //! `$KUBEWASM_CACHE/py` (made by `make bench-cluster`); `tiny` leaves it out when it is missing.
 //! Numbers are printed, never asserted.
@@ -31,8 +33,14 @@ use kubewasm_test_support::runtime;
 
 #[path = "cluster/hello.rs"]
 mod hello;
+// Its tests are not compiled here, and what only they use is unused.
+#[allow(dead_code, unused_imports)]
+#[path = "../tests/live/state.rs"]
+mod pod_states;
 #[path = "cluster/restart.rs"]
 mod restart;
+#[path = "cluster/state.rs"]
+mod state;
 #[path = "cluster/stats.rs"]
 mod stats;
 #[path = "cluster/tenants.rs"]
@@ -85,6 +93,7 @@ struct Plan {
     p2: Option<restart::Size>,
     p4: Option<hello::Size>,
     p6: Option<tenants::Size>,
+    state: Option<state::Size>,
     python: bool,
 }
 
@@ -97,22 +106,28 @@ impl Plan {
         let mut sizes = std::collections::HashMap::new();
         for word in &words {
             if let Some((key, value)) = word.split_once('=') {
-                if !["rounds", "count", "shipped", "tenants", "replicas"].contains(&key) {
+                if ![
+                    "rounds", "count", "shipped", "tenants", "replicas", "pods", "changes",
+                ]
+                .contains(&key)
+                {
                     bail!(
-                        "unknown size `{key}`: expected rounds=N, count=N, shipped=N, tenants=N or replicas=N"
+                        "unknown size `{key}`: expected rounds=N, count=N, shipped=N, tenants=N, replicas=N, pods=N or changes=N"
                     );
                 }
                 let n: usize = value
                     .parse()
                     .with_context(|| format!("`{word}`: not a number"))?;
                 sizes.insert(key.to_owned(), n);
-            } else if !["tiny", "p2", "p4", "p6", "no-python"].contains(&word.as_str()) {
-                bail!("unknown word `{word}`: expected p2, p4, p6, tiny, no-python or a size");
+            } else if !["tiny", "p2", "p4", "p6", "state", "no-python"].contains(&word.as_str()) {
+                bail!(
+                    "unknown word `{word}`: expected p2, p4, p6, state, tiny, no-python or a size"
+                );
             }
         }
         let has = |w: &str| words.iter().any(|a| a == w);
-        let (p2, p4, p6) = match (has("p2"), has("p4"), has("p6")) {
-            (false, false, false) => (true, true, true),
+        let (p2, p4, p6, state) = match (has("p2"), has("p4"), has("p6"), has("state")) {
+            (false, false, false, false) => (true, true, true, true),
             chosen => chosen,
         };
         let tiny = has("tiny");
@@ -137,6 +152,10 @@ impl Plan {
             replicas: (1..=size("replicas", 3, 2)).collect(),
             rounds: size("rounds", 1, 1),
         });
+        let state = state.then(|| state::Size {
+            count: size("pods", 10_000, 50),
+            changes: size("changes", 1000, 10),
+        });
         let mut python = p2.is_some() && !has("no-python");
         if python && tiny && python::interpreter().is_err() {
             eprintln!(
@@ -144,7 +163,13 @@ impl Plan {
             );
             python = false;
         }
-        Ok(Plan { p2, p4, p6, python })
+        Ok(Plan {
+            p2,
+            p4,
+            p6,
+            state,
+            python,
+        })
     }
 }
 
@@ -176,6 +201,9 @@ async fn run(cp: &ControlPlane, plan: &Plan) -> Result<()> {
     }
     if let Some(size) = plan.p6.clone() {
         tenants::bench(cp, size).await?;
+    }
+    if let Some(size) = plan.state {
+        state::bench(cp, size).await?;
     }
     print_load("load at the end");
     Ok(())

@@ -945,3 +945,74 @@ fn a_restart_loads_compiled_modules_from_the_cache() {
         "an engine with other settings compiles its own"
     );
 }
+
+/// Instance reuse: one instance slot, so that every call runs in the memory and tables the
+/// call before it used (the pool resets a slot when it is handed back: the first 4 MiB zeroed
+/// in place, the rest decommitted). Each call of the hostile guest's `remember` leaves a
+/// secret in a static and in 12 MiB of heap, then the next — of another tenant, then of the
+/// same — grows its memory as large and looks through all of it, and through its statics, for
+/// the one before's: nothing, every time. That the look finds what is there is checked in the
+/// same call (its own secret, once left).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_sees_nothing_an_earlier_call_left_in_its_instance() {
+    /// `REMEMBER_BYTES` of the hostile guest.
+    const LEFT_BYTES: usize = 12 << 20;
+    let one_slot = Sandbox::new(SandboxConfig {
+        max_instances: 1,
+        ..SandboxConfig::default()
+    })
+    .expect("a sandbox with one instance slot");
+    let hostile = one_slot
+        .load(&std::fs::read(common::guest("hostile")).unwrap())
+        .unwrap();
+    let mut before = String::from("nothing-before");
+    for round in 0..6 {
+        let tenant = ["team-a", "team-b", "team-b"][round % 3];
+        let secret = format!("{tenant}-secret-{round}-7f3c91");
+        let request = Request::for_object(json!({
+            "apiVersion": "example.com/v1",
+            "kind": "Hostile",
+            "metadata": {"name": "remember", "namespace": tenant},
+            "spec": {"mode": "remember", "secret": secret, "lookFor": before},
+        }))
+        .expect("a valid request")
+        .with_controller(format!("{tenant}/hostile"));
+        let outcome = tokio::time::timeout(
+            WATCHDOG,
+            one_slot.reconcile(
+                tenant,
+                hostile.clone(),
+                request,
+                Arc::new(NoReads),
+                Limits::default().with_timeout(Duration::from_secs(10)),
+            ),
+        )
+        .await
+        .expect("a remembering call did not return")
+        .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let status = outcome
+            .response
+            .actions
+            .iter()
+            .find_map(|a| match a {
+                Action::SetStatus(s) => Some(s.clone()),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("round {round}: no status: {:?}", outcome.response));
+        assert_eq!(
+            (
+                &status["callsBefore"],
+                &status["staticHeld"],
+                &status["found"]
+            ),
+            (&json!(0), &json!(0), &json!(0)),
+            "round {round} ({tenant}) saw what the call before it left: {status}"
+        );
+        let own = status["foundOwn"].as_u64().unwrap_or(0) as usize;
+        assert!(
+            own >= LEFT_BYTES / secret.len(),
+            "round {round}: the look found its own secret only {own} times: it does not see memory"
+        );
+        before = secret;
+    }
+}

@@ -84,7 +84,7 @@ pub struct Args {
     max_cached_bytes: String,
     /// The most bytes of saved states (`setState`: keys and values) one controller keeps, a
     /// quantity; a save past it fails that reconcile, saying so. The states are kept in
-    /// WasmControllerState objects, 32 shards per controller of at most 1 MiB each.
+    /// WasmControllerState objects, 16 shards per controller of at most 1 MiB each.
     #[arg(long, default_value_t = Unit::Bytes.show(ManagerConfig::default().max_state_bytes_per_controller as u64))]
     max_state_bytes_per_controller: String,
     /// Keep a journal of the module being compiled in ConfigMap `kubewasm-quarantine` of this

@@ -22,4 +22,6 @@ pub use grants::{Denied, Permissions};
 pub use kinds::DeclaredKinds;
 pub use reads::{GrantedReads, ObjectSet, ObjectSource};
 pub use runner::{ControllerSetup, Failing, MAX_LISTED_FINALIZING, Runner, Stats};
-pub use state::{GuestState, MAX_SHARD_BYTES, STATE_SHARDS, StateError, StateOwner, shard_of_key};
+pub use state::{
+    GuestState, LINGER, MAX_SHARD_BYTES, STATE_SHARDS, StateError, StateOwner, shard_of_key,
+};

@@ -473,9 +473,10 @@ impl GuestState {
     /// Saves or forgets the state of `key` without waiting for the write: it goes with the
     /// other saves of its shard within [`LINGER`]. For a save that no action of the same
     /// reconcile follows: the next reconcile of `key` waits for it first
-    /// ([`GuestState::settled`]), so nothing of that object runs before it is stored. A
-    /// runtime that stops within those milliseconds loses it, as if it had stopped before the
-    /// save.
+    /// ([`GuestState::settled`]), so nothing of that object runs before it is stored, and a
+    /// controller that stops writes it first ([`GuestState::flush`]). A runtime killed within
+    /// those milliseconds, or a replica whose fence shut first (its shard lost or handed
+    /// over), loses it, as if it had stopped before the save.
     pub fn set_behind(
         self: &Arc<Self>,
         key: &str,
@@ -504,6 +505,24 @@ impl GuestState {
             });
         }
         Ok(())
+    }
+
+    /// Writes every save left behind now, without waiting for [`LINGER`]: when the
+    /// controller stops (its reconciles have finished), so that a runtime stopped with
+    /// SIGTERM, or a controller changed or removed, loses none of them. Saves whose fence is
+    /// shut are not sent (see [`GuestState::set_behind`]). Returns how many shards failed.
+    pub async fn flush(&self) -> usize {
+        let mut failed = 0;
+        for (index, shard) in self.shards.iter().enumerate() {
+            if shard.pending.locked().changes.is_empty() {
+                continue;
+            }
+            let _writer = shard.writing.lock().await;
+            if self.write_pending(index).await.is_err() {
+                failed += 1;
+            }
+        }
+        failed
     }
 
     /// Waits until no save of `key` is waiting or being written; the failure of one left
@@ -848,5 +867,29 @@ mod tests {
         assert!(err.contains("no longer holds"), "{err}");
         assert!(sent.locked().is_empty(), "sent: {:?}", sent.locked());
         assert_eq!(state.get(key), None);
+    }
+
+    // Paused time: the linger is 100 ms of the test's clock, the mock's answers 20 ms each.
+    #[tokio::test(start_paused = true)]
+    async fn a_flush_writes_the_saves_left_behind_at_once() {
+        let (state, sent) = store_answering(200);
+        let keys = keys_of_shard_7(3);
+        let other = (0..)
+            .map(|i| format!("ns/other-{i}"))
+            .find(|k| shard_of_key(k) != 7)
+            .unwrap();
+        for k in keys.iter().chain([&other]) {
+            state
+                .set_behind(k, Some("seen"), crate::controller::Fence::default())
+                .unwrap();
+        }
+        let started = tokio::time::Instant::now();
+        assert_eq!(state.flush().await, 0);
+        assert!(started.elapsed() < LINGER, "waited for the linger");
+        assert_eq!(state.len(), 4, "every save stored when the flush returns");
+        assert_eq!(sent.locked().len(), 2, "one write per shard");
+        // The lingering writers find nothing left.
+        tokio::time::sleep(LINGER * 2).await;
+        assert_eq!(sent.locked().len(), 2);
     }
 }

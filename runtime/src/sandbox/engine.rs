@@ -13,6 +13,7 @@ use super::call::{self, CallOutcome, CallState};
 use super::compiled::{self, Compilations, CompiledCache};
 use super::error::{CallError, LoadError};
 use super::limits::Limits;
+use super::output::SharedLines;
 use super::rate::TenantRate;
 use super::slots::FairSlots;
 use super::types::{IntoWire, SharedReads, WireRequest};
@@ -122,7 +123,7 @@ impl GuestPre {
         reads: SharedReads,
         limits: &Limits,
     ) -> Result<CallOutcome, CallError> {
-        block_on(self.call_serialized(request, reads, limits))
+        block_on(self.call_serialized(request, reads, limits, None))
     }
 
     /// Serializes the request (timed), then [`GuestPre::run`].
@@ -131,11 +132,12 @@ impl GuestPre {
         request: impl IntoWire,
         reads: SharedReads,
         limits: &Limits,
+        lines: Option<SharedLines>,
     ) -> Result<CallOutcome, CallError> {
         let serializing = Instant::now();
         let wire = request.into_wire();
         let serialized = serializing.elapsed();
-        let mut outcome = self.run(wire, reads, limits).await;
+        let mut outcome = self.run(wire, reads, limits, lines).await;
         if let Ok(done) = &mut outcome {
             done.phases.request += serialized;
         }
@@ -150,6 +152,7 @@ impl GuestPre {
         request: WireRequest,
         reads: SharedReads,
         limits: &Limits,
+        lines: Option<SharedLines>,
     ) -> Result<CallOutcome, CallError> {
         let call = call::run(
             &self.engine,
@@ -158,6 +161,7 @@ impl GuestPre {
             request,
             reads,
             limits,
+            lines,
         );
         // The epoch deadline fires first for a computing guest; this catches one that waits.
         let grace = limits.timeout + self.epoch_tick * 2;
@@ -194,7 +198,7 @@ struct Inner {
     /// How the modules loaded so far were had: compiled, or from the compiled cache.
     compilations: Compilations,
     slots: FairSlots,
-    log_rate: TenantRate,
+    log_rate: Arc<TenantRate>,
     config: SandboxConfig,
 }
 
@@ -244,7 +248,10 @@ impl Sandbox {
                 compiling: Mutex::new(()),
                 compilations: Compilations::default(),
                 slots: FairSlots::new(config.max_instances as usize),
-                log_rate: TenantRate::new(config.log_lines_per_second, config.log_line_burst),
+                log_rate: Arc::new(TenantRate::new(
+                    config.log_lines_per_second,
+                    config.log_line_burst,
+                )),
                 config,
             }),
         })
@@ -295,24 +302,18 @@ impl Sandbox {
         limits: Limits,
     ) -> Result<CallOutcome, CallError> {
         let permit = self.inner.slots.acquire(tenant).await;
-        // The tenant's log lines per second are shared by its calls: this one may log what
-        // is left, and gives back what it did not use. It takes no more than it could log
-        // (its bytes at the least a line costs): asking for everything would leave nothing to
-        // the tenant's other calls running beside it, whose lines would then be dropped.
-        let mut limits = limits;
-        let most = limits.log_bytes / super::MIN_LOG_LINE_COST;
-        limits.log_lines = self
-            .inner
-            .log_rate
-            .take(tenant, limits.log_lines.min(most.max(1)));
+        // The tenant's log lines per second are shared by its calls, taken a few at a time as
+        // each logs (see `SharedLines`).
+        let lines = SharedLines {
+            rate: self.inner.log_rate.clone(),
+            tenant: tenant.to_owned(),
+        };
         // On this task, not a blocking thread: the guest yields every epoch tick, and a call
         // past its deadline is dropped with its Store, so the slot is free again at once.
-        let result = guest.call_serialized(request, reads, &limits).await;
+        let result = guest
+            .call_serialized(request, reads, &limits, Some(lines))
+            .await;
         drop(permit);
-        if let Ok(done) = &result {
-            let unused = limits.log_lines.saturating_sub(done.log_lines);
-            self.inner.log_rate.give_back(tenant, unused);
-        }
         result
     }
 

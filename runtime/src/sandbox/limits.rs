@@ -20,9 +20,10 @@ pub struct Limits {
     /// counting its length and at least [`MIN_LOG_LINE_COST`](super::MIN_LOG_LINE_COST) (so
     /// empty lines are not free); the rest is counted and dropped, never failing the guest.
     pub log_bytes: usize,
-    /// Lines logged per call at most. [`Sandbox::reconcile`](super::Sandbox::reconcile) sets
-    /// it to what is left of the tenant's log rate (`SandboxConfig::log_lines_per_second`);
-    /// a call made straight on a [`GuestPre`](super::GuestPre) has no rate to share.
+    /// Lines logged per call at most. Under [`Sandbox::reconcile`](super::Sandbox::reconcile)
+    /// each line is also taken from the tenant's log rate (`SandboxConfig::log_lines_per_second`,
+    /// a few at a time as the call logs); a call made straight on a
+    /// [`GuestPre`](super::GuestPre) has no rate to share.
     pub log_lines: usize,
     /// Largest response document, in bytes (checked before it is parsed).
     pub response_bytes: usize,

@@ -124,7 +124,7 @@ impl StdoutStream for BoundedOutput {
 }
 
 /// What is left of one call's budget for host `log` lines.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub(crate) struct LogBudget {
     limit: usize,
     used: usize,
@@ -132,7 +132,27 @@ pub(crate) struct LogBudget {
     lines: usize,
     dropped: u64,
     dropped_lines: u64,
+    /// Where the lines come from, when they are shared with other calls (the tenant's rate),
+    /// and how many taken from it are not used yet.
+    shared: Option<(SharedLines, usize)>,
 }
+
+/// A tenant's log lines a second, shared by its calls: each call takes a few at a time as it
+/// logs ([`LINES_TAKEN_AT_ONCE`]), and gives back what it took and did not use when it ends,
+/// so that calls running side by side share the tenant's lines by what they log, not by who
+/// started first.
+#[derive(Debug, Clone)]
+pub struct SharedLines {
+    /// The rate.
+    pub rate: std::sync::Arc<super::TenantRate>,
+    /// The tenant.
+    pub tenant: String,
+}
+
+/// Lines a call takes from its tenant's rate at once: few enough that a call cannot hold the
+/// lines its tenant's other calls need, enough that a guest logging many does not lock the
+/// rate for each.
+pub const LINES_TAKEN_AT_ONCE: usize = 8;
 
 /// The least a guest's log line costs of its call's log budget, an empty one too.
 pub const MIN_LOG_LINE_COST: usize = 128;
@@ -147,7 +167,34 @@ impl LogBudget {
             lines: 0,
             dropped: 0,
             dropped_lines: 0,
+            shared: None,
         }
+    }
+
+    /// The same budget, whose lines are also taken from `shared` as they are logged.
+    pub(crate) fn sharing(mut self, shared: Option<SharedLines>) -> Self {
+        self.shared = shared.map(|s| (s, 0));
+        self
+    }
+
+    /// Whether one more line may be logged now: under the call's own line cap, and a line of
+    /// the shared rate in hand (a few more taken when none is).
+    fn line_available(&mut self) -> bool {
+        if self.lines >= self.max_lines {
+            return false;
+        }
+        let Some((shared, taken)) = &mut self.shared else {
+            return true;
+        };
+        if *taken == 0 {
+            let want = LINES_TAKEN_AT_ONCE.min(self.max_lines - self.lines);
+            *taken = shared.rate.take(&shared.tenant, want);
+        }
+        if *taken == 0 {
+            return false;
+        }
+        *taken -= 1;
+        true
     }
 
     /// What to log of `line`: escaped ([`super::text::guest_text`]), at most
@@ -157,7 +204,7 @@ impl LogBudget {
     /// left.
     pub(crate) fn admit<'a>(&mut self, line: &'a str) -> Option<Cow<'a, str>> {
         let left = self.limit.saturating_sub(self.used);
-        if left < MIN_LOG_LINE_COST || self.lines >= self.max_lines {
+        if left < MIN_LOG_LINE_COST || !self.line_available() {
             self.used = self.limit;
             self.dropped += line.len() as u64;
             self.dropped_lines += 1;
@@ -183,6 +230,16 @@ impl LogBudget {
     /// Bytes of log lines not logged: cut from long lines or over the budget.
     pub(crate) fn dropped(&self) -> u64 {
         self.dropped
+    }
+}
+
+impl Drop for LogBudget {
+    /// Gives back the lines taken from the shared rate and not logged: the call ended (or was
+    /// dropped at its deadline).
+    fn drop(&mut self) {
+        if let Some((shared, taken)) = &mut self.shared {
+            shared.rate.give_back(&shared.tenant, std::mem::take(taken));
+        }
     }
 }
 
@@ -233,6 +290,36 @@ mod tests {
         let mut budget = LogBudget::new(64 << 10, 3);
         let logged = (0..10).filter(|_| budget.admit("x").is_some()).count();
         assert_eq!((logged, budget.lines(), budget.dropped_lines()), (3, 3, 7));
+    }
+
+    #[test]
+    fn calls_side_by_side_share_their_tenants_lines_as_they_log() {
+        let rate = std::sync::Arc::new(super::super::TenantRate::new(0.0, 100));
+        let shared = |tenant: &str| {
+            Some(SharedLines {
+                rate: rate.clone(),
+                tenant: tenant.to_owned(),
+            })
+        };
+        // Three calls of one tenant start together; none takes the others' lines up front.
+        let mut calls: Vec<LogBudget> = (0..3)
+            .map(|_| LogBudget::new(64 << 10, 500).sharing(shared("team-a")))
+            .collect();
+        let mut logged = [0usize; 3];
+        for _ in 0..40 {
+            for (call, n) in calls.iter_mut().zip(&mut logged) {
+                *n += usize::from(call.admit("x").is_some());
+            }
+        }
+        // Eight at a time: the first to come when 4 are left gets them.
+        assert_eq!(logged, [36, 32, 32], "100 lines shared by what each logged");
+        assert_eq!(calls[0].admit("x"), None, "the tenant's lines are used up");
+        // Another tenant's lines are its own.
+        let mut other = LogBudget::new(64 << 10, 500).sharing(shared("team-b"));
+        assert!(other.admit("x").is_some());
+        // What a call took and did not log goes back when it ends.
+        drop(other);
+        assert_eq!(rate.take("team-b", usize::MAX), 99);
     }
 
     #[test]

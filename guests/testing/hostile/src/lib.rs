@@ -25,6 +25,7 @@
 //! | `requeue-zero` | sets status `{"requeued": true}` and asks to be reconciled again at once, every time |
 //! | `churn` | sets status `{"seen": <the parent's resourceVersion>}`, which changes the parent and so calls for another reconcile: a hot loop of writes, as a buggy controller makes |
 //! | `compute` | computes [`compute`] for `spec.rounds` rounds (default [`COMPUTE_ROUNDS`]), no host calls, and sets status `{"computed": <result>}` |
+//! | `remember` | looks through its whole linear memory for what an earlier call left (`spec.lookFor`, hidden as [`hidden`] makes it) and in its statics, then leaves `spec.secret` there itself: a static, and [`REMEMBER_BYTES`] of heap; sets status `{"callsBefore", "staticHeld", "found", "foundOwn"}` ([`remember`]) |
 //!
 //! Modes that step around the SDK and call the host imports directly (wasm only), as a
 //! guest written against the bare WIT contract could:
@@ -157,8 +158,97 @@ pub fn reconcile(req: &Request, cluster: &dyn Cluster) -> Result<Response, Error
             // A string: JSON numbers past 2^53 do not survive every reader.
             Ok(Response::new().set_status(json!({ "computed": compute(rounds).to_string() })))
         }
+        "remember" => Ok(remember(req)),
         other => Err(Error::permanent(format!("unknown hostile mode {other:?}"))),
     }
+}
+
+/// How many bytes of heap `remember` fills with its secret (past the 4 MiB of an instance's
+/// memory the pool keeps resident and zeroes itself, so that both ways a slot is reset are
+/// looked through), and grows its memory by before it looks.
+pub const REMEMBER_BYTES: usize = 12 << 20;
+
+/// Calls of `remember` this instance has seen.
+static REMEMBERED_CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The secret `remember` left in a static.
+static REMEMBERED: std::sync::Mutex<Vec<u8>> = std::sync::Mutex::new(Vec::new());
+
+/// How a secret is kept in memory: every byte flipped by this mask, so that the secret as
+/// the request carries it (copied into memory by the call) is not what is looked for.
+pub const HIDE: u8 = 0x5a;
+
+/// `secret` as `remember` keeps it in memory.
+pub fn hidden(secret: &str) -> Vec<u8> {
+    secret.bytes().map(|b| b ^ HIDE).collect()
+}
+
+/// Looks for what an earlier call of this guest left behind — in its statics, and anywhere
+/// in its linear memory (the hidden form of `spec.lookFor`) — then leaves `spec.secret` in a
+/// static and in [`REMEMBER_BYTES`] of leaked heap, and looks for that too (the scan finds
+/// what is there). Status: `callsBefore` (this instance's earlier calls), `staticHeld` (bytes
+/// in the static), `found` (places `lookFor` was found), `foundOwn` (places its own secret
+/// was found once left).
+fn remember(req: &Request) -> Response {
+    let spec = |key: &str| {
+        req.parent
+            .as_ref()
+            .and_then(|p| object::spec_str(p, key))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let (secret, look_for) = (spec("secret"), spec("lookFor"));
+    // Memory as large as an earlier call's, before looking through it.
+    let room = black_box(vec![1u8; REMEMBER_BYTES]);
+    drop(room);
+    let found = occurrences(look_for.as_bytes());
+    let calls_before = REMEMBERED_CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let held = REMEMBERED.lock().map(|s| s.len()).unwrap_or(0);
+    let kept = hidden(&secret);
+    if let Ok(mut s) = REMEMBERED.lock() {
+        s.clone_from(&kept);
+    }
+    let mut leak = Vec::with_capacity(REMEMBER_BYTES);
+    while !kept.is_empty() && leak.len() + kept.len() <= REMEMBER_BYTES {
+        leak.extend_from_slice(&kept);
+    }
+    std::mem::forget(black_box(leak));
+    let found_own = occurrences(secret.as_bytes());
+    Response::new().set_status(json!({
+        "callsBefore": calls_before,
+        "staticHeld": held,
+        "found": found,
+        "foundOwn": found_own,
+    }))
+}
+
+/// How many places of this instance's whole linear memory hold `secret` hidden ([`hidden`]),
+/// compared byte by byte as it is read, so that the hidden form is never written anywhere by
+/// looking for it.
+#[cfg(target_arch = "wasm32")]
+#[allow(unsafe_code)]
+fn occurrences(secret: &[u8]) -> usize {
+    let Some((&first, rest)) = secret.split_first() else {
+        return 0;
+    };
+    let size = core::arch::wasm32::memory_size(0) * 65536;
+    // Every address of linear memory is readable by the guest: that is what is being tested.
+    let byte = |at: usize| unsafe { core::ptr::read_volatile(at as *const u8) };
+    (1..size.saturating_sub(secret.len()))
+        .filter(|&at| {
+            byte(at) == first ^ HIDE
+                && rest
+                    .iter()
+                    .enumerate()
+                    .all(|(i, &b)| byte(at + 1 + i) == b ^ HIDE)
+        })
+        .count()
+}
+
+/// Natively there is no linear memory to look through.
+#[cfg(not(target_arch = "wasm32"))]
+fn occurrences(_secret: &[u8]) -> usize {
+    0
 }
 
 fn well_behaved(req: &Request) -> Response {

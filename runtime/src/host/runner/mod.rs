@@ -276,8 +276,16 @@ impl Runner {
         for f in feeders {
             f.abort();
         }
-        // Let running reconciles finish.
+        // Let running reconciles finish, then write the saves they left behind (a stop loses
+        // none; a fence shut meanwhile sends none).
         while running.join_next().await.is_some() {}
+        let failed = self.setup.state.flush().await;
+        if failed > 0 {
+            tracing::warn!(
+                controller = self.setup.id.as_str(),
+                "stopping: {failed} shards of saved states could not be written; their objects are reconciled again by whoever runs this controller next"
+            );
+        }
     }
 
     async fn feed(self: Arc<Self>, mut rx: broadcast::Receiver<Arc<Change>>, trigger: Trigger) {

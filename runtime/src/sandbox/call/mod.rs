@@ -10,7 +10,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use super::bindings::{ControllerPre, HOST_INTERFACE, wit};
 use super::error::{CallError, HostCallLimitHit};
 use super::limits::{Limits, MemoryLimiter};
-use super::output::{BoundedOutput, Captured, LogBudget, MIN_LOG_LINE_COST};
+use super::output::{BoundedOutput, Captured, LogBudget, MIN_LOG_LINE_COST, SharedLines};
 use super::text::{MAX_GUEST_LOG_LINE_BYTES, MAX_GUEST_MESSAGE_BYTES, escaped, guest_text};
 use super::types::{ObjectRef, Response, SharedReads, WireRequest, decode_response, wire_to_wit};
 
@@ -142,7 +142,9 @@ fn log(
 ) -> wasmtime::Result<()> {
     // A line costs the runtime a log record and a call: counted like a read.
     store.data_mut().count_host_call()?;
-    let mut logs = store.data().logs;
+    // Taken out while the line is read from the guest's memory (which borrows the store);
+    // put back below.
+    let mut logs = std::mem::replace(&mut store.data_mut().logs, LogBudget::new(0, 0));
     {
         let message = message.to_str(&store)?;
         if let Some(line) = logs.admit(&message) {
@@ -306,6 +308,7 @@ pub(crate) async fn run(
     request: WireRequest,
     reads: SharedReads,
     limits: &Limits,
+    lines: Option<SharedLines>,
 ) -> Result<CallOutcome, CallError> {
     let entered = Instant::now();
     let about = About {
@@ -326,7 +329,7 @@ pub(crate) async fn run(
         reads,
         host_calls: 0,
         limits: *limits,
-        logs: LogBudget::new(limits.log_bytes, limits.log_lines),
+        logs: LogBudget::new(limits.log_bytes, limits.log_lines).sharing(lines),
         controller: request.controller.clone(),
         target: request.target.clone(),
         answer: None,
