@@ -20,14 +20,23 @@ pub struct Fence(Arc<watch::Sender<Validity>>);
 #[derive(Debug, Clone, Copy)]
 struct Validity {
     closed: bool,
+    /// The work is being given up (see [`Fence::leave`]).
+    leaving: bool,
     /// `None`: open for as long as it is not closed (no leader election).
     until: Option<Instant>,
+}
+
+impl Validity {
+    fn held(&self) -> bool {
+        !self.closed && self.until.is_none_or(|until| Instant::now() < until)
+    }
 }
 
 impl Default for Fence {
     fn default() -> Self {
         Fence(Arc::new(watch::Sender::new(Validity {
             closed: false,
+            leaving: false,
             until: None,
         })))
     }
@@ -38,6 +47,7 @@ impl Fence {
     pub fn until(until: Instant) -> Self {
         Fence(Arc::new(watch::Sender::new(Validity {
             closed: false,
+            leaving: false,
             until: Some(until),
         })))
     }
@@ -45,7 +55,22 @@ impl Fence {
     /// Whether acting is allowed now.
     pub fn is_open(&self) -> bool {
         let validity = *self.0.borrow();
-        !validity.closed && validity.until.is_none_or(|until| Instant::now() < until)
+        !validity.leaving && validity.held()
+    }
+
+    /// Whether the work is still held (its Lease not lost, its last renewal covering the
+    /// present), even while being given up: what was done while the fence was open may still
+    /// be written down (a guest's saves left behind, when its controller stops), nothing new
+    /// may start.
+    pub fn is_held(&self) -> bool {
+        self.0.borrow().held()
+    }
+
+    /// Starts giving the work up: nothing new may act ([`Fence::is_open`] is false from now
+    /// on, for good), but the work stays held ([`Fence::is_held`]) while its Lease is renewed,
+    /// until it is released or lost ([`Fence::close`]).
+    pub fn leave(&self) {
+        self.0.send_modify(|v| v.leaving = true);
     }
 
     /// Allows acting until `until` (a renewal succeeded); no effect once closed.
@@ -93,6 +118,24 @@ mod tests {
         fence.closed().await; // already closed: returns at once
         fence.extend(Instant::now() + Duration::from_secs(60));
         assert!(!fence.is_open(), "a closed fence cannot be reopened");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fence_left_lets_nothing_act_but_is_held_until_closed_or_past_its_renewal() {
+        let fence = Fence::until(Instant::now() + Duration::from_secs(2));
+        fence.leave();
+        assert!(!fence.is_open());
+        assert!(fence.is_held());
+        fence.extend(Instant::now() + Duration::from_secs(4));
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert!(fence.is_held(), "renewed while it is given up");
+        assert!(!fence.is_open(), "left for good");
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert!(!fence.is_held(), "past its last renewal");
+        let fence = Fence::default();
+        fence.leave();
+        fence.close();
+        assert!(!fence.is_held());
     }
 
     #[tokio::test(start_paused = true)]

@@ -13,9 +13,11 @@
 //! Each shard held has a [`Fence`] of its own, exactly as the leader's: open until the time
 //! its last renewal covers (two thirds of the Lease), so a replica frozen past its Lease
 //! writes nothing for that shard when it wakes, whoever runs first. A shard is given up in two
-//! steps: its fence is closed (every runner of the shard stops writing at once), then, once
-//! the owner of the holder has said the shard's runners are stopped ([`ShardHolder::stopped`]),
-//! its Lease is released and another replica may take it. An expired shard is taken only
+//! steps: its fence is left ([`Fence::leave`]: no runner of the shard starts anything again,
+//! what the stopping runners left behind — a guest's saves — may still be written while the
+//! Lease is renewed), then, once the owner of the holder has said the shard's runners are
+//! stopped ([`ShardHolder::stopped`]), its Lease is released (the fence closed) and another
+//! replica may take it. An expired shard is taken only
 //! after its Lease duration.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -117,7 +119,7 @@ pub struct ShardHolder {
     api: Api<Lease>,
     settings: ShardSettings,
     held: Mutex<Held>,
-    /// Shards whose fence was closed to give them up, and whose runners are not stopped yet.
+    /// Shards whose fence was left to give them up, and whose runners are not stopped yet.
     leaving: Mutex<BTreeSet<u32>>,
     /// Shards whose runners the owner said are stopped: their Leases may go.
     stopped: Mutex<BTreeSet<u32>>,
@@ -151,7 +153,7 @@ impl ShardHolder {
         self.held.locked().clone()
     }
 
-    /// The shards this replica is giving up: fences closed, runners still to be stopped.
+    /// The shards this replica is giving up: fences left, runners still to be stopped.
     pub fn leaving(&self) -> BTreeSet<u32> {
         self.leaving.locked().clone()
     }
@@ -306,7 +308,8 @@ impl ShardHolder {
             }
         }
 
-        // Give up shards past the share: fence first, Lease once the runners are stopped.
+        // Give up shards past the share: fence first (left: nothing new acts, what the runners
+        // leave behind is still written while they stop), Lease once the runners are stopped.
         let over: Vec<u32> = {
             let held = self.held.locked();
             let keep = share as usize;
@@ -318,14 +321,16 @@ impl ShardHolder {
         };
         for shard in over {
             if let Some(fence) = self.held.locked().get(&shard) {
-                fence.close();
+                fence.leave();
             }
             self.leaving.locked().insert(shard);
         }
         let leaving: Vec<u32> = self.leaving.locked().iter().copied().collect();
         for shard in leaving {
             if self.stopped.locked().remove(&shard) {
-                self.held.locked().remove(&shard);
+                if let Some(fence) = self.held.locked().remove(&shard) {
+                    fence.close();
+                }
                 self.leaving.locked().remove(&shard);
                 self.release(&self.settings.shard_lease(shard)).await?;
             }

@@ -191,8 +191,9 @@ struct Pending {
     behind: std::collections::HashSet<String>,
     /// A flush of the shard is scheduled.
     scheduled: bool,
-    /// The fence of the saves left behind: none is sent once it is shut (a replica that lost
-    /// the controller's shard, or woke past its Lease, writes nothing).
+    /// The fence of the saves left behind: none is sent once the shard is no longer held (a
+    /// replica that lost the controller's shard, or woke past its Lease, writes nothing; one
+    /// giving the shard up writes them while its controllers stop).
     fence: Option<crate::controller::Fence>,
 }
 
@@ -474,9 +475,10 @@ impl GuestState {
     /// other saves of its shard within [`LINGER`]. For a save that no action of the same
     /// reconcile follows: the next reconcile of `key` waits for it first
     /// ([`GuestState::settled`]), so nothing of that object runs before it is stored, and a
-    /// controller that stops writes it first ([`GuestState::flush`]). A runtime killed within
-    /// those milliseconds, or a replica whose fence shut first (its shard lost or handed
-    /// over), loses it, as if it had stopped before the save.
+    /// controller that stops writes it first ([`GuestState::flush`]; a replica handing the shard
+    /// over too: its fence is left, not shut, until its controllers have stopped). A runtime
+    /// killed within those milliseconds, or a replica that lost the shard, loses it, as if it
+    /// had stopped before the save.
     pub fn set_behind(
         self: &Arc<Self>,
         key: &str,
@@ -561,7 +563,9 @@ impl GuestState {
         if batch.changes.is_empty() {
             return Ok(());
         }
-        let written = if batch.fence.as_ref().is_some_and(|f| !f.is_open()) {
+        // Held is enough: a save left behind was made while the fence was open, and a shard
+        // being given up keeps its Lease until its controllers have stopped (and flushed).
+        let written = if batch.fence.as_ref().is_some_and(|f| !f.is_held()) {
             Err("not sent: this runtime no longer holds the controller's shard".to_owned())
         } else {
             self.write(index, &batch.changes).await
@@ -854,6 +858,18 @@ mod tests {
         assert!(!sent.locked().is_empty());
         // Said once: the reconcile after the failed one goes on with what is stored.
         state.settled(key).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_save_left_behind_is_written_when_its_shard_is_being_given_up() {
+        let (state, sent) = store_answering(200);
+        let key = &keys_of_shard_7(1)[0];
+        let fence = crate::controller::Fence::default();
+        state.set_behind(key, Some("seen"), fence.clone()).unwrap();
+        fence.leave(); // handed over: the Lease is kept until the controller has stopped
+        assert_eq!(state.flush().await, 0);
+        assert_eq!(sent.locked().len(), 1);
+        assert_eq!(state.get(key).as_deref(), Some("seen"));
     }
 
     #[tokio::test]

@@ -4,9 +4,10 @@
 //! Every replica watches every declaration and remembers it ([`Manager::declared`]), and
 //! runs a controller only while it holds the shard of its tenant ([`shard_of`]`(`[`tenant_of`]`)`)
 //! and is not giving that shard up. When the shards held change: the controllers of shards
-//! lost or being given up stop at once (their fence is already closed, so none of them writes
-//! again); once the runners of a shard being given up have stopped, the holder is told, and
-//! only then releases its Lease. The controllers of shards gained start, with the guest state
+//! lost or being given up stop at once (their fence is already shut, or left when given up, so
+//! none of them acts again; a runner of a shard given up still writes the guest's saves left
+//! behind as it stops, under the Lease it still holds); once the runners of a shard being given
+//! up have stopped, the holder is told, and only then releases its Lease. The controllers of shards gained start, with the guest state
 //! their status holds now (read again, not the watch's last word: the previous holder may have
 //! written it a moment ago).
 

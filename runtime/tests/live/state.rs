@@ -275,7 +275,7 @@ async fn many_states(client: &Client, ns: &str, runtime: &mut RuntimeProcess) ->
         async move {
             if i == CHURNED / 2 {
                 std::process::Command::new("kill")
-                    .args(["-TERM", &pid])
+                    .args(["-TERM", pid])
                     .status()?;
             }
             if i.is_multiple_of(2) {
