@@ -838,11 +838,9 @@ async fn a_looping_call_does_not_hold_up_the_others() {
     }
 }
 
-/// A guest blocked in a WASI call (sleeping on a clock) never reaches an epoch check; its
-/// reconcile must still end at the deadline and give its instance slot back: with a single
-/// slot, a good guest runs right after it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_guest_blocked_in_wasi_times_out_and_frees_its_slot() {
+/// A Sandbox of its own with a single instance slot (every call runs in the slot the call
+/// before it used), and the hostile guest loaded in it.
+fn one_slot_hostile() -> (Sandbox, Arc<GuestPre>) {
     let one_slot = Sandbox::new(SandboxConfig {
         max_instances: 1,
         ..SandboxConfig::default()
@@ -851,6 +849,15 @@ async fn a_guest_blocked_in_wasi_times_out_and_frees_its_slot() {
     let hostile = one_slot
         .load(&std::fs::read(common::guest("hostile")).unwrap())
         .unwrap();
+    (one_slot, hostile)
+}
+
+/// A guest blocked in a WASI call (sleeping on a clock) never reaches an epoch check; its
+/// reconcile must still end at the deadline and give its instance slot back: with a single
+/// slot, a good guest runs right after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_blocked_in_wasi_times_out_and_frees_its_slot() {
+    let (one_slot, hostile) = one_slot_hostile();
     let limit = Duration::from_millis(200);
     for _ in 0..3 {
         let slept = tokio::time::timeout(
@@ -957,14 +964,7 @@ fn a_restart_loads_compiled_modules_from_the_cache() {
 async fn a_call_sees_nothing_an_earlier_call_left_in_its_instance() {
     /// `REMEMBER_BYTES` of the hostile guest.
     const LEFT_BYTES: usize = 12 << 20;
-    let one_slot = Sandbox::new(SandboxConfig {
-        max_instances: 1,
-        ..SandboxConfig::default()
-    })
-    .expect("a sandbox with one instance slot");
-    let hostile = one_slot
-        .load(&std::fs::read(common::guest("hostile")).unwrap())
-        .unwrap();
+    let (one_slot, hostile) = one_slot_hostile();
     let mut before = String::from("nothing-before");
     for round in 0..6 {
         let tenant = ["team-a", "team-b", "team-b"][round % 3];
