@@ -516,11 +516,13 @@ impl GuestState {
     pub async fn flush(&self) -> usize {
         let mut failed = 0;
         for (index, shard) in self.shards.iter().enumerate() {
-            if shard.pending.locked().changes.is_empty() {
-                continue;
-            }
+            // The writer lock even with nothing waiting: a lingering writer may have taken the
+            // shard's saves a moment ago, and its write must be answered before this returns
+            // (the process may exit right after).
             let _writer = shard.writing.lock().await;
-            if self.write_pending(index).await.is_err() {
+            if !shard.pending.locked().changes.is_empty()
+                && self.write_pending(index).await.is_err()
+            {
                 failed += 1;
             }
         }
@@ -883,6 +885,26 @@ mod tests {
         assert!(err.contains("no longer holds"), "{err}");
         assert!(sent.locked().is_empty(), "sent: {:?}", sent.locked());
         assert_eq!(state.get(key), None);
+    }
+
+    // Paused time: the linger is 100 ms of the test's clock, the mock's answers 20 ms each.
+    #[tokio::test(start_paused = true)]
+    async fn a_flush_waits_for_the_write_a_lingering_writer_has_in_flight() {
+        let (state, sent) = store_answering(200);
+        let key = &keys_of_shard_7(1)[0];
+        state
+            .set_behind(key, Some("seen"), crate::controller::Fence::default())
+            .unwrap();
+        // The linger is over and its writer has sent the save; the answer takes 20 ms more.
+        tokio::time::sleep(LINGER + std::time::Duration::from_millis(5)).await;
+        assert_eq!(sent.locked().len(), 1, "the lingering writer sent it");
+        assert_eq!(state.get(key), None, "not answered yet");
+        assert_eq!(state.flush().await, 0);
+        assert_eq!(
+            state.get(key).as_deref(),
+            Some("seen"),
+            "answered when flush returns"
+        );
     }
 
     // Paused time: the linger is 100 ms of the test's clock, the mock's answers 20 ms each.
