@@ -24,6 +24,14 @@ pub struct Kind {
 impl Kind {
     /// An `Api` for this kind in a namespace (ignored for cluster-scoped kinds).
     pub fn api(&self, client: Client, namespace: Option<&str>) -> Api<DynamicObject> {
+        self.api_of(client, namespace)
+    }
+
+    /// The same, for objects decoded as `K` (the caches' [`crate::controller::Cached`]).
+    pub fn api_of<K>(&self, client: Client, namespace: Option<&str>) -> Api<K>
+    where
+        K: kube::Resource<DynamicType = ApiResource, Scope = kube::core::DynamicResourceScope>,
+    {
         match (self.namespaced, namespace) {
             (true, Some(ns)) => Api::namespaced_with(client, ns, &self.resource),
             (true, None) => Api::all_with(client, &self.resource),

@@ -22,4 +22,4 @@ pub use shards::{
     tenant_of,
 };
 pub use watchable::{DEFAULT_WATCHABLE_KINDS, InvalidRule, WatchableKinds};
-pub use watches::{Change, ObjectKey, SharedWatches, Watch, watch_config};
+pub use watches::{Cached, Change, ObjectKey, SharedWatches, Watch, watch_config};

@@ -3,7 +3,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use kube::api::DynamicObject;
 use kubewasm_guest_sdk::query::{Query, Scope};
 use serde_json::Value;
 
@@ -59,17 +58,6 @@ impl CacheSource {
     }
 }
 
-/// The object as JSON, with `apiVersion` and `kind` set (list responses leave them out).
-pub fn to_json(watch: &Watch, object: &DynamicObject) -> Value {
-    let mut value = serde_json::to_value(object).unwrap_or(Value::Null);
-    if let Value::Object(map) = &mut value {
-        let r = &watch.kind().resource;
-        map.insert("apiVersion".into(), Value::String(r.api_version.clone()));
-        map.insert("kind".into(), Value::String(r.kind.clone()));
-    }
-    value
-}
-
 impl ObjectSource for CacheSource {
     fn namespaced(&self, api_version: &str, kind: &str) -> Option<bool> {
         self.watch(api_version, kind).map(|w| w.kind().namespaced)
@@ -95,7 +83,7 @@ impl ObjectSource for CacheSource {
         // The cache's own scope rules are not the query's: check again what was found.
         query
             .matches_meta(found.metadata.namespace.as_deref(), &found.metadata.labels)
-            .then(|| to_json(watch, &found))
+            .then(|| found.json())
     }
 
     fn list(&self, query: &Query) -> Vec<Value> {
@@ -107,7 +95,7 @@ impl ObjectSource for CacheSource {
             .state()
             .iter()
             .filter(|o| query.matches_meta(o.metadata.namespace.as_deref(), &o.metadata.labels))
-            .map(|o| to_json(watch, o))
+            .map(|o| o.json())
             .collect()
     }
 }

@@ -16,7 +16,7 @@ pub use access::{
     SERVICE_ACCOUNT_OPT_IN, ServiceAccount,
 };
 pub use actions::{ActionError, ChildKind, Executor};
-pub use cache::{CacheSource, to_json};
+pub use cache::CacheSource;
 pub use finalizer::Finalizer;
 pub use grants::{Denied, Permissions};
 pub use kinds::DeclaredKinds;

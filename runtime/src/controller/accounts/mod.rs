@@ -2,8 +2,8 @@
 //!
 //! The caches are shared (one watch per kind), so without accounts one tenant's objects would
 //! size the runtime: a namespace full of large ConfigMaps is held in memory for every tenant
-//! that watches ConfigMaps. Every object a watch brings is weighed ([`weigh`]: the memory it
-//! takes decoded, estimated from its JSON) and charged to its namespace, whether it is stored
+//! that watches ConfigMaps. Every object a watch brings is weighed (`Cached::weight`: the
+//! memory it takes cached, estimated) and charged to its namespace, whether it is stored
 //! or not. A namespace over `--max-cached-bytes-per-namespace`, or the largest one
 //! while everything stored is over `--max-cached-bytes`, is **held back**: every watch drops
 //! its objects from the cache and stores none of them, so the memory is given back, and no
@@ -427,10 +427,11 @@ const STRING_COST: u64 = 32;
 /// What each further element of a map or an array costs: its slot.
 const ELEMENT_COST: u64 = 32;
 
-/// The weight of an object: an estimate of the memory it takes decoded in a cache, from its
+/// The weight of a value decoded: an estimate of the memory it takes as Rust values, from its
 /// JSON — the text's length, plus the overhead of each map, string and element, which is most
-/// of it for objects of many small fields (a Pod takes about twelve times its JSON length;
-/// `make bench-cache` prints how close the estimate is for the shapes a tenant controls).
+/// of it for values of many small fields (a Pod decoded as a `serde_json::Value` takes about
+/// six times its JSON). A cached object's metadata is weighed so (`Cached::weight`); the rest
+/// of it is kept as text.
 pub fn weigh(object: &impl serde::Serialize) -> u64 {
     /// Reads the JSON as it is written, counting bytes, maps, strings and separators
     /// outside strings.

@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex, Weak};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Client;
-use kube::api::DynamicObject;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 use tokio::sync::broadcast;
@@ -19,7 +18,9 @@ use super::accounts::{CacheAccounts, Withheld};
 use super::discovery::Kind;
 use crate::sync::Locks as _;
 
+mod cached;
 mod task;
+pub use cached::Cached;
 use task::WatchTask;
 
 /// Namespace and name of an object.
@@ -33,11 +34,8 @@ pub struct ObjectKey {
 
 impl ObjectKey {
     /// The key of an object.
-    pub fn of(object: &DynamicObject) -> ObjectKey {
-        ObjectKey {
-            namespace: object.metadata.namespace.clone(),
-            name: object.metadata.name.clone().unwrap_or_default(),
-        }
+    pub fn of(object: &Cached) -> ObjectKey {
+        object.key()
     }
 
     /// The key [`ObjectKey`]'s `Display` wrote: `namespace/name`, or `name` (names and
@@ -77,55 +75,14 @@ pub struct Change {
 /// One running watch of one kind, with its cache. Dropping the last handle stops it.
 pub struct Watch {
     kind: Kind,
-    store: Store<DynamicObject>,
+    store: Store<Cached>,
     changes: broadcast::Sender<Arc<Change>>,
     owned: Arc<Mutex<OwnerIndex>>,
     task: tokio::task::AbortHandle,
     /// Set once the first list filled the cache (see [`Watch::ready`]).
     listed: tokio::sync::OnceCell<()>,
-    /// Each cached version's JSON text, made once (see [`Watch::text`]).
-    texts: Mutex<Texts>,
     /// What each namespace holds in the caches.
     accounts: Arc<CacheAccounts>,
-}
-
-/// The largest text of an object kept beside it ([`Watch::text`]).
-pub const KEPT_TEXT_BYTES: usize = 64 << 10;
-
-/// JSON texts by the address of the cached object they were made from; the weak reference
-/// tells whether that object (that version) still exists, so a new version or a reused
-/// address never gets an old text.
-#[derive(Default)]
-struct Texts {
-    by_object: HashMap<usize, (Weak<DynamicObject>, Arc<str>)>,
-    /// Size after the last sweep of texts whose object is gone.
-    swept: usize,
-}
-
-impl Texts {
-    /// The text kept for this version of the object.
-    fn get(&self, object: &Arc<DynamicObject>) -> Option<Arc<str>> {
-        let (seen, text) = self.by_object.get(&(Arc::as_ptr(object) as usize))?;
-        seen.upgrade()
-            .is_some_and(|o| Arc::ptr_eq(&o, object))
-            .then(|| text.clone())
-    }
-
-    /// Keeps `text` for this version of the object, unless it is over [`KEPT_TEXT_BYTES`].
-    fn keep(&mut self, object: &Arc<DynamicObject>, text: &Arc<str>) {
-        if text.len() > KEPT_TEXT_BYTES {
-            return;
-        }
-        self.by_object.insert(
-            Arc::as_ptr(object) as usize,
-            (Arc::downgrade(object), text.clone()),
-        );
-        if self.by_object.len() > 2 * self.swept.max(64) {
-            self.by_object
-                .retain(|_, (seen, _)| seen.strong_count() > 0);
-            self.swept = self.by_object.len();
-        }
-    }
 }
 
 impl Drop for Watch {
@@ -171,7 +128,7 @@ impl OwnerIndex {
     }
 }
 
-fn owner_uids(object: &DynamicObject) -> Vec<String> {
+fn owner_uids(object: &Cached) -> Vec<String> {
     object
         .metadata
         .owner_references
@@ -183,7 +140,7 @@ fn owner_uids(object: &DynamicObject) -> Vec<String> {
 
 impl Watch {
     /// The cache. Empty until [`Watch::ready`].
-    pub fn store(&self) -> &Store<DynamicObject> {
+    pub fn store(&self) -> &Store<Cached> {
         &self.store
     }
 
@@ -193,7 +150,7 @@ impl Watch {
     }
 
     /// Cached objects that list `owner_uid` among their ownerReferences.
-    pub fn owned_by(&self, owner_uid: &str) -> Vec<Arc<DynamicObject>> {
+    pub fn owned_by(&self, owner_uid: &str) -> Vec<Arc<Cached>> {
         let keys: Vec<ObjectKey> = {
             let index = self.owned.locked();
             index
@@ -206,7 +163,7 @@ impl Watch {
     }
 
     /// One cached object (the namespace is ignored for cluster-scoped kinds).
-    pub fn get(&self, key: &ObjectKey) -> Option<Arc<DynamicObject>> {
+    pub fn get(&self, key: &ObjectKey) -> Option<Arc<Cached>> {
         let mut r = reflector::ObjectRef::new_with(&key.name, self.kind.resource.clone());
         if let Some(ns) = &key.namespace
             && self.kind.namespaced
@@ -214,27 +171,6 @@ impl Watch {
             r = r.within(ns);
         }
         self.store.get(&r)
-    }
-
-    /// The JSON text of one version of a cached object, made by `make` the first time it is
-    /// asked for and kept as long as that version is: a guest gets each object as text, and
-    /// an object is reconciled many more times than it changes (resyncs, its children, every
-    /// controller of the kind), so it is serialized once per version instead of once per
-    /// reconcile. Texts of versions that are gone are dropped whenever the map has doubled.
-    ///
-    /// A text over [`KEPT_TEXT_BYTES`] is not kept: the cache already holds the object, and a
-    /// second copy of every large one (a ConfigMap holding a module, a bundle, a certificate
-    /// chain) would double what the cache costs where it costs most, to save a serialization
-    /// that is small beside the reconcile of so large an object.
-    pub fn text(&self, object: &Arc<DynamicObject>, make: impl FnOnce() -> String) -> Arc<str> {
-        if let Some(text) = self.texts.locked().get(object) {
-            return text;
-        }
-        // Made without the lock: one tenant's large object does not hold up the others'
-        // reconciles of the kind (two making the same text at once is harmless).
-        let text: Arc<str> = make().into();
-        self.texts.locked().keep(object, &text);
-        text
     }
 
     /// Whether the objects of `namespace` are held back from controllers (see
@@ -346,15 +282,16 @@ fn start(
     namespace: Option<&str>,
     accounts: Arc<CacheAccounts>,
 ) -> Arc<Watch> {
-    let writer = reflector::store::Writer::<DynamicObject>::new(kind.resource.clone());
+    let writer = reflector::store::Writer::<Cached>::new(kind.resource.clone());
     let store = writer.as_reader();
     let (changes, _) = broadcast::channel(4096);
     let owned: Arc<Mutex<OwnerIndex>> = Arc::default();
-    let api = kind.api(client, namespace);
+    let api = kind.api_of::<Cached>(client, namespace);
     let what = format!("{} ({})", kind.resource.kind, kind.resource.api_version);
     let task = WatchTask {
         what,
         api,
+        resource: kind.resource.clone(),
         writer,
         store: store.clone(),
         changes: changes.clone(),
@@ -370,7 +307,6 @@ fn start(
         owned,
         task: task.abort_handle(),
         listed: tokio::sync::OnceCell::new(),
-        texts: Mutex::default(),
         accounts,
     })
 }
@@ -411,40 +347,6 @@ mod tests {
         ] {
             assert_eq!(ObjectKey::parse(&k.to_string()), k);
         }
-    }
-
-    #[test]
-    fn texts_are_kept_per_version_and_large_ones_not_at_all() {
-        let object = |name: &str| -> Arc<DynamicObject> {
-            Arc::new(
-                serde_json::from_value(serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
-                    "metadata": {"name": name, "namespace": "ns"}}))
-                .unwrap(),
-            )
-        };
-        let mut texts = Texts::default();
-        let small = object("small");
-        let text: Arc<str> = "{\"small\":true}".into();
-        texts.keep(&small, &text);
-        assert!(texts.get(&small).is_some_and(|t| Arc::ptr_eq(&t, &text)));
-        // Another version (another Arc) of the same object gets nothing.
-        assert!(texts.get(&object("small")).is_none());
-        let large = object("large");
-        texts.keep(&large, &"x".repeat(KEPT_TEXT_BYTES + 1).into());
-        assert!(texts.get(&large).is_none(), "a large text is not kept");
-        texts.keep(&large, &"x".repeat(KEPT_TEXT_BYTES).into());
-        assert!(texts.get(&large).is_some(), "up to the bound it is");
-        // Texts of versions gone are swept once the map has doubled.
-        drop(small);
-        for i in 0..200 {
-            let o = object(&format!("o{i}"));
-            texts.keep(&o, &"{}".into());
-        }
-        assert!(
-            texts.by_object.len() < 130,
-            "{} texts kept",
-            texts.by_object.len()
-        );
     }
 
     #[test]

@@ -5,23 +5,24 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use futures::StreamExt;
-use kube::api::DynamicObject;
+use futures::{StreamExt, TryStreamExt};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::broadcast;
 
-use super::super::accounts::{Admit, CacheAccounts, WatchId, weigh};
-use super::{Change, ObjectKey, OwnerIndex, owner_uids, watch_config};
+use super::super::accounts::{Admit, CacheAccounts, WatchId};
+use super::{Cached, Change, ObjectKey, OwnerIndex, owner_uids, watch_config};
 use crate::sync::Locks as _;
 
 /// The task behind one [`Watch`]: applies what the watcher brings to the cache, weighing
 /// every object against its namespace's account ([`CacheAccounts`]), and announces changes.
 pub(super) struct WatchTask {
     pub(super) what: String,
-    pub(super) api: kube::Api<DynamicObject>,
-    pub(super) writer: reflector::store::Writer<DynamicObject>,
-    pub(super) store: Store<DynamicObject>,
+    pub(super) api: kube::Api<Cached>,
+    /// The kind watched.
+    pub(super) resource: kube::api::ApiResource,
+    pub(super) writer: reflector::store::Writer<Cached>,
+    pub(super) store: Store<Cached>,
     pub(super) changes: broadcast::Sender<Arc<Change>>,
     pub(super) index: Arc<Mutex<OwnerIndex>>,
     pub(super) accounts: Arc<CacheAccounts>,
@@ -31,12 +32,18 @@ pub(super) struct WatchTask {
 
 /// A watcher's events, from its first list on.
 type Events = std::pin::Pin<
-    Box<dyn futures::Stream<Item = Result<watcher::Event<DynamicObject>, watcher::Error>> + Send>,
+    Box<dyn futures::Stream<Item = Result<watcher::Event<Cached>, watcher::Error>> + Send>,
 >;
 
 impl WatchTask {
     fn events(&self) -> Events {
-        Box::pin(watcher(self.api.clone(), watch_config()).default_backoff())
+        // Items of a list come without apiVersion and kind; every object gets its kind's.
+        let resource = self.resource.clone();
+        Box::pin(
+            watcher(self.api.clone(), watch_config())
+                .default_backoff()
+                .map_ok(move |event| event.modify(|o| o.set_type(&resource))),
+        )
     }
 
     pub(super) async fn run(mut self) {
@@ -80,7 +87,7 @@ impl WatchTask {
                         }
                         Ok(watcher::Event::InitApply(o)) => {
                             let key = ObjectKey::of(&o);
-                            let (old, new) = (unseen.remove(&key).unwrap_or(0), weigh(&o));
+                            let (old, new) = (unseen.remove(&key).unwrap_or(0), o.weight());
                             self.sizes.insert(key.clone(), new);
                             match self.accounts.charge(id, key.namespace.as_deref(), old, new) {
                                 Admit::Store => self.writer.apply_watcher_event(&watcher::Event::InitApply(o)),
@@ -149,7 +156,7 @@ impl WatchTask {
         self.index.locked()
     }
 
-    fn send(&self, object: &DynamicObject) {
+    fn send(&self, object: &Cached) {
         let owners = object.metadata.owner_references.clone().unwrap_or_default();
         let _ = self.changes.send(Arc::new(Change {
             key: ObjectKey::of(object),
@@ -158,9 +165,9 @@ impl WatchTask {
     }
 
     /// A new version of an object: stored if its namespace is not held back.
-    fn apply(&mut self, id: WatchId, object: DynamicObject) {
+    fn apply(&mut self, id: WatchId, object: Cached) {
         let key = ObjectKey::of(&object);
-        let new = weigh(&object);
+        let new = object.weight();
         let old = self.sizes.insert(key.clone(), new).unwrap_or(0);
         match self.accounts.charge(id, key.namespace.as_deref(), old, new) {
             Admit::Store => {
@@ -175,7 +182,7 @@ impl WatchTask {
                 // Any older version goes too; no controller is told (none is handed it).
                 self.index().remove(&key);
                 self.writer
-                    .apply_watcher_event(&watcher::Event::Delete(stub(&key)));
+                    .apply_watcher_event(&watcher::Event::Delete(Cached::stub(&key)));
             }
         }
     }
@@ -192,7 +199,7 @@ impl WatchTask {
         for key in &keys {
             self.index().remove(key);
             self.writer
-                .apply_watcher_event(&watcher::Event::Delete(stub(key)));
+                .apply_watcher_event(&watcher::Event::Delete(Cached::stub(key)));
         }
         !keys.is_empty()
     }
@@ -223,18 +230,5 @@ impl WatchTask {
                 owners: Vec::new(),
             }));
         }
-    }
-}
-
-/// An object with only the name and namespace of `key`: what the cache needs to remove it.
-fn stub(key: &ObjectKey) -> DynamicObject {
-    DynamicObject {
-        types: None,
-        metadata: kube::api::ObjectMeta {
-            name: Some(key.name.clone()),
-            namespace: key.namespace.clone(),
-            ..Default::default()
-        },
-        data: serde_json::Value::Null,
     }
 }

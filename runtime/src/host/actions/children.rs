@@ -15,12 +15,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::api::DynamicObject;
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 
 use crate::api::{UpdateStrategy, Verb};
-use crate::controller::{ObjectKey, Watch};
+use crate::controller::{Cached, ObjectKey, Watch};
 use crate::sandbox::ObjectRef;
 
 use super::{ActionError, ChildKind, DesiredChildren, Executor, Outcome, str_at};
@@ -28,11 +27,11 @@ use super::{ActionError, ChildKind, DesiredChildren, Executor, Outcome, str_at};
 /// Where the executor looks up an object of a child kind that this parent does not control.
 pub trait ExistingChildren: Send + Sync {
     /// The object of `kind` named as `r` says, as cached (`None`: not seen).
-    fn existing(&self, kind: &ChildKind, r: &ObjectRef) -> Option<Arc<DynamicObject>>;
+    fn existing(&self, kind: &ChildKind, r: &ObjectRef) -> Option<Arc<Cached>>;
 }
 
 impl ExistingChildren for Vec<(ChildKind, Arc<Watch>)> {
-    fn existing(&self, kind: &ChildKind, r: &ObjectRef) -> Option<Arc<DynamicObject>> {
+    fn existing(&self, kind: &ChildKind, r: &ObjectRef) -> Option<Arc<Cached>> {
         let (_, watch) = self
             .iter()
             .find(|(c, _)| c.kind.resource == kind.kind.resource)?;
@@ -47,7 +46,7 @@ impl ExistingChildren for Vec<(ChildKind, Arc<Watch>)> {
 pub struct NoExistingChildren;
 
 impl ExistingChildren for NoExistingChildren {
-    fn existing(&self, _: &ChildKind, _: &ObjectRef) -> Option<Arc<DynamicObject>> {
+    fn existing(&self, _: &ChildKind, _: &ObjectRef) -> Option<Arc<Cached>> {
         None
     }
 }
@@ -58,7 +57,7 @@ impl ExistingChildren for NoExistingChildren {
 /// owns may be anything — a team's hand-made ConfigMap, the controller's own module — and
 /// owning it means deleting it with the parent. Kubernetes' own controllers adopt orphans by
 /// label selector; a sandboxed tenant gets no such reach.
-fn held_elsewhere(existing: &DynamicObject, parent_uid: &str, r: &ObjectRef) -> Option<String> {
+fn held_elsewhere(existing: &Cached, parent_uid: &str, r: &ObjectRef) -> Option<String> {
     let owners = existing
         .metadata
         .owner_references
@@ -264,7 +263,7 @@ mod tests {
     #[test]
     fn a_child_name_held_by_another_owner_or_by_nobody_is_not_taken_over() {
         let r = ObjectRef::new("v1", "ConfigMap", Some("ns"), "stamp");
-        let object = |owners: Value| -> DynamicObject {
+        let object = |owners: Value| -> Cached {
             serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {"name": "stamp", "namespace": "ns", "ownerReferences": owners}}))
             .unwrap()

@@ -15,14 +15,13 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use kube::Client;
-use kube::api::DynamicObject;
 use kubewasm_guest_sdk::query;
 use kubewasm_guest_sdk::selector::Selector;
 use tokio::sync::{Semaphore, broadcast};
 use tracing::Instrument;
 
 use crate::api::Problem;
-use crate::controller::{Backoff, Change, ObjectKey, Watch, WorkQueue, WriteGate};
+use crate::controller::{Backoff, Cached, Change, ObjectKey, Watch, WorkQueue, WriteGate};
 use crate::metrics::Metrics;
 use crate::sandbox::{GuestPre, Limits, MAX_GUEST_MESSAGE_BYTES, Sandbox, guest_text};
 
@@ -130,7 +129,7 @@ pub struct Runner {
     held: HeldStatuses,
     /// Each parent as the last successful reconcile of it saw it (the request's `previous`):
     /// shared with the cache while unchanged, so at most one extra version per object.
-    reconciled: Mutex<HashMap<ObjectKey, Arc<DynamicObject>>>,
+    reconciled: Mutex<HashMap<ObjectKey, Arc<Cached>>>,
     /// Keys whose last reconcile the guest failed with a permanent error, and on what.
     permanent: Mutex<HashMap<ObjectKey, pipeline::Attempt>>,
 }

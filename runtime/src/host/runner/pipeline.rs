@@ -6,15 +6,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::api::DynamicObject;
 use serde_json::Value;
 
 use crate::api::{Problem, Reason};
-use crate::controller::ObjectKey;
+use crate::controller::{Cached, ObjectKey};
 use crate::sandbox::{Action, CallOutcome, EventType, ObjectRef, WireRequest, requeue_delay};
 
 use super::super::actions::{self, ChildKind, Executor};
-use super::super::cache::to_json;
 use super::super::finalizer::{Finalizer, Phase};
 use super::super::reads::GrantedReads;
 use super::Runner;
@@ -28,7 +26,7 @@ const FINALIZE_RETRY: Duration = Duration::from_secs(10);
 pub(super) struct Prepared {
     key: ObjectKey,
     /// The parent as cached (`None`: gone).
-    parent: Option<Arc<DynamicObject>>,
+    parent: Option<Arc<Cached>>,
     /// The same as JSON, for the actions.
     parent_json: Option<Value>,
     /// The children it controls, as JSON, for the actions.
@@ -184,7 +182,7 @@ impl Runner {
                 return Prepare::Skip;
             }
         }
-        let parent_json = parent.as_ref().map(|p| to_json(parent_watch, p));
+        let parent_json = parent.as_ref().map(|p| p.json());
         let finalizing = match (&parent_json, &s.finalizer) {
             (Some(p), Some(f)) => match (f.phase(p), s.finalize) {
                 (Phase::Missing, true) => return Prepare::Finalizer(true, p.clone()),
@@ -200,11 +198,8 @@ impl Runner {
             Some(p) => self.children_of(p),
             None => (Vec::new(), Vec::new()),
         };
-        // The guest gets each object as text, made once per version (`Watch::text`).
-        let parent_text = parent
-            .as_ref()
-            .zip(parent_json.as_ref())
-            .map(|(p, json)| parent_watch.text(p, || json.to_string()));
+        // The guest gets each object as the cache holds it (`Cached::text`).
+        let parent_text = parent.as_ref().map(|p| p.text().clone());
         let resource = &parent_watch.kind().resource;
         let target = ObjectRef {
             api_version: resource.api_version.clone(),
@@ -212,12 +207,7 @@ impl Runner {
             namespace: key.namespace.clone(),
             name: key.name.clone(),
         };
-        let previous = self
-            .reconciled
-            .locked()
-            .get(key)
-            .cloned()
-            .map(|p| parent_watch.text(&p, || to_json(parent_watch, &p).to_string()));
+        let previous = self.reconciled.locked().get(key).map(|p| p.text().clone());
         let request = WireRequest {
             controller: s.id.clone(),
             target: target.clone(),
@@ -401,7 +391,7 @@ impl Runner {
 
     /// The children the parent controls, by name: as JSON for the actions, and as each
     /// version's text for the guest.
-    fn children_of(&self, parent: &DynamicObject) -> (Vec<Value>, Vec<Arc<str>>) {
+    fn children_of(&self, parent: &Cached) -> (Vec<Value>, Vec<Arc<str>>) {
         let Some(uid) = parent.metadata.uid.as_deref() else {
             return (Vec::new(), Vec::new());
         };
@@ -416,19 +406,12 @@ impl Runner {
                     .iter()
                     .any(|o| o.controller == Some(true) && o.uid == uid);
                 if owned && child.metadata.namespace == parent.metadata.namespace {
-                    found.push((to_json(watch, &child), watch, child));
+                    found.push(child);
                 }
             }
         }
-        found.sort_by(|(a, ..), (b, ..)| {
-            a["metadata"]["name"]
-                .as_str()
-                .cmp(&b["metadata"]["name"].as_str())
-        });
-        let texts = found
-            .iter()
-            .map(|(json, watch, child)| watch.text(child, || json.to_string()))
-            .collect();
-        (found.into_iter().map(|(json, ..)| json).collect(), texts)
+        found.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        let texts = found.iter().map(|child| child.text().clone()).collect();
+        (found.iter().map(|child| child.json()).collect(), texts)
     }
 }

@@ -13,7 +13,6 @@ use crate::api::{Problem, Reason};
 use crate::controller::ObjectKey;
 
 use super::super::actions::api_message;
-use super::super::cache::to_json;
 use super::Runner;
 
 impl Runner {
@@ -87,7 +86,7 @@ impl Runner {
             if !self.in_scope(&key) {
                 continue;
             }
-            let json = to_json(&self.setup.parent, &parent);
+            let json = parent.json();
             if !f.is_on(&json) {
                 continue;
             }
