@@ -79,7 +79,7 @@ fn shapes(i: usize) -> Vec<(&'static str, Value)> {
             json!({"metadata": metadata("settings", i, json!({}), json!({"f:data": {}})), "data": data}),
         ),
         (
-            "Pod, kubelet-reported, ~5 KB",
+            "Pod, kubelet-reported, ~3 KB",
             json!({"metadata": metadata("app", i, json!({"kubectl.kubernetes.io/restartedAt": "2026-11-25T09:59:00Z"}),
                 json!({"f:spec": {"f:containers": {"k:{\"name\":\"app\"}": {".": {}, "f:image": {}, "f:name": {}}}}})),
                 "spec": pod_spec, "status": pod_status}),
