@@ -415,7 +415,7 @@ async fn run_once(
     })
     .await;
     let elapsed = started.elapsed();
-    let memory = memory_kib(child.id());
+    let memory = support::runtime::memory_kib(child.id());
     if let Some(perf) = &mut profiler {
         Command::new("kill")
             .arg("-INT")
@@ -560,19 +560,6 @@ fn is_ready(wc: &WasmController) -> bool {
             .iter()
             .any(|c| c.type_ == "Ready" && c.status == "True")
     })
-}
-
-/// VmRSS and VmHWM of a process, in KiB.
-fn memory_kib(pid: u32) -> Result<(u64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let field = |name: &str| -> Result<u64> {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .with_context(|| format!("no {name} in /proc/{pid}/status"))
-    };
-    Ok((field("VmRSS:")?, field("VmHWM:")?))
 }
 
 /// SIGTERM, then SIGKILL after [`STOP_TIMEOUT`].

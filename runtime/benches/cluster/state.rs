@@ -4,7 +4,8 @@
 //! that stored them (the shard objects' generations) against the one write per save a store
 //! without batching makes, the peak and average writes a second (sampled every second), and
 //! the bytes per object — of the entries, and of the WasmControllerState objects as the API
-//! server keeps them (JSON).
+//! server keeps them (JSON) — and what the Pods take in the runtime's cache once listed
+//! (`kubewasm_cache_bytes`, against the default cap per namespace) with its VmRSS then.
 
 use std::time::{Duration, Instant};
 
@@ -52,14 +53,20 @@ pub async fn bench(cp: &ControlPlane, size: Size) -> Result<()> {
         &ROOMY,
         BENCH_LOG_FILTER,
     );
-    let result = measure(&client, &ns, &names, size).await;
+    let result = measure(&client, &ns, &names, size, &runtime).await;
     let stopped = runtime.stop();
     let _ = cp.delete_namespace(&ns).await;
     result?;
     stopped
 }
 
-async fn measure(client: &Client, ns: &str, names: &[String], size: Size) -> Result<()> {
+async fn measure(
+    client: &Client,
+    ns: &str,
+    names: &[String],
+    size: Size,
+    runtime: &RuntimeProcess,
+) -> Result<()> {
     let rate = WriteRate::sample(client, ns);
     let started = Instant::now();
     apply_all(client, &manifests(ns, &guest("pod_watcher"))).await?;
@@ -80,6 +87,13 @@ async fn measure(client: &Client, ns: &str, names: &[String], size: Size) -> Res
     .await?;
     let took = started.elapsed();
     let peak = rate.peak();
+    let (_, metrics) = runtime.http_get("/metrics").await?;
+    let cached = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("kubewasm_cache_bytes "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .context("no kubewasm_cache_bytes in the runtime's metrics")?;
+    let (rss, _) = crate::runtime::memory_kib(runtime.pid())?;
     let (entry_bytes, object_bytes, shards) = bytes(client, ns).await?;
     let per = |b: usize| b as f64 / size.count as f64;
     println!(
@@ -143,6 +157,15 @@ async fn measure(client: &Client, ns: &str, names: &[String], size: Size) -> Res
         "bytes per object: {:.0} in entries (key and value), {:.0} as stored in {shards} WasmControllerState objects (JSON, metadata included)",
         per(entry_bytes),
         per(object_bytes)
+    );
+    let cap = kubewasm::controller::CacheCaps::default().per_namespace as f64;
+    println!(
+        "the runtime's cache once the {} Pods were listed: {:.1} MiB weighed ({:.0} bytes a Pod; the default cap per namespace is {:.0} MiB), VmRSS {:.0} MiB",
+        size.count,
+        cached / f64::from(1u32 << 20),
+        cached / size.count as f64,
+        cap / f64::from(1u32 << 20),
+        rss as f64 / 1024.0
     );
     Ok(())
 }
