@@ -78,8 +78,9 @@ def run(wire: Any, reconcile: Reconcile, cluster: Cluster) -> Tuple[Optional[str
     """One reconcile as the host sees it: parse the request, call the guest, and write its
     answer: ``(response_json, None)`` or ``(None, error)``.
 
-    A :class:`~kubewasm.Error` the guest raises is its answer. Any other exception is a bug in
-    the guest, answered like a Rust guest's panic: retryable (the host backs off; the observed
+    A :class:`~kubewasm.Error` the guest raises is its answer. ``MemoryError`` is raised on: the
+    call traps, and the host reports its memory limit. Any other exception is a bug in the
+    guest, answered like a Rust guest's panic: retryable (the host backs off; the observed
     state may change), with its type and message, and its traceback written to stderr (which
     the host logs).
     """
@@ -94,6 +95,10 @@ def run(wire: Any, reconcile: Reconcile, cluster: Cluster) -> Tuple[Optional[str
         return response.to_json(), None
     except Error as e:
         return None, e
+    except MemoryError:
+        # Out of memory is the sandbox's limit, not the guest's answer: it traps the call, and
+        # the host reports "memory limit exceeded" as it does for a Rust guest.
+        raise
     except Exception as e:  # noqa: BLE001 - the guest's bug becomes an error the host shows
         traceback.print_exc(file=sys.stderr)
         return None, RetryableError(f"reconcile raised {type(e).__name__}: {e}")

@@ -132,3 +132,11 @@ def test_json_of_the_request_round_trips():
     seen = []
     respond(lambda r, c: seen.append(r) or Response(), request)
     assert json.dumps(seen[0].parent) == json.dumps(request.parent)
+
+
+def test_out_of_memory_is_left_to_the_sandbox():
+    def hungry(request, cluster):
+        raise MemoryError
+
+    with pytest.raises(MemoryError):
+        respond(hungry, Request.gone(ObjectRef("v1", "Pod", "n", "p")))
