@@ -124,9 +124,10 @@ EOF
     say "building $guest_dir (module $module) into $out"
     say "  componentize-py $COMPONENTIZE_PY_VERSION, WIT $wit, world $WORLD"
     started=$(date +%s%N)
-    # VIRTUAL_ENV points at the staging directory (which has no site-packages), so that
-    # componentize-py adds no site-packages of ours (pytest, PyYAML) to the component.
-    (cd "$staging" && VIRTUAL_ENV="$staging" "$venv/bin/componentize-py" \
+    # VIRTUAL_ENV names an empty site-packages, so that componentize-py adds none of ours
+    # (pytest, PyYAML) to the component.
+    mkdir -p "$staging/no-venv/lib/site-packages"
+    (cd "$staging" && VIRTUAL_ENV="$staging/no-venv" "$venv/bin/componentize-py" \
         -d "$wit" -w "$WORLD" componentize -p "$staging" -o "$staging/out.wasm" kubewasm_entry)
     mv "$staging/out.wasm" "$out"
     elapsed=$(awk -v a="$started" -v b="$(date +%s%N)" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
