@@ -86,6 +86,10 @@ except (OSError, KeyError, tomllib.TOMLDecodeError) as e:
     sys.exit(f"{path}: expected [tool.kubewasm] module = \"<python module>\" ({e!r})")
 if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", module):
     sys.exit(f"{path}: [tool.kubewasm] module {module!r} is not a Python module name")
+taken = {"kubewasm", "kubewasm_entry", "wit_world", "componentize_py_types",
+         "componentize_py_runtime", "componentize_py_async_support", "poll_loop"}
+if module in taken:
+    sys.exit(f"{path}: [tool.kubewasm] module {module!r} is a name the build uses; rename it")
 print(module)
 EOF
 }

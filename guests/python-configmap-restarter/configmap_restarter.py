@@ -155,7 +155,10 @@ def next_second(time: str) -> Optional[str]:
     if b[13:14] != b":" or b[16:17] != b":" or b[19:20] != b"Z":
         return None
     try:
-        parts = [b[r0:r1].decode("ascii") for r0, r1 in ((0, 4), (5, 7), (8, 10), (11, 13), (14, 16), (17, 19))]
+        parts = [
+            b[r0:r1].decode("ascii")
+            for r0, r1 in ((0, 4), (5, 7), (8, 10), (11, 13), (14, 16), (17, 19))
+        ]
     except UnicodeDecodeError:
         return None
     numbers = [_num(p) for p in parts]

@@ -110,7 +110,11 @@ class Event:
 
     def to_wire(self) -> Dict[str, Any]:
         return {
-            "event": {"type": EventType(self.type).value, "reason": self.reason, "message": self.message}
+            "event": {
+                "type": EventType(self.type).value,
+                "reason": self.reason,
+                "message": self.message,
+            }
         }
 
 

@@ -330,7 +330,7 @@ class _Parser:
         if kind not in operators:
             raise self.error(
                 pos,
-                "expected an operator (=, ==, !=, in, notin, >, <), \",\" or the end after key "
+                'expected an operator (=, ==, !=, in, notin, >, <), "," or the end after key '
                 f"{rust_debug(key)}, found {_describe(token)}",
             )
         operator = operators[kind]
@@ -431,7 +431,7 @@ def _validate_key(key: str) -> Optional[str]:
         )
         if not valid_prefix:
             return (
-                f"invalid label key {rust_debug(key)}: the prefix before \"/\" must be a DNS "
+                f'invalid label key {rust_debug(key)}: the prefix before "/" must be a DNS '
                 'subdomain (lowercase letters, digits, "-" and ".")'
             )
     if name == "":

@@ -1,7 +1,6 @@
 """The query rules against the Rust SDK's tests (guest-sdk/src/query.rs)."""
 
 import pytest
-
 from kubewasm import PermanentError, objects
 from kubewasm.query import (
     ALL_NAMESPACES,

@@ -5,7 +5,6 @@ import datetime
 import json
 
 import pytest
-
 from kubewasm import (
     Apply,
     DeleteAllOf,

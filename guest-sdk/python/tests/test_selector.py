@@ -1,7 +1,6 @@
 """The selector port against the Rust SDK's tests (guest-sdk/src/selector/mod.rs)."""
 
 import pytest
-
 from kubewasm import PermanentError
 from kubewasm.selector import (
     MAX_SELECTOR_BYTES,

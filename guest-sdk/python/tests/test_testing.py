@@ -1,7 +1,6 @@
 """The fake cluster against the Rust SDK's tests (guest-sdk/src/testing.rs)."""
 
 import pytest
-
 from kubewasm import LogLevel, PermanentError, RetryableError, objects
 from kubewasm.testing import FakeCluster, object_from_yaml, objects_from_yaml, request_from_yaml
 

@@ -4,11 +4,9 @@ guest-sdk/src/wire.rs and guest-sdk/src/guest.rs)."""
 import json
 from types import SimpleNamespace
 
-import pytest
-
 import kubewasm
-from kubewasm import ObjectRef, PermanentError, Request, Response, RetryableError
-from kubewasm import wire
+import pytest
+from kubewasm import ObjectRef, PermanentError, Request, Response, RetryableError, wire
 from kubewasm.testing import FakeCluster, respond
 
 
@@ -44,7 +42,9 @@ def test_a_document_that_is_not_json_is_a_permanent_error():
 
 
 def test_the_response_goes_out_as_one_document():
-    request = Request.for_object({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}})
+    request = Request.for_object(
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}
+    )
     answer, error = respond(lambda r, c: Response().set_state(r.target.name), request)
     assert error is None
     assert answer == '{"actions":[{"setState":"c"}]}'

@@ -5,11 +5,6 @@ pinned digests, so the two guests behave — and save state — alike."""
 import pathlib
 
 import pytest
-
-from kubewasm import DeleteAllOf, Event, EventType, ObjectRef, Request, SetState, objects
-from kubewasm.selector import Selector
-from kubewasm.testing import FakeCluster, object_from_yaml, request_from_yaml
-
 from configmap_restarter import (
     Pending,
     data_changed_at,
@@ -19,6 +14,9 @@ from configmap_restarter import (
     pending_state,
     reconcile,
 )
+from kubewasm import DeleteAllOf, Event, EventType, ObjectRef, Request, SetState, objects
+from kubewasm.selector import Selector
+from kubewasm.testing import FakeCluster, object_from_yaml, request_from_yaml
 
 FIXTURES = (
     pathlib.Path(__file__).resolve().parents[2] / "configmap-restarter" / "tests" / "fixtures"
@@ -123,9 +121,9 @@ def test_an_unfinished_restart_deletes_up_to_its_saved_bound_only():
     config_map = fixture("data-changed.yaml")
     green = data_digest(config_map)
     saved = pending_state(green, "2026-11-23T12:00:03Z")
-    cluster = pods()
-    cluster.insert(pod("frontend-new", "demo", "frontend", "2026-11-23T12:00:30Z"))
-    for cluster in [cluster, FakeCluster().refusing_reads("no reads granted")]:
+    with_replacement = pods()
+    with_replacement.insert(pod("frontend-new", "demo", "frontend", "2026-11-23T12:00:30Z"))
+    for cluster in [with_replacement, FakeCluster().refusing_reads("no reads granted")]:
         assert run_in(cluster, config_map, saved).actions == [
             delete_created_before("2026-11-23T12:00:04Z"),
             SetState(green),
@@ -231,7 +229,7 @@ def test_deleted_configmap_needs_nothing():
 def test_invalid_selector_warns_and_does_nothing_else(name, needle):
     response = run(fixture(name))
     assert len(response.actions) == 1, response
-    (kind, reason, message), = response.events()
+    ((kind, reason, message),) = response.events()
     assert kind is EventType.WARNING
     assert reason == "InvalidSelector"
     assert needle in message
@@ -258,7 +256,7 @@ def test_digest_of_text_serde_json_would_escape():
     the canonical bytes, spelled out."""
     import hashlib
 
-    config_map = {"data": {"k": "é\n\x1f\"\\"}}
+    config_map = {"data": {"k": 'é\n\x1f"\\'}}
     canonical = '[["data","k","é\\n\\u001f\\"\\\\"]]'.encode("utf-8")
     assert data_digest(config_map) == "sha256:" + hashlib.sha256(canonical).hexdigest()
 

@@ -5,10 +5,9 @@ the same behaviour."""
 import json
 import pathlib
 
-from kubewasm import Apply, ObjectRef, Request, Response, SetStatus
-from kubewasm.testing import FakeCluster, request_from_yaml, respond
-
 from hello_world import sync
+from kubewasm import Apply, ObjectRef, Request, SetStatus
+from kubewasm.testing import FakeCluster, request_from_yaml, respond
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "hello-world" / "tests" / "fixtures"
 
