@@ -17,7 +17,7 @@ from wit_world.imports import types as wit
 
 from . import query
 from .cluster import Cluster, LogLevel
-from .errors import Error
+from .errors import Error, from_host
 from .wire import _document, exported, run
 
 _LEVELS = {
@@ -30,7 +30,7 @@ _LEVELS = {
 
 
 def _refused(err: Err) -> Error:
-    return Error(err.value.message, retryable=err.value.retryable)
+    return from_host(err.value.message, err.value.retryable)
 
 
 class HostCluster(Cluster):

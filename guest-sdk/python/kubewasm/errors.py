@@ -52,6 +52,12 @@ class PermanentError(Error):
         super().__init__(message, retryable=False)
 
 
+def from_host(message: str, retryable: bool) -> Error:
+    """The host's ``error`` record as the subclass that says its kind, so that a guest can
+    ``except RetryableError``."""
+    return RetryableError(message) if retryable else PermanentError(message)
+
+
 def invalid_json(err: Exception) -> PermanentError:
     """A document that is not JSON will not get better by retrying."""
     return PermanentError(f"invalid JSON: {err}")
