@@ -35,8 +35,29 @@ build: toolchain
 	$(CARGO) build --bins
 
 ## Guests are built from source, never committed.
-guests: toolchain
+guests: toolchain python-guests
 	$(CARGO) build --profile guest --target wasm32-wasip2 $(addprefix -p ,$(GUESTS))
+
+## Python guests (issue 25): guest-sdk/python/build.sh builds each with componentize-py, pinned
+## there and installed into $(KUBEWASM_CACHE)/python/<version>/ on first use.
+PYTHON_GUESTS := python-hello-world python-configmap-restarter
+PYTHON_GUEST_WASM := $(foreach g,$(PYTHON_GUESTS),$(GUEST_DIR)/$(subst -,_,$(g)).wasm)
+PYTHON_SDK := guest-sdk/python/build.sh guest-sdk/wit/kubewasm.wit $(wildcard guest-sdk/python/kubewasm/*.py)
+
+.PHONY: python-guests python-test
+python-guests: $(PYTHON_GUEST_WASM)
+
+## componentize-py does not build incrementally (15 s a guest): a guest is built again only when
+## its sources, the SDK or the WIT changed.
+define python-guest
+$(GUEST_DIR)/$(subst -,_,$(1)).wasm: $(PYTHON_SDK) $(wildcard guests/$(1)/*.py) guests/$(1)/pyproject.toml
+	guest-sdk/python/build.sh guests/$(1) $$@
+endef
+$(foreach g,$(PYTHON_GUESTS),$(eval $(call python-guest,$(g))))
+
+## pytest for the Python SDK and every guests/python-* (natively, no wasm).
+python-test:
+	guest-sdk/python/build.sh test -q
 
 guest-sizes: guests
 	@for f in $(GUEST_WASM); do printf '%-45s %8d bytes\n' $$f $$(stat -c %s $$f); done
@@ -64,7 +85,7 @@ lint: toolchain
 
 ## Every test: lint, unit, guest-native, sandbox, CLI, integration against the local control plane.
 test: export KUBEWASM_IMAGE_TAR := $(abspath $(IMAGE_TAR))
-test: lint guests k8s-binaries image install-files
+test: lint guests python-test k8s-binaries image install-files
 	$(CARGO) test --workspace $(ALL_TIERS)
 	@# The bench still runs (tiny size, debug build); its numbers come from `make bench` only.
 	$(CARGO) test -p kubewasm $(ALL_TIERS) --bench reconcile -- 20 >/dev/null
