@@ -756,7 +756,7 @@ fn check_warns_when_a_module_does_not_fit_in_a_configmap() {
                 "release profile",
                 "lto = true",
                 "spec.module.path",
-                "an OCI image will lift this limit",
+                "spec.module.image",
             ],
         );
     }

@@ -63,9 +63,9 @@ fn configmap_size_warning(path: &Path, raw: &[u8]) -> Option<String> {
                    lto = true, strip = true, codegen-units = 1, panic = \"abort\"; `cargo build \
                    --release --target wasm32-wasip2`, i.e. `make build`: a debug build is many \
                    times bigger)";
-    let elsewhere = "or give a ClusterWasmController the module as a file (`spec.module.path` under \
-                     `kubewasm run --module-dir`); an OCI image will lift this limit once kubewasm \
-                     loads modules from registries";
+    let elsewhere = "or push it to a registry (`kubewasm push`) and name it in `spec.module.image`, \
+                     which has no such limit, or give a ClusterWasmController the module as a file \
+                     (`spec.module.path` under `kubewasm run --module-dir`)";
     if raw.starts_with(&[0x1f, 0x8b]) {
         return Some(format!("{too_big}. Fix: {smaller}, {elsewhere}"));
     }

@@ -1,8 +1,12 @@
 //! A module whose compile ended a runtime is quarantined by the next start: the journal a
-//! crashed runtime leaves (ConfigMap `kubewasm-quarantine`, `compiling: <digest>`) is written
-//! here as it would be left, the runtime started with `--quarantine-namespace`, and the
-//! controller of that module is `ModuleReady=False`, `Quarantined`, without its guest ever
-//! running; another module (a spec change) runs, and its compile leaves the journal clean.
+//! replica that died compiling leaves (ConfigMap `kubewasm-quarantine`,
+//! `compiling.<replica>: <digest> <since>`, the replica long gone) is written here as it would
+//! be left, beside the entry of a replica compiling another module right now, the runtime
+//! started with `--quarantine-namespace`, and the controller of that module is
+//! `ModuleReady=False`, `Quarantined`, without its guest ever running, while the other
+//! replica's compile is left alone (a replica started beside another one that compiles — a
+//! scale-up — once quarantined that healthy module); another module (a spec change) runs, and
+//! its compile leaves the journal clean.
 
 use anyhow::{Result, ensure};
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -30,8 +34,13 @@ async fn a_module_that_ended_a_runtime_is_not_compiled_again() {
         let digest = sha256(&guest("intruder"));
         let hex = digest.trim_start_matches("sha256:").to_owned();
         let _ = journals.delete(JOURNAL, &DeleteParams::default()).await;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_secs();
         let left: ConfigMap = serde_json::from_value(json!({
-            "metadata": {"name": JOURNAL}, "data": {"compiling": hex}}))?;
+            "metadata": {"name": JOURNAL}, "data": {
+                "compiling.kubewasm-gone": format!("{hex} {}", now - 3600),
+                BUSY_KEY: format!("{BUSY_HEX} {now}")}}))?;
         journals.create(&PostParams::default(), &left).await?;
         let mut runtime = RuntimeProcess::start_with_args(
             &kubeconfig,
@@ -47,6 +56,10 @@ async fn a_module_that_ended_a_runtime_is_not_compiled_again() {
     let _ = control_plane.delete_namespace(&ns).await;
     result.expect("the quarantine");
 }
+
+/// Another replica's compile going on while the runtime starts.
+const BUSY_KEY: &str = "compiling.kubewasm-busy";
+const BUSY_HEX: &str = "abababababababababababababababababababababababababababababababab";
 
 async fn quarantined(
     client: &Client,
@@ -72,7 +85,10 @@ async fn quarantined(
     .await?;
     let journal = journals.get(JOURNAL).await?.data.unwrap_or_default();
     ensure!(
-        !journal.contains_key("compiling") && journal.contains_key(&format!("quarantined.{hex}")),
+        !journal.contains_key("compiling.kubewasm-gone")
+            && journal.contains_key(&format!("quarantined.{hex}"))
+            && journal.contains_key(BUSY_KEY)
+            && !journal.contains_key(&format!("quarantined.{BUSY_HEX}")),
         "the journal after the start: {journal:?}"
     );
     let probe_now = probes(client, ns).get("steady").await?;
@@ -103,7 +119,9 @@ async fn quarantined(
     .await?;
     let journal = journals.get(JOURNAL).await?.data.unwrap_or_default();
     ensure!(
-        !journal.contains_key("compiling"),
+        !journal
+            .keys()
+            .any(|k| k.starts_with("compiling") && k != BUSY_KEY),
         "a finished compile left the journal saying `compiling`: {journal:?}"
     );
     Ok(())
