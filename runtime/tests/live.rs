@@ -1,6 +1,6 @@
 //! The live runtime, `kubewasm run`, as a child process against the local control plane:
 //! the HelloWorld and ConfigMap-restarter tutorials step by step with the examples' own
-//! manifests, hot reload of a module, an API server restarted under a running runtime, and
+//! manifests, each with its Rust guest and with its Python guest (module from a registry), hot reload of a module, an API server restarted under a running runtime, and
 //! RBAC (and the declaration) having the final word.
 //!
 //! Every test has its own namespace and its own `kubewasm run --namespace <ns>`, so tests run
@@ -27,6 +27,8 @@ mod fencing;
 mod finalizers;
 #[path = "live/first_controller.rs"]
 mod first_controller;
+#[path = "live/flavours.rs"]
+mod flavours;
 #[path = "live/guitars.rs"]
 mod guitars;
 #[path = "live/identity.rs"]
@@ -67,6 +69,8 @@ use cluster::{
     live_pods, module_config_map, prepare, sha256, take, wait_greeting_pod, wait_status,
     wait_status_pods,
 };
+use flavours::Flavour;
+use kubewasm_test_support::registry::Registry;
 use restarter::{Owner, create_pod, ensure_pods, wait_digest, wait_pods};
 use runtime::{RuntimeProcess, finish};
 
@@ -96,11 +100,23 @@ fn without_controller_manager(control_plane: &ControlPlane) -> bool {
 
 #[tokio::test]
 async fn hello_world_tutorial_step_by_step() {
+    hello_world_tutorial(Flavour::Rust).await;
+}
+
+/// The same steps for the Python HelloWorld (`guests/python-hello-world`), its module from a
+/// registry.
+#[tokio::test]
+async fn python_hello_world_tutorial_step_by_step() {
+    let registry = Registry::start().expect("starting docker-registry");
+    hello_world_tutorial(Flavour::Python(&registry)).await;
+}
+
+async fn hello_world_tutorial(flavour: Flavour<'_>) {
     let control_plane = ControlPlane::shared();
     let (client, ns) = prepare(control_plane, "hello").await;
-    let mut runtime = RuntimeProcess::start(&control_plane.runtime_kubeconfig(), &ns);
-    let result = hello_world(control_plane, &client, &ns, &mut runtime).await;
-    finish(result, &mut [&mut runtime]);
+    let mut runtime = flavour.start_runtime(control_plane, &ns);
+    let result = hello_world(control_plane, &client, &ns, flavour, &mut runtime.process).await;
+    finish(result, &mut [&mut runtime.process]);
     drop(runtime);
     let _ = control_plane.delete_namespace(&ns).await;
 }
@@ -109,17 +125,22 @@ async fn hello_world(
     control_plane: &ControlPlane,
     client: &Client,
     ns: &str,
+    flavour: Flavour<'_>,
     runtime: &mut RuntimeProcess,
 ) -> Result<()> {
-    let wasm = guest("hello_world");
-    apply_all(client, &example("hello-world/rbac.yaml", ns)?).await?;
-    apply(
-        client,
-        &module_config_map(ns, "hello-controller", "hello_world.wasm", &wasm),
-    )
-    .await?;
-    apply_all(client, &example("hello-world/controller.yaml", ns)?).await?;
-    apply_all(client, &example("hello-world/hello.yaml", ns)?).await?;
+    if let Flavour::Python(_) = flavour {
+        // The runtime's watch of HelloWorlds (a ClusterRole) comes with the Rust example.
+        let cluster_wide: Vec<Value> = example("hello-world/rbac.yaml", ns)?
+            .into_iter()
+            .filter(|d| d["kind"].as_str().is_some_and(|k| k.starts_with("Cluster")))
+            .collect();
+        apply_all(client, &cluster_wide).await?;
+    }
+    apply_all(client, &flavour.example("hello-world", "rbac.yaml", ns)?).await?;
+    let wasm = flavour
+        .install_controller(client, ns, "hello-world", "hello-controller", "hello-world")
+        .await?;
+    apply_all(client, &flavour.example("hello-world", "hello.yaml", ns)?).await?;
 
     let hellos = hello_worlds(client, ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
@@ -221,14 +242,26 @@ async fn hello_world(
 
 #[tokio::test]
 async fn configmap_restarter_tutorial_restarts_exactly_the_selected_pods() {
+    configmap_restarter_tutorial(Flavour::Rust).await;
+}
+
+/// The same steps for the Python restarter (`guests/python-configmap-restarter`), its module
+/// from a registry, under the tutorial's `joe`: killed mid-restart too.
+#[tokio::test]
+async fn python_configmap_restarter_tutorial_restarts_exactly_the_selected_pods() {
+    let registry = Registry::start().expect("starting docker-registry");
+    configmap_restarter_tutorial(Flavour::Python(&registry)).await;
+}
+
+async fn configmap_restarter_tutorial(flavour: Flavour<'_>) {
     let control_plane = ControlPlane::shared();
     if without_controller_manager(control_plane) {
         return;
     }
     let (client, ns) = prepare(control_plane, "test-space").await;
-    let mut runtime = RuntimeProcess::start(&control_plane.runtime_kubeconfig(), &ns);
-    let result = configmap_restarter(&client, &ns, &mut runtime).await;
-    finish(result, &mut [&mut runtime]);
+    let mut runtime = flavour.start_runtime(control_plane, &ns);
+    let result = configmap_restarter(&client, &ns, flavour, &mut runtime.process).await;
+    finish(result, &mut [&mut runtime.process]);
     drop(runtime);
     let _ = control_plane.delete_namespace(&ns).await;
 }
@@ -236,25 +269,23 @@ async fn configmap_restarter_tutorial_restarts_exactly_the_selected_pods() {
 async fn configmap_restarter(
     client: &Client,
     ns: &str,
+    flavour: Flavour<'_>,
     runtime: &mut RuntimeProcess,
 ) -> Result<()> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-    apply_all(client, &example("configmap-restarter/rbac.yaml", ns)?).await?;
-    apply_all(client, &example("configmap-restarter/frontend.yaml", ns)?).await?;
+    let tutorial = "configmap-restarter";
+    apply_all(client, &flavour.example(tutorial, "rbac.yaml", ns)?).await?;
+    apply_all(client, &flavour.example(tutorial, "frontend.yaml", ns)?).await?;
     create_pod(&pods, "other", "other").await?;
     let frontend = wait_pods(&pods, "the frontend Deployment has 2 Pods", None).await?;
     let other = pods.get("other").await?.uid();
 
     // The controller comes after the Pods, so that its first sighting has Pods to spare.
-    let wasm = guest("configmap_restarter");
-    apply(
-        client,
-        &module_config_map(ns, "configmap-restarter", "configmap_restarter.wasm", &wasm),
-    )
-    .await?;
     let offset = runtime.log_len();
-    apply_all(client, &example("configmap-restarter/controller.yaml", ns)?).await?;
+    flavour
+        .install_controller(client, ns, tutorial, tutorial, tutorial)
+        .await?;
     let owner = Owner::Namespaced(ns, "configmap-restarter");
     let key = format!("{ns}/frontend-config");
     let first = wait_digest(client, owner, &key, None).await?;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make demo: a local control plane, the kubewasm runtime, the four tutorials' controllers and a
 # finalizer played step by step, then the HelloWorld controller pushed to a module registry on
-# loopback and run from spec.module.image, its tag moved to a new build.
+# loopback and run from spec.module.image, its tag moved to a new build, and the same
+# controller written in Python (guests/python-hello-world) beside it.
 #
 #   deploy/dev/demo/live.sh          play both tutorials, then stop everything (exit 0 on success)
 #   deploy/dev/demo/live.sh --keep   leave the control plane and the runtime running (make up)
@@ -85,7 +86,7 @@ cleanup() {
     bash "$ROOT/deploy/dev/local/cluster.sh" down "$STATE" >/dev/null 2>&1 || true
 }
 
-for f in hello_world.wasm configmap_restarter.wasm guitar_reviewer.wasm pod_watcher.wasm hello_finalizer.wasm demo/hello_world_howdy.wasm; do
+for f in hello_world.wasm configmap_restarter.wasm guitar_reviewer.wasm pod_watcher.wasm hello_finalizer.wasm demo/hello_world_howdy.wasm python_hello_world.wasm; do
     [ -f "$GUESTS/$f" ] || fail "$GUESTS/$f is missing: run make demo-guests"
 done
 [ -x "$KUBEWASM" ] || fail "$KUBEWASM is missing: run make build"
@@ -274,7 +275,29 @@ wait_for 60 "Pod hello-oci/your-name being recreated by the new module to print 
 step "the new module recreated the Pod (Recreate); kubectl -n hello-oci logs your-name: $(k -n hello-oci logs your-name)"
 step "the runtime is the same process (pid $RUNTIME_PID); ConfigMap modules and registry modules side by side"
 
-say "10. What the runtime reports"
+say "10. The HelloWorld controller in Python, next to the Rust one"
+k apply -f "$EX/python-hello-world/rbac.yaml" >/dev/null
+PY_IMAGE=$REG/hello-py/hello-world:v1
+PY_WASM=$GUESTS/python_hello_world.wasm
+step "guests/python-hello-world: the tutorial's sync() in Python, built by componentize-py into a component of $(( $(stat -c %s "$PY_WASM") / 1000000 )) MB"
+pushed_py=$("$KUBEWASM" push "$PY_WASM" "$PY_IMAGE" --insecure 2>"$STATE/push.log") || { cat "$STATE/push.log" >&2; fail "kubewasm push to $PY_IMAGE failed"; }
+"$KUBEWASM" sign --key "$KEYS/cosign.key" "$PY_IMAGE" --insecure >/dev/null 2>"$STATE/sign.log" || { cat "$STATE/sign.log" >&2; fail "kubewasm sign $PY_IMAGE failed"; }
+step "pushed and signed: $pushed_py"
+sed "s|127.0.0.1:5000/|$REG/|" "$EX/python-hello-world/controller.yaml" | k apply -f - >/dev/null
+applied=$SECONDS
+# The debug runtime compiles a Python component in 15-25 s (a Rust guest in under a second).
+wait_for 240 "WasmController hello-py/hello-world becoming Ready" ready hello-py hello-world
+step "WasmController hello-py/hello-world Ready $((SECONDS - applied)) s after it was applied (most of it compiling the interpreter; spec.limits.memory: $(k -n hello-py get wc hello-world -o jsonpath='{.spec.limits.memory}'))"
+k apply -f "$EX/python-hello-world/hello.yaml" >/dev/null
+py_pod_says() { [ "$(k -n hello-py get pod your-name -o jsonpath='{.status.phase}')" = Succeeded ] && [ "$(k -n hello-py logs your-name)" = "$1" ]; }
+wait_for 90 "Pod hello-py/your-name printing 'Hello, Your Name!'" py_pod_says "Hello, Your Name!"
+step "HelloWorld hello-py/your-name got its Pod from the Python guest; kubectl -n hello-py logs your-name: $(k -n hello-py logs your-name)"
+step "and from the Rust guest of step 9, kubectl -n hello-oci logs your-name: $(k -n hello-oci logs your-name)"
+py_status() { [ "$(k -n hello-py get helloworld your-name -o jsonpath='{.status.pods}')" = 1 ]; }
+wait_for 30 "HelloWorld hello-py/your-name status.pods becoming 1" py_status
+step "HelloWorld hello-py/your-name reports status.pods = 1, as the Rust guest's did"
+
+say "11. What the runtime reports"
 sleep 3 # the runtime writes each controller's status every 2 s
 k get wasmcontrollers,clusterwasmcontrollers -A -o custom-columns='CONTROLLER:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,RECONCILES:.status.reconciles,FAILURES:.status.failures,MODULE:.status.moduleDigest' | sed 's/^/      /'
 
