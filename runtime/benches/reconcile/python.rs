@@ -123,7 +123,7 @@ fn cached_loads(dir: &std::path::Path, bytes: &[u8]) -> Arc<GuestPre> {
     println!(
         "  load from the warm compiled cache     {:>9.1} ms (VmRSS +{:.1} MiB across the load: the compiled module in memory)",
         ms(loaded),
-        (rss_after.saturating_sub(rss_before)) as f64 / 1024.0
+        rss_after.saturating_sub(rss_before) as f64 / 1024.0
     );
     guest
 }
