@@ -357,11 +357,11 @@ impl Fixture {
     ) -> Result<Fixture> {
         let mut docs = cluster::example(&format!("{}/rbac.yaml", example.dir), NAMESPACE)?;
         if let Some(rbac) = example.cluster_rbac {
-            // Only its cluster-scoped objects: the example's own namespaced ones come first.
-            let own = docs.len();
-            docs.extend(cluster::example(rbac, NAMESPACE)?);
-            let extra = docs.split_off(own);
-            docs.extend(extra.into_iter().filter(|d| d["kind"] == "ClusterRole"));
+            // Only the runtime's watch of the parent kind: the rest is the example's own.
+            let cluster_roles = cluster::example(rbac, NAMESPACE)?
+                .into_iter()
+                .filter(|d| d["kind"] == "ClusterRole");
+            docs.extend(cluster_roles);
         }
         let mut controller =
             cluster::example(&format!("{}/controller.yaml", example.dir), NAMESPACE)?;
