@@ -23,7 +23,7 @@ CLUSTER_DIR ?= $(or $(KUBEWASM_CLUSTER_DIR),$(KUBEWASM_CACHE)/clusters/default-$
 include deploy/dev/local/cluster.mk
 include deploy/install.mk
 
-.PHONY: all test demo demo-offline demo-guests up down toolchain guests build lint fmt unit-test integration-test bench bench-reconcile bench-storm bench-cluster bench-cluster-venv bench-density bench-cache bench-compile bench-restart bench-fairness crds guest-sizes guest-size-typed
+.PHONY: all test demo demo-offline demo-guests up down toolchain guests build lint fmt unit-test integration-test bench bench-reconcile bench-storm bench-cluster bench-cluster-venv bench-density bench-python bench-cache bench-compile bench-restart bench-fairness crds guest-sizes guest-size-typed
 
 all: build guests
 
@@ -148,6 +148,15 @@ bench-cluster: guests k8s-binaries bench-cluster-venv
 bench-density: guests k8s-binaries
 	$(CARGO) build --release -p kubewasm --bin kubewasm
 	KUBEWASM_DENSITY_BINARY=$(TARGET_DIR)/release/kubewasm $(CARGO) test -p kubewasm --bench density
+
+## Python guests (issue 25): the Python HelloWorld beside the Rust one (size, compile with and
+## without the compiled cache, phases, one reconcile interleaved with the other ways, memory per
+## running instance), then P3 with it: 100 and 1,000 controllers of one module from a registry.
+bench-python: guests k8s-binaries
+	$(CARGO) bench -p kubewasm --bench reconcile -- 2000 python
+	$(CARGO) build --release -p kubewasm --bin kubewasm
+	KUBEWASM_DENSITY_EXAMPLE=python-hello-world KUBEWASM_DENSITY_ROUNDS=2 \
+		KUBEWASM_DENSITY_BINARY=$(TARGET_DIR)/release/kubewasm $(CARGO) test -p kubewasm --bench density -- 100 1000
 
 ## Memory the runtime holds per byte a namespace's cache account is charged (the README's budget).
 ## Allocations are counted, not timed: the dev profile measures the same as a release build.

@@ -28,6 +28,11 @@
 //! instead of HelloWorld (its parent is every ConfigMap of its namespace, its own module
 //! ConfigMap included: a cache of a core kind with large objects).
 //!
+//! `KUBEWASM_DENSITY_IMAGE=1` takes the module from a registry instead (`density/image.rs`):
+//! pushed once, named by digest by every WasmController, the runtime run with its module and
+//! compiled caches; `KUBEWASM_DENSITY_EXAMPLE=python-hello-world` (the Python HelloWorld, too
+//! large for a ConfigMap) implies it. The floor then reads no module.
+//!
 //! `cargo bench -p kubewasm --bench density [-- N...]`; `KUBEWASM_DENSITY_ROUNDS` sets the
 //! warm rounds per N (default 3), `KUBEWASM_DENSITY_BINARY` another `kubewasm` binary to
 //! measure (e.g. a copy of an older build; default: the one cargo built). Tiny mode for `make test`: `cargo test -p kubewasm --bench
@@ -39,6 +44,9 @@
 use kubewasm_test_support as support;
 
 use kubewasm_test_support::cluster;
+
+#[path = "density/image.rs"]
+mod image;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -54,6 +62,7 @@ use kube::{Api, Client, ResourceExt};
 use kubewasm::api::WasmController;
 use serde_json::{Value, json};
 
+use image::Modules;
 use support::{ControlPlane, FIELD_MANAGER};
 
 /// Sizes measured when none are given.
@@ -144,17 +153,32 @@ async fn measure(
 ) -> Result<Vec<Row>> {
     let client = control_plane.client().await?;
     cluster::ensure_crds(control_plane, &client).await?;
-    let fixture = Fixture::new(&client, example, wasm).await?;
     let binary = std::env::var_os("KUBEWASM_DENSITY_BINARY").map_or_else(
         || PathBuf::from(env!("CARGO_BIN_EXE_kubewasm")),
         PathBuf::from,
     );
+    let image_mode = matches!(example.module, Declared::Image)
+        || std::env::var("KUBEWASM_DENSITY_IMAGE").is_ok_and(|v| !v.is_empty() && v != "0");
+    let modules = if image_mode {
+        Modules::push(&binary, wasm)?
+    } else {
+        Modules::ConfigMap
+    };
+    let fixture = Fixture::new(&client, example, wasm, &modules).await?;
     let candidate = std::env::var_os("KUBEWASM_DENSITY_CANDIDATE").map(PathBuf::from);
     eprintln!(
-        "runtime: {}; every namespace runs deploy/examples/{} (KUBEWASM_DENSITY_EXAMPLE)",
+        "runtime: {}; every namespace runs deploy/examples/{} (KUBEWASM_DENSITY_EXAMPLE), its module ({} bytes) {}",
         binary.display(),
-        example.dir
+        example.dir,
+        wasm.len(),
+        match modules.image() {
+            Some(image) => format!(
+                "from a registry, {image} (KUBEWASM_DENSITY_IMAGE), with the runtime's module and compiled caches"
+            ),
+            None => "in a ConfigMap of its own".into(),
+        }
     );
+    let runtime_args = modules.runtime_args();
     if let Some(c) = &candidate {
         eprintln!(
             "candidate (KUBEWASM_DENSITY_CANDIDATE): {}, a warm run beside each of the runtime's, the first alternating",
@@ -182,13 +206,29 @@ async fn measure(
             let candidate_first = round % 2 == 0;
             if let Some(c) = candidate.as_ref().filter(|_| round > 0 && candidate_first) {
                 candidate_runs.push(
-                    run_candidate(c, control_plane.kubeconfig(), &client, n, state_dir, round)
-                        .await?,
+                    run_candidate(
+                        c,
+                        &runtime_args,
+                        control_plane.kubeconfig(),
+                        &client,
+                        n,
+                        state_dir,
+                        round,
+                    )
+                    .await?,
                 );
             }
             clear_statuses(&client).await?;
             let log = state_dir.join(format!("kubewasm-density-{n}-{round}.log"));
-            let run = run_once(&binary, control_plane.kubeconfig(), &client, n, &log).await?;
+            let run = run_once(
+                &binary,
+                &runtime_args,
+                control_plane.kubeconfig(),
+                &client,
+                n,
+                &log,
+            )
+            .await?;
             eprintln!(
                 "N={n} {}: Ready in {:.2?}, VmRSS {} KiB, VmHWM {} KiB",
                 if round == 0 { "cold" } else { "warm" },
@@ -201,13 +241,21 @@ async fn measure(
             } else {
                 warm.push(run);
                 clear_statuses(&client).await?;
-                let took = floor_once(&client, n).await?;
+                let took = floor_once(&client, n, wasm.len()).await?;
                 eprintln!("N={n} floor: the same API calls by a raw client in {took:.2?}");
                 floor.push(took);
                 if let Some(c) = candidate.as_ref().filter(|_| !candidate_first) {
                     candidate_runs.push(
-                        run_candidate(c, control_plane.kubeconfig(), &client, n, state_dir, round)
-                            .await?,
+                        run_candidate(
+                            c,
+                            &runtime_args,
+                            control_plane.kubeconfig(),
+                            &client,
+                            n,
+                            state_dir,
+                            round,
+                        )
+                        .await?,
                     );
                 }
             }
@@ -232,34 +280,62 @@ struct Example {
     dir: &'static str,
     /// The guest (`<guest>.wasm`).
     guest: &'static str,
-    /// The module ConfigMap its controller.yaml names, and the key.
-    config_map: &'static str,
-    key: &'static str,
+    /// Where its controller.yaml takes the module from.
+    module: Declared,
+    /// A manifest whose cluster-scoped objects it needs too (the runtime's watch of its
+    /// parent kind), when its own `rbac.yaml` leaves them to another example.
+    cluster_rbac: Option<&'static str>,
 }
 
 impl Example {
     /// `hello-world` (the default: parent a small CRD) or `configmap-restarter` (parent every
     /// ConfigMap of the namespace, its own module ConfigMap included: what a cache of a core
-    /// kind with large objects costs).
+    /// kind with large objects costs), or `python-hello-world` (HelloWorld in Python, from a
+    /// registry).
     fn from_env() -> Result<Example> {
         match std::env::var("KUBEWASM_DENSITY_EXAMPLE").as_deref() {
             Err(_) | Ok("hello-world") => Ok(Example {
                 dir: "hello-world",
                 guest: "hello_world",
-                config_map: "hello-controller",
-                key: "hello_world.wasm",
+                module: Declared::ConfigMap {
+                    name: "hello-controller",
+                    key: "hello_world.wasm",
+                },
+                cluster_rbac: None,
             }),
             Ok("configmap-restarter") => Ok(Example {
                 dir: "configmap-restarter",
                 guest: "configmap_restarter",
-                config_map: "configmap-restarter",
-                key: "configmap_restarter.wasm",
+                module: Declared::ConfigMap {
+                    name: "configmap-restarter",
+                    key: "configmap_restarter.wasm",
+                },
+                cluster_rbac: None,
+            }),
+            Ok("python-hello-world") => Ok(Example {
+                dir: "python-hello-world",
+                guest: "python_hello_world",
+                module: Declared::Image,
+                cluster_rbac: Some("hello-world/rbac.yaml"),
             }),
             Ok(other) => bail!(
-                "KUBEWASM_DENSITY_EXAMPLE={other}: expected hello-world or configmap-restarter"
+                "KUBEWASM_DENSITY_EXAMPLE={other}: expected hello-world, configmap-restarter or python-hello-world"
             ),
         }
     }
+}
+
+/// Where an example's controller.yaml takes its module from.
+#[derive(Debug, Clone, Copy)]
+enum Declared {
+    /// A ConfigMap's key, which the bench makes in every namespace (unless modules come from
+    /// a registry: `KUBEWASM_DENSITY_IMAGE`).
+    ConfigMap {
+        name: &'static str,
+        key: &'static str,
+    },
+    /// An image: the module is larger than a ConfigMap holds.
+    Image,
 }
 
 /// Creates the objects of one namespace, with each kind resolved once.
@@ -273,18 +349,37 @@ struct Fixture {
 const NAMESPACE: &str = "density-placeholder";
 
 impl Fixture {
-    async fn new(client: &Client, example: Example, wasm: &[u8]) -> Result<Fixture> {
+    async fn new(
+        client: &Client,
+        example: Example,
+        wasm: &[u8],
+        modules: &Modules,
+    ) -> Result<Fixture> {
         let mut docs = cluster::example(&format!("{}/rbac.yaml", example.dir), NAMESPACE)?;
-        docs.push(cluster::module_config_map(
-            NAMESPACE,
-            example.config_map,
-            example.key,
-            wasm,
-        ));
-        docs.extend(cluster::example(
-            &format!("{}/controller.yaml", example.dir),
-            NAMESPACE,
-        )?);
+        if let Some(rbac) = example.cluster_rbac {
+            // Only the runtime's watch of the parent kind: the rest is the example's own.
+            let cluster_roles = cluster::example(rbac, NAMESPACE)?
+                .into_iter()
+                .filter(|d| d["kind"] == "ClusterRole");
+            docs.extend(cluster_roles);
+        }
+        let mut controller =
+            cluster::example(&format!("{}/controller.yaml", example.dir), NAMESPACE)?;
+        match (modules.image(), example.module) {
+            (Some(image), _) => {
+                for doc in controller
+                    .iter_mut()
+                    .filter(|d| d["kind"] == "WasmController")
+                {
+                    doc["spec"]["module"] = json!({ "image": image });
+                }
+            }
+            (None, Declared::ConfigMap { name, key }) => {
+                docs.push(cluster::module_config_map(NAMESPACE, name, key, wasm));
+            }
+            (None, Declared::Image) => bail!("{}: its module comes from a registry", example.dir),
+        }
+        docs.extend(controller);
         let mut objects = Vec::new();
         for doc in docs {
             let api_version = doc["apiVersion"].as_str().context("no apiVersion")?;
@@ -366,6 +461,7 @@ async fn clear_statuses(client: &Client) -> Result<()> {
 /// stops it.
 async fn run_once(
     binary: &Path,
+    args: &[String],
     kubeconfig: &Path,
     client: &Client,
     n: usize,
@@ -386,6 +482,7 @@ async fn run_once(
     let started = Instant::now();
     let mut child = Command::new(binary)
         .arg("run")
+        .args(args)
         .env("KUBECONFIG", kubeconfig)
         .env(
             "RUST_LOG",
@@ -443,6 +540,7 @@ async fn run_once(
 /// One warm run of the candidate binary, from cleared statuses.
 async fn run_candidate(
     binary: &Path,
+    args: &[String],
     kubeconfig: &Path,
     client: &Client,
     n: usize,
@@ -451,7 +549,7 @@ async fn run_candidate(
 ) -> Result<Run> {
     clear_statuses(client).await?;
     let log = state_dir.join(format!("kubewasm-density-{n}-{round}-candidate.log"));
-    let run = run_once(binary, kubeconfig, client, n, &log).await?;
+    let run = run_once(binary, args, kubeconfig, client, n, &log).await?;
     eprintln!(
         "N={n} candidate: Ready in {:.2?}, VmRSS {} KiB, VmHWM {} KiB",
         run.ready, run.rss_kib, run.hwm_kib
@@ -464,8 +562,9 @@ async fn run_candidate(
 /// WasmControllers and the ConfigMaps' metadata, read each module ConfigMap by name (as the
 /// runtime does, from the watch cache), write each status with `Ready=True` — as many in
 /// flight as the runtime ([`RUNTIME_IN_FLIGHT`]). No access review, no compile, no watch of
-/// the parent kind: a floor, not a runtime.
-async fn floor_once(client: &Client, n: usize) -> Result<Duration> {
+/// the parent kind: a floor, not a runtime. A module from a registry is not read (it is one
+/// image for all: `module_bytes` long).
+async fn floor_once(client: &Client, n: usize, module_bytes: usize) -> Result<Duration> {
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::api::{ListParams, VersionMatch};
     use kube::core::PartialObjectMeta;
@@ -490,21 +589,28 @@ async fn floor_once(client: &Client, n: usize) -> Result<Duration> {
             let version = cm
                 .as_ref()
                 .and_then(|c| versions.get(&(ns.clone(), c.name.clone())).cloned());
+            let image = wc.spec.module.image.is_some();
             async move {
-                let cm = cm.context("a WasmController without a module ConfigMap")?;
-                let mut by_name = ListParams::default().fields(&format!("metadata.name={}", cm.name));
-                if let Some(v) = &version {
-                    by_name = by_name.at(v).matching(VersionMatch::NotOlderThan);
-                }
-                let found = Api::<ConfigMap>::namespaced(client.clone(), &ns)
-                    .list(&by_name)
-                    .await?;
-                let bytes = found
-                    .items
-                    .first()
-                    .and_then(|c| c.binary_data.as_ref()?.get(&cm.key))
-                    .map_or(0, |b| b.0.len());
-                ensure!(bytes > 0, "no module in ConfigMap {ns}/{}", cm.name);
+                let bytes = if image {
+                    module_bytes
+                } else {
+                    let cm = cm.context("a WasmController without a module ConfigMap")?;
+                    let mut by_name =
+                        ListParams::default().fields(&format!("metadata.name={}", cm.name));
+                    if let Some(v) = &version {
+                        by_name = by_name.at(v).matching(VersionMatch::NotOlderThan);
+                    }
+                    let found = Api::<ConfigMap>::namespaced(client.clone(), &ns)
+                        .list(&by_name)
+                        .await?;
+                    let bytes = found
+                        .items
+                        .first()
+                        .and_then(|c| c.binary_data.as_ref()?.get(&cm.key))
+                        .map_or(0, |b| b.0.len());
+                    ensure!(bytes > 0, "no module in ConfigMap {ns}/{}", cm.name);
+                    bytes
+                };
                 let now = k8s_openapi::jiff::Timestamp::now().to_string();
                 let condition = |type_: &str, status: &str, reason: &str, message: String| {
                     json!({"type": type_, "status": status, "reason": reason, "message": message,
@@ -583,7 +689,7 @@ async fn stop(child: &mut Child) -> Result<()> {
 
 fn print_tables(rows: &[Row]) {
     println!(
-        "\nCreating the objects (namespace, ServiceAccount, Role, RoleBinding, module ConfigMap, WasmController; {PARALLEL_WRITES} namespaces at once):"
+        "\nCreating the objects (namespace, ServiceAccount, Role, RoleBinding, the module ConfigMap unless modules come from a registry, WasmController; {PARALLEL_WRITES} namespaces at once):"
     );
     println!("| N | namespaces created | time | per namespace |");
     println!("|---:|---:|---:|---:|");

@@ -11,7 +11,12 @@
 //! - **P5**, what epoch interruption costs a guest that computes: the hostile guest's
 //!   `compute` mode on an Engine with it and on one without, interleaved.
 //!
-//! `make bench`, or `cargo bench -p kubewasm --bench reconcile [-- ITERATIONS]`;
+//! - **Python guests** (issue 25, `reconcile/python.rs`): the Python HelloWorld beside the Rust
+//!   one — size, compile time with and without the compiled cache, phases, one reconcile at
+//!   1 KiB interleaved with the other ways, memory per running instance.
+//!
+//! `make bench`, or `cargo bench -p kubewasm --bench reconcile [-- ITERATIONS] [python]`
+//! (`python`: that section alone, `make bench-python`);
 //! `KUBEWASM_BENCH_ITERS` also sets the iterations (default 20000). To measure one change to
 //! a guest or the SDK at a time, `KUBEWASM_BENCH_CANDIDATE=path/to/hello_world.wasm` adds
 //! that build as a fifth way of P1, interleaved with the others (this machine is too noisy to
@@ -19,6 +24,8 @@
 //! 20 iterations, a debug build, to keep it working: those numbers mean nothing.
 
 use kubewasm_test_support::guests as common;
+#[path = "reconcile/python.rs"]
+mod python;
 mod webhook;
 
 use std::sync::Arc;
@@ -47,6 +54,18 @@ fn main() {
     let iters = iterations();
     let async_iters = (iters / 10).max(100);
     print_machine(iters);
+    if std::env::args().skip(1).any(|a| a == "python") {
+        let sandbox = Sandbox::new(SandboxConfig::default()).expect("the sandbox starts");
+        let bytes = std::fs::read(common::guest("hello_world")).expect("reading the guest");
+        let started = Instant::now();
+        let guest = sandbox.load(&bytes).expect("the guest loads");
+        println!(
+            "module compile (cranelift, uncached): hello_world {:.1} ms",
+            started.elapsed().as_secs_f64() * 1e3
+        );
+        python::section(guest, iters);
+        return;
+    }
 
     println!("guest sizes:");
     let mut modules = Vec::new();
@@ -114,8 +133,9 @@ fn main() {
         );
         breakdown(&guest, &request, &reads, &limits, calls, true);
     }
-    p1(&sandbox, guest, iters);
+    p1(&sandbox, guest.clone(), iters);
     p5(&sandbox, &modules[2].1, iters);
+    python::section(guest, iters);
 }
 
 /// The machine the numbers come from.
@@ -226,6 +246,8 @@ enum Way {
     Sandbox,
     /// Another build of `hello_world.wasm` (`KUBEWASM_BENCH_CANDIDATE`).
     Candidate,
+    /// The Python HelloWorld (`python_hello_world.wasm`, the Python section only).
+    PythonGuest,
     Native,
     RustHook,
     PythonHook,
@@ -236,6 +258,7 @@ impl Way {
         match self {
             Way::Sandbox => "sandbox (GuestPre::call)",
             Way::Candidate => "sandbox, candidate build",
+            Way::PythonGuest => "sandbox, Python guest",
             Way::Native => "native floor",
             Way::RustHook => "Rust webhook (axum, HTTP)",
             Way::PythonHook => "Python webhook (http.server)",
@@ -247,6 +270,8 @@ impl Way {
 struct Ways {
     guest: Arc<GuestPre>,
     candidate: Option<Arc<GuestPre>>,
+    /// The Python guest, for the Python section.
+    python_guest: Option<Arc<GuestPre>>,
     reads: SharedReads,
     limits: Limits,
     /// The current-thread runtime the HTTP client runs on (this thread).
@@ -269,6 +294,7 @@ impl Ways {
         Ways {
             guest,
             candidate,
+            python_guest: None,
             reads: Arc::new(NoReads),
             limits: Limits::default(),
             client,
@@ -294,22 +320,25 @@ impl Ways {
         let hook = match way {
             Way::RustHook => &mut self.rust,
             Way::PythonHook => self.python.as_mut().expect("the Python hook runs"),
-            Way::Sandbox | Way::Candidate | Way::Native => unreachable!("{way:?} is no hook"),
+            Way::Sandbox | Way::Candidate | Way::PythonGuest | Way::Native => {
+                unreachable!("{way:?} is no hook")
+            }
         };
         (hook, &self.client)
     }
 
-    /// The guest `way` calls (the shipped build or the candidate).
+    /// The guest `way` calls (the shipped build, the candidate or the Python guest).
     fn guest(&self, way: Way) -> &GuestPre {
         match way {
             Way::Candidate => self.candidate.as_deref().expect("a candidate was given"),
+            Way::PythonGuest => self.python_guest.as_deref().expect("the Python guest"),
             _ => &self.guest,
         }
     }
 
     fn answer(&mut self, way: Way, request: &Request) -> Answer {
         match way {
-            Way::Sandbox | Way::Candidate => Answer::Response(
+            Way::Sandbox | Way::Candidate | Way::PythonGuest => Answer::Response(
                 self.guest(way)
                     .call(request, self.reads.clone(), &self.limits)
                     .expect("the sandbox reconciles")
@@ -326,7 +355,7 @@ impl Ways {
 
     fn time(&mut self, way: Way, request: &Request, calls: usize) -> Vec<Duration> {
         match way {
-            Way::Sandbox | Way::Candidate => time_calls(
+            Way::Sandbox | Way::Candidate | Way::PythonGuest => time_calls(
                 self.guest(way),
                 request,
                 &self.reads,
@@ -392,16 +421,16 @@ impl Greeting {
     }
 }
 
-/// Before timing: every way gives the same answer to `request` (the same response exactly
-/// where the response is kubewasm's).
-fn check_same_answer(ways: &mut Ways, request: &Request) {
+/// Before timing: every way of `all` gives the same answer to `request` (the same response
+/// exactly where the response is kubewasm's).
+fn check_same_answer(ways: &mut Ways, all: &[Way], request: &Request) {
     let expected = Greeting {
         pod: json!("your-name"),
         command: json!(["echo", "Hello, Your Name!"]),
         status: json!({"pods": 0}),
     };
     let mut responses: Vec<(Way, Response)> = Vec::new();
-    for way in ways.all() {
+    for &way in all {
         let answer = ways.answer(way, request);
         assert_eq!(Greeting::of(&answer), expected, "{}", way.label());
         if let Answer::Response(response) = answer {
@@ -443,7 +472,7 @@ fn p1(sandbox: &Sandbox, guest: Arc<GuestPre>, iters: usize) {
         ("1 MiB", 1 << 20, 100),
     ] {
         let request = sized_request(bytes);
-        check_same_answer(&mut ways, &request);
+        check_same_answer(&mut ways, &all, &request);
         let calls = (iters / divisor).max(20);
         let rounds = P1_ROUNDS.min(calls);
         let batch = calls / rounds;

@@ -118,6 +118,11 @@ impl MemoryLimiter {
             used: 0,
         }
     }
+
+    /// Bytes of every linear memory of the call, as last allowed.
+    pub(crate) fn used(&self) -> usize {
+        self.used
+    }
 }
 
 impl wasmtime::ResourceLimiter for MemoryLimiter {

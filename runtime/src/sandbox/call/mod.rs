@@ -34,6 +34,9 @@ pub struct CallOutcome {
     pub elapsed: Duration,
     /// Where that time and the time before it went.
     pub phases: Phases,
+    /// Bytes of linear memory the instance had when it returned (all its memories, as the
+    /// limiter last allowed them): what [`Limits::memory_bytes`] is measured against.
+    pub memory_bytes: usize,
 }
 
 /// Wall-clock time of each part of a call (for the bench's breakdown and debug logs). What is
@@ -393,6 +396,7 @@ pub(crate) async fn run(
         log_lines: state.logs.lines(),
         elapsed,
         phases,
+        memory_bytes: state.limiter.used(),
     })
 }
 
