@@ -69,7 +69,7 @@ fn main() {
         let (plain, plain_counts) = load_all(&sandbox(None), &modules);
         let (first, first_counts) = load_all(&sandbox(Some(dir.path())), &modules);
         let (restart, restart_counts) = load_all(&sandbox(Some(dir.path())), &modules);
-        let disk: u64 = walk_bytes(dir.path());
+        let disk: u64 = kubewasm_test_support::dir_bytes(dir.path());
         println!(
             "  N={n:<4} no cache {:>9.1} ms {plain_counts:?}   empty cache {:>9.1} ms {first_counts:?}   restart from the cache {:>9.1} ms {restart_counts:?}   ({:.1}x faster; {} KiB on disk)",
             plain.as_secs_f64() * 1e3,
@@ -79,16 +79,4 @@ fn main() {
             disk >> 10
         );
     }
-}
-
-fn walk_bytes(dir: &std::path::Path) -> u64 {
-    let Ok(read) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    read.flatten()
-        .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => walk_bytes(&e.path()),
-            _ => e.metadata().map(|m| m.len()).unwrap_or(0),
-        })
-        .sum()
 }

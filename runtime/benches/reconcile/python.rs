@@ -107,7 +107,7 @@ fn cached_loads(dir: &std::path::Path, bytes: &[u8]) -> Arc<GuestPre> {
         "compiled into the cache"
     );
     drop(first);
-    let on_disk = walk_bytes(dir);
+    let on_disk = kubewasm_test_support::dir_bytes(dir);
     let (rss_before, _) = memory_kib(std::process::id()).expect("VmRSS");
     let second = Sandbox::new(config()).expect("a sandbox on the same cache");
     let started = Instant::now();
@@ -316,18 +316,6 @@ fn gzip_best(bytes: &[u8]) -> usize {
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
     gz.write_all(bytes).expect("gzip in memory");
     gz.finish().expect("gzip in memory").len()
-}
-
-fn walk_bytes(dir: &std::path::Path) -> u64 {
-    let Ok(read) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    read.flatten()
-        .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => walk_bytes(&e.path()),
-            _ => e.metadata().map(|m| m.len()).unwrap_or(0),
-        })
-        .sum()
 }
 
 fn ms(d: Duration) -> f64 {

@@ -462,6 +462,20 @@ pub fn profile_dir() -> PathBuf {
         .expect("a test binary runs from <target>/<profile>/deps")
 }
 
+/// Bytes of the files under `dir`, its subdirectories included (0 when it cannot be read): what
+/// a cache directory holds on disk.
+pub fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(read) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    read.flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            _ => e.metadata().map(|m| m.len()).unwrap_or(0),
+        })
+        .sum()
+}
+
 /// Where tests keep their files (`<target>/tmp`, what cargo names `CARGO_TARGET_TMPDIR`).
 pub fn target_tmp() -> PathBuf {
     let dir = profile_dir()
