@@ -279,7 +279,7 @@ say "10. The HelloWorld controller in Python, next to the Rust one"
 k apply -f "$EX/python-hello-world/rbac.yaml" >/dev/null
 PY_IMAGE=$REG/hello-py/hello-world:v1
 PY_WASM=$GUESTS/python_hello_world.wasm
-step "guests/python-hello-world: the tutorial's sync() in Python, built by componentize-py into a component of $(( $(stat -c %s "$PY_WASM") / 1000000 )) MB"
+step "guests/python-hello-world: the tutorial's sync() in Python, built by componentize-py into a component of $(awk -v b="$(stat -c %s "$PY_WASM")" 'BEGIN { printf "%.1f", b / 1e6 }') MB"
 pushed_py=$("$KUBEWASM" push "$PY_WASM" "$PY_IMAGE" --insecure 2>"$STATE/push.log") || { cat "$STATE/push.log" >&2; fail "kubewasm push to $PY_IMAGE failed"; }
 "$KUBEWASM" sign --key "$KEYS/cosign.key" "$PY_IMAGE" --insecure >/dev/null 2>"$STATE/sign.log" || { cat "$STATE/sign.log" >&2; fail "kubewasm sign $PY_IMAGE failed"; }
 step "pushed and signed: $pushed_py"
