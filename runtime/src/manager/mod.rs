@@ -21,6 +21,7 @@ mod modules;
 mod quarantine;
 mod setup;
 mod sharding;
+mod shared_images;
 mod status;
 
 use std::collections::{HashMap, HashSet};
@@ -255,6 +256,8 @@ pub struct Manager {
     module_config_maps: Option<reflector::Store<PartialObjectMeta<ConfigMap>>>,
     /// Registry pulls, beside the loop.
     pulls: Arc<crate::sources::Pulls>,
+    /// Compiled modules of anonymous digest-pinned images, by reference.
+    shared_images: shared_images::SharedImages,
     /// The shards this replica holds, when replicas share the work (`None`: it runs all).
     sharding: Option<sharding::Sharding>,
     /// Every declared controller as last seen, run here or not (see [`sharding`]).
@@ -284,6 +287,7 @@ impl Manager {
         let pulls = crate::sources::Pulls::new(registries, config.module_poll);
         Ok(Manager {
             pulls,
+            shared_images: shared_images::SharedImages::default(),
             watches: SharedWatches::new(
                 watch_client.clone(),
                 config.namespace.clone(),

@@ -11,7 +11,9 @@
 //! Images are pulled beside the manager loop ([`sources::Pulls`]): asking for one answers at
 //! once, and the loop is woken when a pull ends ([`Manager::on_pulled`]). A tag is resolved
 //! again every `--module-poll-seconds` with the files; a moved tag loads like a changed
-//! ConfigMap (the last good module keeps running if the new one fails).
+//! ConfigMap (the last good module keeps running if the new one fails). An image pinned by
+//! digest and pulled anonymously is pulled and compiled once for every controller naming it
+//! ([`super::shared_images`]).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -23,6 +25,7 @@ use crate::controller::ObjectKey;
 use crate::sandbox::{Digest, GuestPre};
 use crate::sources::{self, ClusterOrigin, ImagePuller, Version};
 
+use super::shared_images::{Known, pin_allows, shareable};
 use super::{ControllerId, Manager, PARALLEL_STARTS, Problem};
 
 /// What reading one controller's module found ([`Manager::read_modules`]).
@@ -35,7 +38,7 @@ enum Fetched {
     /// Nothing new yet (a pull under way).
     Pending,
     /// These bytes, compiled (or why not), from this version of the source.
-    Compiled(Result<Arc<GuestPre>, crate::sandbox::LoadError>, Version),
+    Compiled(Result<Arc<GuestPre>, String>, Version),
 }
 
 impl Manager {
@@ -96,8 +99,7 @@ impl Manager {
                 return;
             }
             Ok(Fetched::Compiled(compiled, version)) => {
-                let loaded =
-                    compiled.map_err(|e| Problem::new(Reason::ModuleInvalid, e.to_string()));
+                let loaded = compiled.map_err(|e| Problem::new(Reason::ModuleInvalid, e));
                 // The same bytes would fail the same way: read again only once they change.
                 if let Some(m) = self.controllers.get_mut(id) {
                     if let Version::Image(digest) = &version
@@ -183,6 +185,13 @@ impl Manager {
             .values()
             .filter_map(|m| m.guest.as_ref().map(|g| g.digest()))
             .collect();
+        let named = self
+            .controllers
+            .iter()
+            .filter_map(|(id, m)| shareable(&m.spec.module.source(id.namespace.as_deref()).ok()?))
+            .map(|(reference, _)| reference)
+            .collect();
+        self.shared_images.retain(&keep, &named);
         self.sandbox.retain(&keep.into_iter().collect::<Vec<_>>());
     }
 
@@ -197,6 +206,29 @@ impl Manager {
             .module
             .source(id.namespace.as_deref())
             .map_err(|e| Problem::new(Reason::InvalidSpec, e))?;
+        let pin = spec.module.sha256.as_deref();
+        // An image another controller already runs by the same anonymous pinned reference:
+        // its module, compiled, without a pull (one reader per reference at a time).
+        let shared = shareable(&source)
+            .filter(|(_, digest)| loaded != Some(&Version::Image(digest.clone())));
+        let _turn = match &shared {
+            Some((reference, digest)) => {
+                let turn = self.shared_images.turn(reference).await;
+                let compiled = match self.shared_images.known(reference) {
+                    Some(k) if pin_allows(pin, &k.digest) => match k.compiled {
+                        Ok(()) => self.sandbox.loaded(&k.digest).map(Ok),
+                        Err(why) => Some(Err(why)),
+                    },
+                    _ => None,
+                };
+                if let Some(compiled) = compiled {
+                    self.pulls.settled(&id.to_string());
+                    return Ok(Fetched::Compiled(compiled, Version::Image(digest.clone())));
+                }
+                Some(turn)
+            }
+            None => None,
+        };
         let mut origin = ClusterOrigin::new(
             self.client.clone(),
             self.module_config_maps.clone(),
@@ -223,7 +255,7 @@ impl Manager {
                 account,
             });
         }
-        let fetched = sources::fetch(&origin, &source, spec.module.sha256.as_deref(), loaded)
+        let fetched = sources::fetch(&origin, &source, pin, loaded)
             .await
             .map_err(|e| Problem::new(e.reason(), e.to_string()))?;
         let (bytes, version) = match fetched {
@@ -235,8 +267,18 @@ impl Manager {
         // makes it, up to the size bound), once per digest, and journaled while it runs: a
         // module whose compile ended a runtime is not compiled again (see `quarantine`).
         let digest = Digest::of(&bytes);
+        let record = |compiled: Result<Arc<GuestPre>, String>| {
+            if let Some((reference, _)) = &shared {
+                let known = Known {
+                    digest,
+                    compiled: compiled.as_ref().map(|_| ()).map_err(Clone::clone),
+                };
+                self.shared_images.record(reference, known);
+            }
+            Ok(Fetched::Compiled(compiled, version))
+        };
         if let Some(guest) = self.sandbox.loaded(&digest) {
-            return Ok(Fetched::Compiled(Ok(guest), version));
+            return record(Ok(guest));
         }
         let hex = digest.hex();
         if let Some(why) = self.quarantine.why(&hex) {
@@ -249,7 +291,7 @@ impl Manager {
             .compiling(&hex, compile)
             .await
             .map_err(|e| Problem::new(Reason::ModuleInvalid, e.to_string()))?;
-        Ok(Fetched::Compiled(compiled, version))
+        record(compiled.map_err(|e| e.to_string()))
     }
 
     /// These module ConfigMaps changed (or were listed again): the controllers whose module

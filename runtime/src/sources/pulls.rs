@@ -12,6 +12,14 @@
 //! the manager has taken its module (or [`UNTAKEN_TTL`] has passed: a module nobody takes
 //! must not hold a permit), so at most [`PARALLEL_PULLS`] modules are in memory between the
 //! registry and the compiler at once.
+//!
+//! Shared pulls: an *anonymous* pull of a *digest-pinned* reference gets the same bytes for
+//! whoever asks (the registry gives them to anyone, and the digest names them), so one pull
+//! serves every controller that names it: ten thousand tenants running one published module
+//! cause one pull, not ten thousand. It waits for the turn of any one of the tenants waiting
+//! for it, so a tenant whose own pulls queue behind a registry that never answers cannot
+//! hold back another tenant's pull of the same reference. Pulls with a pull secret are never
+//! shared: what one tenant's credentials may read is that tenant's.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -170,8 +178,47 @@ pub struct Pulls {
     /// One pull at a time per tenant (the namespace part of a key).
     tenants: Mutex<HashMap<String, Arc<Semaphore>>>,
     slots: Mutex<HashMap<String, Slot>>,
+    shared: Mutex<SharedPulls>,
     done: Mutex<HashSet<String>>,
     notify: Notify,
+}
+
+/// The shared pulls (see the module doc), by reference (`registry/repository@digest`).
+#[derive(Default)]
+struct SharedPulls {
+    pulls: HashMap<String, SharedPull>,
+    /// The reference each waiting controller waits for (one at a time).
+    waiting_on: HashMap<String, String>,
+    /// The error of each controller's last shared pull, until one succeeds.
+    last_error: HashMap<String, PullError>,
+}
+
+/// One shared pull.
+#[derive(Default)]
+struct SharedPull {
+    /// The controllers waiting for its answer.
+    waiters: HashSet<String>,
+    running: bool,
+    /// Woken when a controller joins: the pull may now take its tenant's turn.
+    joined: Arc<Notify>,
+    /// The answer, until every waiter has taken it (or [`UNTAKEN_TTL`] has passed).
+    finished: Option<Finished>,
+}
+
+impl SharedPulls {
+    /// `key` no longer waits for `reference`; a pull nobody waits for is forgotten (its bytes
+    /// and permit freed) once it is not running.
+    fn leave(&mut self, reference: &str, key: &str) {
+        if let Some(pull) = self.pulls.get_mut(reference) {
+            pull.waiters.remove(key);
+            if pull.waiters.is_empty() {
+                pull.finished = None;
+                if !pull.running {
+                    self.pulls.remove(reference);
+                }
+            }
+        }
+    }
 }
 
 impl Pulls {
@@ -183,6 +230,7 @@ impl Pulls {
             permits: Arc::new(Semaphore::new(PARALLEL_PULLS)),
             tenants: Mutex::default(),
             slots: Mutex::default(),
+            shared: Mutex::default(),
             done: Mutex::default(),
             notify: Notify::new(),
         })
@@ -195,7 +243,9 @@ impl Pulls {
 
     /// The answer of the last pull of `key`'s `image` (taken: asked again, it is a new pull),
     /// or [`Polled::Waiting`] — after starting a pull when none runs and one is due: at once
-    /// when nothing is loaded (`known`, a manifest digest, is `None`), else once per poll.
+    /// when nothing is loaded (`known`, a manifest digest, is `None`), else once per poll. An
+    /// anonymous pull of a digest-pinned reference is shared (see the module doc), and none
+    /// is needed once that digest is loaded.
     pub fn module(
         self: &Arc<Self>,
         key: &str,
@@ -203,6 +253,13 @@ impl Pulls {
         credentials: Credentials,
         known: Option<&str>,
     ) -> Polled {
+        if let (Credentials::Anonymous, Some(digest)) = (&credentials, image.digest()) {
+            if known == Some(digest) {
+                return Polled::Done(Ok(Pulled::Unchanged));
+            }
+            return self.shared_module(key, image, digest);
+        }
+        self.leave_shared(key);
         let wanted = format!("{image} {}", credentials.describe());
         let mut slots = self.slots.locked();
         let slot = slots.entry(key.to_owned()).or_default();
@@ -229,7 +286,7 @@ impl Pulls {
                 .tenants
                 .locked()
                 .entry(tenant_of(&key).to_owned())
-                .or_insert_with(|| Arc::new(Semaphore::new(1)))
+                .or_insert_with(new_turn)
                 .clone();
             tokio::spawn(async move {
                 let _turn = tenant.acquire_owned().await.ok();
@@ -241,6 +298,126 @@ impl Pulls {
             });
         }
         Polled::Waiting(slot.last_error.clone())
+    }
+
+    /// [`Pulls::module`] for an anonymous pull of `image`, pinned to `digest`: one pull for
+    /// every controller asking, its answer given to each.
+    fn shared_module(self: &Arc<Self>, key: &str, image: &ImageRef, digest: &str) -> Polled {
+        let reference = image.at(digest);
+        let mut shared = self.shared.locked();
+        if let Some(before) = shared.waiting_on.insert(key.to_owned(), reference.clone())
+            && before != reference
+        {
+            shared.leave(&before, key);
+        }
+        let pull = shared.pulls.entry(reference.clone()).or_default();
+        if let Some(finished) = &mut pull.finished {
+            let result = finished.result.clone();
+            // Taken once, the bytes are with the compiler: the permit is for bytes nobody
+            // has taken yet.
+            finished._permit = None;
+            match &result {
+                Ok(_) => shared.last_error.remove(key),
+                Err(e) => shared.last_error.insert(key.to_owned(), e.clone()),
+            };
+            shared.waiting_on.remove(key);
+            shared.leave(&reference, key);
+            return Polled::Done(result);
+        }
+        pull.waiters.insert(key.to_owned());
+        if pull.running {
+            pull.joined.notify_one();
+        } else {
+            pull.running = true;
+            let this = self.clone();
+            let (image, joined) = (image.clone(), pull.joined.clone());
+            tokio::spawn(async move {
+                let Some(_turn) = this.any_turn(&reference, &joined).await else {
+                    return;
+                };
+                let permit = this.permits.clone().acquire_owned().await.ok();
+                let result = this.pull(&image, &Credentials::Anonymous, None).await;
+                let permit = permit.filter(|_| matches!(result, Ok(Pulled::Module { .. })));
+                this.finish_shared(&reference, result, permit);
+            });
+        }
+        Polled::Waiting(shared.last_error.get(key).cloned())
+    }
+
+    /// The turn of any one tenant waiting for the shared pull of `reference` (tenants who
+    /// join while it waits count too); `None` once nobody waits for it (it is dropped).
+    async fn any_turn(&self, reference: &str, joined: &Notify) -> Option<OwnedSemaphorePermit> {
+        loop {
+            let more = joined.notified();
+            let turns: Vec<Arc<Semaphore>> = {
+                let mut shared = self.shared.locked();
+                let tenants: HashSet<String> = match shared.pulls.get(reference) {
+                    Some(pull) if !pull.waiters.is_empty() => pull
+                        .waiters
+                        .iter()
+                        .map(|k| tenant_of(k).to_owned())
+                        .collect(),
+                    _ => {
+                        shared.pulls.remove(reference);
+                        return None;
+                    }
+                };
+                let mut all = self.tenants.locked();
+                tenants
+                    .into_iter()
+                    .map(|t| all.entry(t).or_insert_with(new_turn).clone())
+                    .collect()
+            };
+            let any = futures::future::select_all(
+                turns.into_iter().map(|turn| Box::pin(turn.acquire_owned())),
+            );
+            tokio::select! {
+                (turn, _, _) = any => return turn.ok(),
+                () = more => {}
+            }
+        }
+    }
+
+    fn finish_shared(
+        &self,
+        reference: &str,
+        result: Result<Pulled, PullError>,
+        permit: Option<OwnedSemaphorePermit>,
+    ) {
+        let waiters: Vec<String> = {
+            let mut shared = self.shared.locked();
+            let Some(pull) = shared.pulls.get_mut(reference) else {
+                return;
+            };
+            pull.running = false;
+            if pull.waiters.is_empty() {
+                shared.pulls.remove(reference);
+                return;
+            }
+            pull.finished = Some(Finished {
+                result,
+                at: tokio::time::Instant::now(),
+                _permit: permit,
+            });
+            pull.waiters.iter().cloned().collect()
+        };
+        self.done.locked().extend(waiters);
+        self.notify.notify_one();
+    }
+
+    /// `key` has what it wanted without taking its shared pull's answer (the manager found
+    /// the module already compiled): it waits no more, and an answer nobody else waits for
+    /// is dropped.
+    pub fn settled(&self, key: &str) {
+        self.leave_shared(key);
+    }
+
+    fn leave_shared(&self, key: &str) {
+        let mut shared = self.shared.locked();
+        shared.last_error.remove(key);
+        if let Some(reference) = shared.waiting_on.remove(key) {
+            shared.leave(&reference, key);
+        }
     }
 
     async fn pull(
@@ -298,9 +475,43 @@ impl Pulls {
     /// [`UNTAKEN_TTL`].
     pub fn retain(&self, keep: impl Fn(&str) -> bool) {
         let now = tokio::time::Instant::now();
+        let mut shared = self.shared.locked();
+        let gone: Vec<(String, String)> = shared
+            .waiting_on
+            .iter()
+            .filter(|(key, _)| !keep(key))
+            .map(|(key, reference)| (key.clone(), reference.clone()))
+            .collect();
+        for (key, reference) in gone {
+            shared.waiting_on.remove(&key);
+            shared.leave(&reference, &key);
+        }
+        shared.last_error.retain(|key, _| keep(key));
+        let stale: Vec<String> = shared
+            .pulls
+            .iter()
+            .filter(|(_, p)| {
+                p.finished
+                    .as_ref()
+                    .is_some_and(|f| now >= f.at + UNTAKEN_TTL)
+            })
+            .map(|(reference, _)| reference.clone())
+            .collect();
+        for reference in stale {
+            // Its waiters were woken and did not take it: they ask again when they ask.
+            if let Some(pull) = shared.pulls.remove(&reference) {
+                for key in pull.waiters {
+                    shared.waiting_on.remove(&key);
+                }
+            }
+        }
         let mut slots = self.slots.locked();
         slots.retain(|key, _| keep(key));
-        let tenants: std::collections::HashSet<&str> = slots.keys().map(|k| tenant_of(k)).collect();
+        let tenants: HashSet<&str> = slots
+            .keys()
+            .chain(shared.waiting_on.keys())
+            .map(|k| tenant_of(k))
+            .collect();
         self.tenants.locked().retain(|tenant, turn| {
             tenants.contains(tenant.as_str()) || turn.available_permits() == 0
         });
@@ -315,6 +526,11 @@ impl Pulls {
             }
         }
     }
+}
+
+/// A tenant's turn: one pull at a time.
+fn new_turn() -> Arc<Semaphore> {
+    Arc::new(Semaphore::new(1))
 }
 
 /// The tenant of a controller's key: its namespace (`ns/name`), or `""` for the cluster's.
@@ -358,5 +574,131 @@ mod tests {
             Polled::Waiting(Some(e)) => assert_eq!(e.reason(), Reason::ModuleNotFound),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A registry on loopback that closes every connection at once, counting them.
+    async fn closing_registry() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                drop(stream);
+            }
+        });
+        (addr, accepted)
+    }
+
+    /// A registry on loopback that accepts connections and never answers.
+    async fn silent_registry() -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                held.push(stream);
+            }
+        });
+        addr
+    }
+
+    fn pulls_from(registries: &[&str]) -> Arc<Pulls> {
+        Pulls::new(
+            RegistryConfig {
+                insecure: registries.iter().map(|r| r.to_string()).collect(),
+                ..RegistryConfig::new(1 << 20)
+            },
+            Duration::from_secs(5),
+        )
+    }
+
+    /// Waits until every key of `keys` has been woken.
+    async fn woken(pulls: &Pulls, keys: &[&str]) -> HashSet<String> {
+        let mut seen = HashSet::new();
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while !keys.iter().all(|k| seen.contains(*k)) {
+                seen.extend(pulls.notified().await);
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("woken: {seen:?}, want {keys:?}"));
+        seen
+    }
+
+    #[tokio::test]
+    async fn one_anonymous_pull_of_a_pinned_reference_serves_every_controller_naming_it() {
+        let (addr, accepted) = closing_registry().await;
+        let pulls = pulls_from(&[&addr]);
+        let pinned = |n: char| {
+            ImageRef::parse(&format!(
+                "{addr}/team/hello@sha256:{}",
+                n.to_string().repeat(64)
+            ))
+            .unwrap()
+        };
+        let connections = || accepted.load(std::sync::atomic::Ordering::SeqCst);
+
+        // One controller's pull, to count what one pull costs.
+        pulls.module("a/one", &pinned('1'), Credentials::Anonymous, None);
+        woken(&pulls, &["a/one"]).await;
+        let one_pull = connections();
+        assert!(one_pull > 0, "the pull reached the registry");
+
+        // Three tenants' controllers naming one reference: one pull, each woken and answered.
+        let keys = ["b/x", "c/y", "d/z"];
+        for key in keys {
+            let first = pulls.module(key, &pinned('2'), Credentials::Anonymous, None);
+            assert!(matches!(first, Polled::Waiting(None)), "{first:?}");
+        }
+        woken(&pulls, &keys).await;
+        assert_eq!(
+            connections(),
+            2 * one_pull,
+            "one pull for three controllers"
+        );
+        for key in keys {
+            match pulls.module(key, &pinned('2'), Credentials::Anonymous, None) {
+                Polled::Done(Err(e)) => assert_eq!(e.reason(), Reason::ModuleNotFound, "{e}"),
+                other => panic!("{key}: {other:?}"),
+            }
+        }
+        // Loaded at that digest: nothing to pull.
+        let known = format!("sha256:{}", "2".repeat(64));
+        assert!(matches!(
+            pulls.module("b/x", &pinned('2'), Credentials::Anonymous, Some(&known)),
+            Polled::Done(Ok(Pulled::Unchanged))
+        ));
+        // Asked again after a failure: a new pull, the controller's last error still said.
+        match pulls.module("c/y", &pinned('2'), Credentials::Anonymous, None) {
+            Polled::Waiting(Some(e)) => assert_eq!(e.reason(), Reason::ModuleNotFound),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_shared_pull_takes_the_turn_of_any_tenant_waiting_for_it() {
+        let silent = silent_registry().await;
+        let (addr, accepted) = closing_registry().await;
+        let pulls = pulls_from(&[&silent, &addr]);
+        let connections = || accepted.load(std::sync::atomic::Ordering::SeqCst);
+        // Tenant `slow` holds its turn on a registry that never answers (20 s to time out).
+        let hanging = ImageRef::parse(&format!("{silent}/slow/hang:v1")).unwrap();
+        pulls.module("slow/hang", &hanging, Credentials::Anonymous, None);
+        let shared =
+            ImageRef::parse(&format!("{addr}/pub/hello@sha256:{}", "3".repeat(64))).unwrap();
+        pulls.module("slow/hello", &shared, Credentials::Anonymous, None);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(connections(), 0, "queued behind its only waiter's turn");
+
+        // Another tenant names the same reference: the pull runs on that tenant's turn.
+        pulls.module("fast/hello", &shared, Credentials::Anonymous, None);
+        let done = woken(&pulls, &["fast/hello", "slow/hello"]).await;
+        assert!(
+            !done.contains("slow/hang"),
+            "the silent registry still holds slow's turn"
+        );
+        assert!(connections() > 0);
     }
 }

@@ -4,7 +4,9 @@
 //! module over the size cap and a blob the registry corrupts are each refused with a status
 //! that says why, while the last good module keeps running; a private repository needs a pull
 //! secret its controller's ServiceAccount may read; a restarted runtime reads a layer it
-//! pulled before from `--module-cache-dir` instead of the registry.
+//! pulled before from `--module-cache-dir` instead of the registry; many controllers naming
+//! one public digest cause one pull and one compile, and a digest pulled with a pull secret
+//! is not given to a controller without one.
 
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -30,6 +32,7 @@ use crate::support::{ControlPlane, eventually};
 mod module_cache;
 mod private;
 mod roll_forward;
+mod shared;
 mod silent;
 mod size_cap;
 
@@ -113,12 +116,13 @@ pub(crate) fn push(
 }
 
 /// Pushes `layer` with a config that claims the controller world, whatever the layer is (as
-/// a careless or hostile publisher could): what the runtime must still refuse.
+/// a careless or hostile publisher could): what the runtime must still refuse. The manifest's
+/// digest.
 async fn push_claiming_controller(
     registry: &Registry,
     repo_tag: &str,
     layer: Vec<u8>,
-) -> Result<()> {
+) -> Result<String> {
     let info = ComponentInfo {
         exports: vec!["reconcile".into()],
         imports: vec!["kubewasm:controller/host@0.3.0".into()],
@@ -152,7 +156,10 @@ async fn push_claiming_controller(
             Some(manifest),
         )
         .await?;
-    Ok(())
+    let digest = client
+        .fetch_manifest_digest(&reference, &oci_client::secrets::RegistryAuth::Anonymous)
+        .await?;
+    Ok(digest)
 }
 
 /// Waits until the controller's `ModuleReady` passes `check`.
@@ -178,10 +185,20 @@ pub(crate) fn blob_was_read(registry: &Registry, digest: &str) -> bool {
 
 /// How often the registry was asked for blob `digest` (its access log).
 fn blob_reads(registry: &Registry, digest: &str) -> usize {
+    reads(registry, &format!("/blobs/{digest}"))
+}
+
+/// How often the registry was asked for manifest `digest` (its access log).
+fn manifest_reads(registry: &Registry, digest: &str) -> usize {
+    reads(registry, &format!("/manifests/{digest}"))
+}
+
+/// How many GETs of the registry's access log name `path`.
+fn reads(registry: &Registry, path: &str) -> usize {
     std::fs::read_to_string(registry.log())
         .unwrap_or_default()
         .lines()
-        .filter(|l| l.contains("GET /v2/") && l.contains(&format!("/blobs/{digest}")))
+        .filter(|l| l.contains("GET /v2/") && l.contains(path))
         .count()
 }
 

@@ -1,4 +1,6 @@
-//! A private repository needs a pull secret that the controller's ServiceAccount may read.
+//! A private repository needs a pull secret that the controller's ServiceAccount may read,
+//! and a controller without one does not get the module by naming the digest another
+//! controller pulled with its secret.
 
 use super::*;
 
@@ -31,7 +33,7 @@ async fn private(client: &Client, ns: &str, registry: &Registry) -> Result<()> {
         push(&file, &tag, None).is_err(),
         "an anonymous push was let through"
     );
-    push(&file, &tag, Some(("pusher", "s3cret-pw")))?;
+    let digest = push(&file, &tag, Some(("pusher", "s3cret-pw")))?;
 
     // No pull secret: the registry says no.
     apply(
@@ -116,6 +118,30 @@ async fn private(client: &Client, ns: &str, registry: &Registry) -> Result<()> {
                 "moduleDigest {:?}",
                 s.module_digest
             );
+            Ok(())
+        },
+    )
+    .await?;
+
+    // The digest the private controller runs, named without a pull secret: the registry is
+    // asked (anonymously) and says no — the module loaded with another's secret is not shared.
+    let pinned = format!("{}/team/private@{digest}", registry.addr());
+    apply(
+        client,
+        &controller(ns, "by-digest", &pinned, None, "by-digest"),
+    )
+    .await?;
+    wait_module(
+        client,
+        ns,
+        "by-digest",
+        "the anonymous pull of the digest refused",
+        |s, st, reason, m| {
+            ensure!(
+                st == "False" && reason == "ModuleNotFound" && m.contains(registry.addr()),
+                "not refused yet"
+            );
+            ensure!(s.module_digest.is_none(), "moduleDigest {:?}", s.module_digest);
             Ok(())
         },
     )
