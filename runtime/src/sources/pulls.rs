@@ -13,10 +13,11 @@
 //! must not hold a permit), so at most [`PARALLEL_PULLS`] modules are in memory between the
 //! registry and the compiler at once.
 //!
-//! Shared pulls: an *anonymous* pull of a *digest-pinned* reference gets the same bytes for
-//! whoever asks (the registry gives them to anyone, and the digest names them), so one pull
-//! serves every controller that names it: ten thousand tenants running one published module
-//! cause one pull, not ten thousand. It waits for the turn of any one of the tenants waiting
+//! Shared pulls: an *anonymous* pull gets the same answer for whoever asks (the registry
+//! gives it to anyone): of a digest-pinned reference, the bytes the digest names; of a tag,
+//! what the tag resolves to now. So one pull serves every controller that names it: ten
+//! thousand tenants running one published module cause one pull, not ten thousand, and a tag
+//! is resolved once per poll for all the controllers that have the same digest loaded. It waits for the turn of any one of the tenants waiting
 //! for it, so a tenant whose own pulls queue behind a registry that never answers cannot
 //! hold back another tenant's pull of the same reference. Pulls with a pull secret are never
 //! shared: what one tenant's credentials may read is that tenant's.
@@ -183,7 +184,8 @@ pub struct Pulls {
     notify: Notify,
 }
 
-/// The shared pulls (see the module doc), by reference (`registry/repository@digest`).
+/// The shared pulls (see the module doc), by what they pull: `registry/repository@digest`,
+/// or a tag and the digest its askers have loaded.
 #[derive(Default)]
 struct SharedPulls {
     pulls: HashMap<String, SharedPull>,
@@ -191,6 +193,8 @@ struct SharedPulls {
     waiting_on: HashMap<String, String>,
     /// The error of each controller's last shared pull, until one succeeds.
     last_error: HashMap<String, PullError>,
+    /// When each pull of a tag last started (one per poll).
+    polled: HashMap<String, tokio::time::Instant>,
 }
 
 /// One shared pull.
@@ -253,11 +257,20 @@ impl Pulls {
         credentials: Credentials,
         known: Option<&str>,
     ) -> Polled {
-        if let (Credentials::Anonymous, Some(digest)) = (&credentials, image.digest()) {
-            if known == Some(digest) {
-                return Polled::Done(Ok(Pulled::Unchanged));
-            }
-            return self.shared_module(key, image, digest);
+        if let Credentials::Anonymous = credentials {
+            let (reference, pull_known) = match image.digest() {
+                Some(digest) if known == Some(digest) => {
+                    return Polled::Done(Ok(Pulled::Unchanged));
+                }
+                Some(digest) => (image.at(digest), None),
+                // A tag: shared by the controllers that have the same digest loaded (or
+                // none), resolved once per poll for all of them.
+                None => (
+                    format!("{image} from {}", known.unwrap_or("nothing")),
+                    known,
+                ),
+            };
+            return self.shared_module(key, image, reference, pull_known);
         }
         self.leave_shared(key);
         let wanted = format!("{image} {}", credentials.describe());
@@ -300,11 +313,31 @@ impl Pulls {
         Polled::Waiting(slot.last_error.clone())
     }
 
-    /// [`Pulls::module`] for an anonymous pull of `image`, pinned to `digest`: one pull for
-    /// every controller asking, its answer given to each.
-    fn shared_module(self: &Arc<Self>, key: &str, image: &ImageRef, digest: &str) -> Polled {
-        let reference = image.at(digest);
+    /// [`Pulls::module`] for an anonymous pull of `image` (`reference` names the pull: the
+    /// image pinned, or the tag and the digest loaded, `known`): one pull for every
+    /// controller asking, its answer given to each. With something loaded, at most one pull
+    /// per poll.
+    fn shared_module(
+        self: &Arc<Self>,
+        key: &str,
+        image: &ImageRef,
+        reference: String,
+        known: Option<&str>,
+    ) -> Polled {
         let mut shared = self.shared.locked();
+        let now = tokio::time::Instant::now();
+        let idle = shared
+            .pulls
+            .get(&reference)
+            .is_none_or(|p| !p.running && p.finished.is_none());
+        let due = known.is_none()
+            || shared
+                .polled
+                .get(&reference)
+                .is_none_or(|at| now >= *at + self.poll);
+        if idle && !due {
+            return Polled::Waiting(shared.last_error.get(key).cloned());
+        }
         if let Some(before) = shared.waiting_on.insert(key.to_owned(), reference.clone())
             && before != reference
         {
@@ -331,12 +364,16 @@ impl Pulls {
             pull.running = true;
             let this = self.clone();
             let (image, joined) = (image.clone(), pull.joined.clone());
+            let known = known.map(str::to_owned);
+            shared.polled.insert(reference.clone(), now);
             tokio::spawn(async move {
                 let Some(_turn) = this.any_turn(&reference, &joined).await else {
                     return;
                 };
                 let permit = this.permits.clone().acquire_owned().await.ok();
-                let result = this.pull(&image, &Credentials::Anonymous, None).await;
+                let result = this
+                    .pull(&image, &Credentials::Anonymous, known.as_deref())
+                    .await;
                 let permit = permit.filter(|_| matches!(result, Ok(Pulled::Module { .. })));
                 this.finish_shared(&reference, result, permit);
             });
@@ -487,6 +524,8 @@ impl Pulls {
             shared.leave(&reference, &key);
         }
         shared.last_error.retain(|key, _| keep(key));
+        let poll = self.poll;
+        shared.polled.retain(|_, at| now < *at + poll);
         let stale: Vec<String> = shared
             .pulls
             .iter()
@@ -675,6 +714,40 @@ mod tests {
             Polled::Waiting(Some(e)) => assert_eq!(e.reason(), Reason::ModuleNotFound),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[tokio::test]
+    async fn a_tag_is_resolved_once_per_poll_for_the_controllers_with_one_digest_loaded() {
+        let (addr, accepted) = closing_registry().await;
+        let pulls = pulls_from(&[&addr]);
+        let tag = ImageRef::parse(&format!("{addr}/team/hello:v1")).unwrap();
+        let connections = || accepted.load(std::sync::atomic::Ordering::SeqCst);
+        pulls.module("a/one", &tag, Credentials::Anonymous, None);
+        woken(&pulls, &["a/one"]).await;
+        let one_pull = connections();
+        assert!(one_pull > 0, "the pull reached the registry");
+
+        let loaded = format!("sha256:{}", "4".repeat(64));
+        let keys = ["b/x", "c/y", "d/z"];
+        for key in keys {
+            let first = pulls.module(key, &tag, Credentials::Anonymous, Some(&loaded));
+            assert!(matches!(first, Polled::Waiting(None)), "{first:?}");
+        }
+        woken(&pulls, &keys).await;
+        assert_eq!(
+            connections(),
+            2 * one_pull,
+            "one resolution for three controllers"
+        );
+        for key in keys {
+            let answer = pulls.module(key, &tag, Credentials::Anonymous, Some(&loaded));
+            assert!(matches!(answer, Polled::Done(Err(_))), "{key}: {answer:?}");
+        }
+        // Asked again within the poll: no pull, the last error still said.
+        let again = pulls.module("b/x", &tag, Credentials::Anonymous, Some(&loaded));
+        assert!(matches!(again, Polled::Waiting(Some(_))), "{again:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(connections(), 2 * one_pull, "not due before the poll");
     }
 
     #[tokio::test]

@@ -141,7 +141,11 @@ async fn private(client: &Client, ns: &str, registry: &Registry) -> Result<()> {
                 st == "False" && reason == "ModuleNotFound" && m.contains(registry.addr()),
                 "not refused yet"
             );
-            ensure!(s.module_digest.is_none(), "moduleDigest {:?}", s.module_digest);
+            ensure!(
+                s.module_digest.is_none(),
+                "moduleDigest {:?}",
+                s.module_digest
+            );
             Ok(())
         },
     )
