@@ -63,32 +63,8 @@ async fn shared(client: &Client, ns: &str, registry: &Registry) -> Result<()> {
         .await?;
     }
     for i in 0..CONTROLLERS {
-        wait_module(
-            client,
-            ns,
-            &format!("tagged-{i}"),
-            "Ready",
-            |s, st, _, _| {
-                ensure!(st == "True", "not loaded yet");
-                ensure!(
-                    s.module_digest == Some(sha256(&restarter)),
-                    "{:?}",
-                    s.module_digest
-                );
-                Ok(())
-            },
-        )
-        .await?;
-        wait_module(client, ns, &format!("hello-{i}"), "Ready", |s, st, _, _| {
-            ensure!(st == "True", "not loaded yet");
-            ensure!(
-                s.module_digest == Some(sha256(&hostile)),
-                "{:?}",
-                s.module_digest
-            );
-            Ok(())
-        })
-        .await?;
+        runs(client, ns, &format!("tagged-{i}"), &restarter).await?;
+        runs(client, ns, &format!("hello-{i}"), &hostile).await?;
         wait_module(
             client,
             ns,
@@ -161,4 +137,16 @@ fn reads_or_heads(registry: &Registry, path: &str) -> usize {
         .lines()
         .filter(|l| (l.contains("GET /v2/") || l.contains("HEAD /v2/")) && l.contains(path))
         .count()
+}
+
+/// Waits until controller `name` runs module `wasm`.
+async fn runs(client: &Client, ns: &str, name: &str, wasm: &[u8]) -> Result<()> {
+    let want = Some(sha256(wasm));
+    wait_module(client, ns, name, "Ready", |s, st, _, _| {
+        ensure!(st == "True", "not loaded yet");
+        ensure!(s.module_digest == want, "{:?}", s.module_digest);
+        Ok(())
+    })
+    .await
+    .map(drop)
 }
