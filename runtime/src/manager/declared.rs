@@ -137,6 +137,7 @@ impl Manager {
             )),
         };
         let managed = Managed {
+            source: spec.module.source(id.namespace.as_deref()),
             spec,
             state,
             generation,

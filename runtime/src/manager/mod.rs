@@ -193,6 +193,9 @@ impl std::fmt::Display for ControllerId {
 /// What the manager knows of one declared controller.
 struct Managed {
     spec: WasmControllerSpec,
+    /// `spec.module`, parsed once (an image reference is parsed by a regex: not once per
+    /// controller at every reload of ten thousand).
+    source: Result<crate::api::Source, String>,
     /// The guest's saved states, kept across restarts of the controller in this process.
     state: Arc<GuestState>,
     generation: Option<i64>,

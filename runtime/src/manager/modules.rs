@@ -58,12 +58,13 @@ impl Manager {
             .iter()
             .filter_map(|id| {
                 let m = self.controllers.get(id)?;
-                Some((id.clone(), m.spec.clone(), m.module_version.clone()))
+                let source = m.source.clone();
+                Some((id.clone(), m.spec.clone(), source, m.module_version.clone()))
             })
             .collect();
         futures::stream::iter(wanted)
-            .map(|(id, spec, version)| async move {
-                let fetched = self.read_module(&id, &spec, version.as_ref()).await;
+            .map(|(id, spec, source, version)| async move {
+                let fetched = self.read_module(&id, &spec, source, version.as_ref()).await;
                 ModuleRead(id, fetched)
             })
             .buffered(PARALLEL_STARTS)
@@ -105,7 +106,7 @@ impl Manager {
                     if let Version::Image(digest) = &version
                         && let Ok(Source::Oci {
                             image: reference, ..
-                        }) = m.spec.module.source(id.namespace.as_deref())
+                        }) = &m.source
                     {
                         image = Some(reference.at(digest));
                     }
@@ -187,8 +188,8 @@ impl Manager {
             .collect();
         let named = self
             .controllers
-            .iter()
-            .filter_map(|(id, m)| shareable(&m.spec.module.source(id.namespace.as_deref()).ok()?))
+            .values()
+            .filter_map(|m| shareable(m.source.as_ref().ok()?))
             .map(|(reference, _)| reference)
             .collect();
         self.shared_images.retain(&keep, &named);
@@ -200,12 +201,10 @@ impl Manager {
         &self,
         id: &ControllerId,
         spec: &WasmControllerSpec,
+        source: Result<Source, String>,
         loaded: Option<&Version>,
     ) -> Result<Fetched, Problem> {
-        let source = spec
-            .module
-            .source(id.namespace.as_deref())
-            .map_err(|e| Problem::new(Reason::InvalidSpec, e))?;
+        let source = source.map_err(|e| Problem::new(Reason::InvalidSpec, e))?;
         let pin = spec.module.sha256.as_deref();
         // An image another controller already runs by the same anonymous pinned reference:
         // its module, compiled, without a pull (one reader per reference at a time).
@@ -300,17 +299,15 @@ impl Manager {
         let ids: Vec<ControllerId> = self
             .controllers
             .iter()
-            .filter(
-                |(id, m)| match m.spec.module.source(id.namespace.as_deref()) {
-                    Ok(Source::ConfigMap {
-                        namespace, name, ..
-                    }) => keys.contains(&ObjectKey {
-                        namespace: Some(namespace),
-                        name,
-                    }),
-                    _ => false,
-                },
-            )
+            .filter(|(_, m)| match &m.source {
+                Ok(Source::ConfigMap {
+                    namespace, name, ..
+                }) => keys.contains(&ObjectKey {
+                    namespace: Some(namespace.clone()),
+                    name: name.clone(),
+                }),
+                _ => false,
+            })
             .map(|(id, _)| id.clone())
             .collect();
         self.reload(&ids).await;
@@ -346,12 +343,7 @@ impl Manager {
         let images: HashSet<String> = self
             .controllers
             .iter()
-            .filter(|(id, m)| {
-                matches!(
-                    m.spec.module.source(id.namespace.as_deref()),
-                    Ok(Source::Oci { .. })
-                )
-            })
+            .filter(|(_, m)| matches!(m.source, Ok(Source::Oci { .. })))
             .map(|(id, _)| id.to_string())
             .collect();
         self.pulls.retain(|key| images.contains(key));
@@ -364,12 +356,7 @@ impl Manager {
         let ids: Vec<ControllerId> = self
             .controllers
             .iter()
-            .filter(|(id, m)| {
-                m.spec
-                    .module
-                    .source(id.namespace.as_deref())
-                    .is_ok_and(|s| s.is_polled())
-            })
+            .filter(|(_, m)| m.source.as_ref().is_ok_and(|s| s.is_polled()))
             .map(|(id, _)| id.clone())
             .collect();
         self.reload(&ids).await;
