@@ -136,7 +136,7 @@ impl Manager {
             self.retain_modules();
             self.set_up_all(chunk).await;
             if ids.len() > START_CHUNK {
-                writing = Some(self.status_writes(status::settled));
+                writing = Some(self.status_writes(Some(chunk), status::settled));
             }
         }
         if let Some(writes) = writing {
