@@ -87,6 +87,7 @@ fn main() {
     }
 
     let guest = sandbox.load(&modules[0].1).expect("cached");
+    let candidate = candidate(&sandbox);
     let request = seed_request();
     let reads: SharedReads = Arc::new(NoReads);
     let limits = Limits::default();
@@ -132,8 +133,14 @@ fn main() {
             "GuestPre::call_wire, {label} object, its documents serialized once as the runtime keeps them (Watch::text), median of {calls} calls:"
         );
         breakdown(&guest, &request, &reads, &limits, calls, true);
+        if let Some(candidate) = &candidate {
+            println!(
+                "GuestPre::call, {label} object, the candidate build: where the time goes, median of {calls} calls:"
+            );
+            breakdown(candidate, &request, &reads, &limits, calls, false);
+        }
     }
-    p1(&sandbox, guest.clone(), iters);
+    p1(guest.clone(), candidate, iters);
     p5(&sandbox, &modules[2].1, iters);
     python::section(guest, iters);
 }
@@ -448,9 +455,10 @@ fn check_same_answer(ways: &mut Ways, all: &[Way], request: &Request) {
     }
 }
 
-/// P1: the sandbox against the native floor and two webhooks, interleaved.
-fn p1(sandbox: &Sandbox, guest: Arc<GuestPre>, iters: usize) {
-    let candidate = std::env::var_os("KUBEWASM_BENCH_CANDIDATE").map(|path| {
+/// Another build of `hello_world.wasm` to measure beside the shipped one
+/// (`KUBEWASM_BENCH_CANDIDATE`), loaded into `sandbox`.
+fn candidate(sandbox: &Sandbox) -> Option<Arc<GuestPre>> {
+    std::env::var_os("KUBEWASM_BENCH_CANDIDATE").map(|path| {
         let bytes = std::fs::read(&path)
             .unwrap_or_else(|e| panic!("reading KUBEWASM_BENCH_CANDIDATE {path:?}: {e}"));
         println!(
@@ -459,7 +467,11 @@ fn p1(sandbox: &Sandbox, guest: Arc<GuestPre>, iters: usize) {
             bytes.len()
         );
         sandbox.load(&bytes).expect("the candidate loads")
-    });
+    })
+}
+
+/// P1: the sandbox against the native floor and two webhooks, interleaved.
+fn p1(guest: Arc<GuestPre>, candidate: Option<Arc<GuestPre>>, iters: usize) {
     let mut ways = Ways::start(guest, candidate);
     let all = ways.all();
     println!(

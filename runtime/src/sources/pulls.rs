@@ -9,9 +9,9 @@
 //! [`PARALLEL_PULLS`] permits, not all of them.
 //!
 //! Memory: a pull's bytes are at most `--max-module-bytes`; a pull keeps its permit until
-//! the manager has taken its module (or [`UNTAKEN_TTL`] has passed: a module nobody takes
-//! must not hold a permit), so at most [`PARALLEL_PULLS`] modules are in memory between the
-//! registry and the compiler at once.
+//! the manager has taken its module for every controller waiting for it (or [`UNTAKEN_TTL`]
+//! has passed: a module nobody takes must not hold a permit), so at most [`PARALLEL_PULLS`]
+//! pulled modules are held between the registry and the compiler at once.
 //!
 //! Shared pulls: an *anonymous* pull gets the same answer for whoever asks (the registry
 //! gives it to anyone): of a digest-pinned reference, the bytes the digest names; of a tag,
@@ -205,7 +205,8 @@ struct SharedPull {
     running: bool,
     /// Woken when a controller joins: the pull may now take its tenant's turn.
     joined: Arc<Notify>,
-    /// The answer, until every waiter has taken it (or [`UNTAKEN_TTL`] has passed).
+    /// The answer (with its permit), until every waiter has taken it (or [`UNTAKEN_TTL`] has
+    /// passed).
     finished: Option<Finished>,
 }
 
@@ -344,11 +345,11 @@ impl Pulls {
             shared.leave(&before, key);
         }
         let pull = shared.pulls.entry(reference.clone()).or_default();
-        if let Some(finished) = &mut pull.finished {
+        if let Some(finished) = &pull.finished {
+            // The permit stays with the answer until its last waiter has taken it (`leave`
+            // below drops both): a copy of the bytes is held for each waiter still to take
+            // them, so held answers count against the permits like untaken ones.
             let result = finished.result.clone();
-            // Taken once, the bytes are with the compiler: the permit is for bytes nobody
-            // has taken yet.
-            finished._permit = None;
             match &result {
                 Ok(_) => shared.last_error.remove(key),
                 Err(e) => shared.last_error.insert(key.to_owned(), e.clone()),
@@ -748,6 +749,52 @@ mod tests {
         assert!(matches!(again, Polled::Waiting(Some(_))), "{again:?}");
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(connections(), 2 * one_pull, "not due before the poll");
+    }
+
+    #[tokio::test]
+    async fn a_shared_module_keeps_its_permit_until_every_waiter_took_it() {
+        let pulls = pulls_from(&[]);
+        let digest = format!("sha256:{}", "5".repeat(64));
+        let reference = format!("example.com/pub/hello@{digest}");
+        let reference = reference.as_str();
+        {
+            let mut shared = pulls.shared.locked();
+            let pull = shared.pulls.entry(reference.to_owned()).or_default();
+            pull.running = true;
+            pull.waiters
+                .extend(["a/one".to_owned(), "b/two".to_owned()]);
+            for key in ["a/one", "b/two"] {
+                shared
+                    .waiting_on
+                    .insert(key.to_owned(), reference.to_owned());
+            }
+        }
+        let permit = pulls.permits.clone().acquire_owned().await.unwrap();
+        let module = Pulled::Module {
+            digest: digest.clone(),
+            bytes: vec![0; 1 << 10],
+        };
+        pulls.finish_shared(reference, Ok(module), Some(permit));
+        let free = || pulls.permits.available_permits();
+        assert_eq!(free(), PARALLEL_PULLS - 1);
+        let image = ImageRef::parse(reference).unwrap();
+        let taken = pulls.shared_module("a/one", &image, reference.to_owned(), None);
+        assert!(
+            matches!(taken, Polled::Done(Ok(Pulled::Module { .. }))),
+            "{taken:?}"
+        );
+        assert_eq!(free(), PARALLEL_PULLS - 1, "b/two has not taken it yet");
+        let taken = pulls.shared_module("b/two", &image, reference.to_owned(), None);
+        assert!(
+            matches!(taken, Polled::Done(Ok(Pulled::Module { .. }))),
+            "{taken:?}"
+        );
+        assert_eq!(
+            free(),
+            PARALLEL_PULLS,
+            "taken by every waiter: bytes and permit freed"
+        );
+        assert!(pulls.shared.locked().pulls.is_empty());
     }
 
     #[tokio::test]
