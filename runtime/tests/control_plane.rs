@@ -385,6 +385,123 @@ async fn access_reviews_allow_from_rules_only_what_rbac_allows() -> Result<()> {
     control_plane.delete_namespace(&namespace).await
 }
 
+/// Whether the runtime may act as a ServiceAccount costs one review where it may: the rules
+/// review made as the account (an impersonation the API server authorizes first), whose rules
+/// the read check then uses. Where the namespace is not opted in, that review is refused and
+/// a SelfSubjectAccessReview says so; an account without the opt-in annotation is refused.
+#[tokio::test]
+async fn acting_as_an_account_is_proven_by_its_rules_review() -> Result<()> {
+    use kubewasm::controller::Resolver;
+    use kubewasm::host::{
+        AccessReviews, Acting, Asked, NeededRules, SERVICE_ACCOUNT_OPT_IN,
+        ServiceAccount as Account,
+    };
+
+    let control_plane = ControlPlane::shared();
+    let admin = control_plane.client().await?;
+    let namespace = control_plane.namespace("acting").await?;
+    for (name, annotated) in [("lender", true), ("keeper", false)] {
+        let mut account = serde_json::json!({ "metadata": { "name": name } });
+        if annotated {
+            account["metadata"]["annotations"] =
+                serde_json::json!({ SERVICE_ACCOUNT_OPT_IN: "allowed" });
+        }
+        Api::<ServiceAccount>::namespaced(admin.clone(), &namespace)
+            .create(&PostParams::default(), &serde_json::from_value(account)?)
+            .await?;
+    }
+    let role: Role = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "lender" },
+        "rules": [{ "apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"] }],
+    }))?;
+    let binding: RoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "lender" },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "lender" },
+        "subjects": [{ "kind": "ServiceAccount", "name": "lender", "namespace": namespace }],
+    }))?;
+    Api::<Role>::namespaced(admin.clone(), &namespace)
+        .create(&PostParams::default(), &role)
+        .await?;
+    Api::<RoleBinding>::namespaced(admin.clone(), &namespace)
+        .create(&PostParams::default(), &binding)
+        .await?;
+    let runtime = control_plane.runtime_client().await?;
+    let config_maps = Resolver::new(runtime.clone())
+        .resolve("v1", "ConfigMap")
+        .await?;
+    let account = |name: &str| Account {
+        namespace: namespace.clone(),
+        name: name.into(),
+    };
+    let ttl = Duration::from_secs(600);
+    // RBAC reaches the authorizer through an informer: wait until the lender may read.
+    eventually("lender's Role in force", WAIT, || async {
+        let reviews = AccessReviews::new(runtime.clone(), ttl);
+        let checked = reviews
+            .check_reads(
+                "probe",
+                &account("lender"),
+                Some(&namespace),
+                &[&config_maps],
+                &NeededRules::default(),
+            )
+            .await?;
+        Ok(checked.is_ok().then_some(()))
+    })
+    .await?;
+
+    let reviews = AccessReviews::new(runtime.clone(), ttl);
+    let acting = reviews.may_act_as(&account("lender")).await?;
+    ensure!(acting == Acting::Allowed, "lender: {acting:?}");
+    let checked = reviews
+        .check_reads(
+            "probe",
+            &account("lender"),
+            Some(&namespace),
+            &[&config_maps],
+            &NeededRules::default(),
+        )
+        .await?;
+    ensure!(checked.is_ok(), "ConfigMaps refused: {checked:?}");
+    let one = Asked {
+        rules: 1,
+        access: 0,
+        impersonation: 0,
+    };
+    ensure!(
+        reviews.asked() == one,
+        "acting and reading proven by one rules review: {:?}",
+        reviews.asked()
+    );
+    let acting = reviews.may_act_as(&account("keeper")).await?;
+    ensure!(acting == Acting::AccountNotOptedIn, "keeper: {acting:?}");
+
+    // The namespace's opt-in taken back: the rules review as the account is refused, and a
+    // SelfSubjectAccessReview says the runtime may not impersonate.
+    let opt_in = support::tenant_binding(&namespace)?;
+    let opt_in = opt_in["metadata"]["name"]
+        .as_str()
+        .context("the tenant binding's name")?;
+    Api::<RoleBinding>::namespaced(admin, &namespace)
+        .delete(opt_in, &DeleteParams::default())
+        .await?;
+    eventually("the namespace's opt-in gone", WAIT, || async {
+        let reviews = AccessReviews::new(runtime.clone(), ttl);
+        let acting = reviews.may_act_as(&account("lender")).await?;
+        if acting != Acting::NamespaceNotOptedIn {
+            return Ok(None);
+        }
+        let asked = reviews.asked();
+        ensure!(
+            asked.rules == 1 && asked.impersonation == 1,
+            "a refused rules review, then one SelfSubjectAccessReview: {asked:?}"
+        );
+        Ok(Some(()))
+    })
+    .await?;
+    control_plane.delete_namespace(&namespace).await
+}
+
 fn expect_forbidden<T: std::fmt::Debug>(result: kube::Result<T>, what: &str) -> Result<()> {
     match result {
         Err(kube::Error::Api(status)) if status.code == 403 => Ok(()),

@@ -17,6 +17,11 @@
 //! them incomplete, and then every question goes to a SubjectAccessReview as before. So does
 //! every question the rules do not allow: a refusal always comes from a SubjectAccessReview,
 //! and its message is the same as before.
+//!
+//! That rules review is made by impersonation, which the API server authorizes before it
+//! answers; so, answered, it also proves that the runtime may act as the ServiceAccount
+//! ([`AccessReviews::may_act_as`]): a controller's start asks one review of the API server,
+//! not a SelfSubjectAccessReview and then a rules review.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -210,8 +215,8 @@ pub struct Asked {
     pub rules: u64,
     /// SubjectAccessReviews (one per question the rules did not allow).
     pub access: u64,
-    /// SelfSubjectAccessReviews of whether the runtime may act as a ServiceAccount (one per
-    /// ServiceAccount per TTL).
+    /// SelfSubjectAccessReviews of whether the runtime may impersonate a ServiceAccount: only
+    /// when the rules review made as it (which proves it may) was refused or failed.
     pub impersonation: u64,
 }
 
@@ -334,29 +339,19 @@ impl AccessReviews {
                 return Ok(*allowed);
             }
         }
-        let review = SelfSubjectAccessReview {
-            spec: SelfSubjectAccessReviewSpec {
-                resource_attributes: Some(ResourceAttributes {
-                    namespace: Some(account.namespace.clone()),
-                    verb: Some("impersonate".to_owned()),
-                    group: Some(String::new()),
-                    resource: Some("serviceaccounts".to_owned()),
-                    name: Some(account.name.clone()),
-                    ..ResourceAttributes::default()
-                }),
-                ..SelfSubjectAccessReviewSpec::default()
-            },
-            ..SelfSubjectAccessReview::default()
+        // The rules review made as the account is itself an impersonation, which the API
+        // server authorizes before it answers: answered, the runtime may act as the account
+        // (and its rules in the account's namespace are kept for `check_reads`: one review
+        // instead of two). Refused or failed, a SelfSubjectAccessReview says whether the
+        // runtime may impersonate it (a refusal's wording is no contract to parse).
+        let impersonates = match self.ask_rules(&user, &account.namespace).await {
+            Ok(review) => {
+                self.keep_rules((user.clone(), account.namespace.clone()), review);
+                true
+            }
+            Err(_) => self.may_impersonate(account).await?,
         };
-        self.count(|a| a.impersonation += 1);
-        let answer = Api::<SelfSubjectAccessReview>::all(self.client.clone())
-            .create(&PostParams::default(), &review)
-            .await
-            .map_err(|source| ReviewFailed {
-                account: format!("{}/{}", account.namespace, account.name),
-                source,
-            })?;
-        let acting = if !answer.status.is_some_and(|s| s.allowed) {
+        let acting = if !impersonates {
             Acting::NamespaceNotOptedIn
         } else {
             let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
@@ -389,6 +384,33 @@ impl AccessReviews {
         answers.prune(self.ttl);
         answers.acting.insert(user, (acting, Instant::now()));
         Ok(acting)
+    }
+
+    /// Whether the runtime may impersonate `account` (a SelfSubjectAccessReview).
+    async fn may_impersonate(&self, account: &ServiceAccount) -> Result<bool, ReviewFailed> {
+        let review = SelfSubjectAccessReview {
+            spec: SelfSubjectAccessReviewSpec {
+                resource_attributes: Some(ResourceAttributes {
+                    namespace: Some(account.namespace.clone()),
+                    verb: Some("impersonate".to_owned()),
+                    group: Some(String::new()),
+                    resource: Some("serviceaccounts".to_owned()),
+                    name: Some(account.name.clone()),
+                    ..ResourceAttributes::default()
+                }),
+                ..SelfSubjectAccessReviewSpec::default()
+            },
+            ..SelfSubjectAccessReview::default()
+        };
+        self.count(|a| a.impersonation += 1);
+        let answer = Api::<SelfSubjectAccessReview>::all(self.client.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|source| ReviewFailed {
+                account: format!("{}/{}", account.namespace, account.name),
+                source,
+            })?;
+        Ok(answer.status.is_some_and(|s| s.allowed))
     }
 
     /// Checks that `account` may get, list and watch every kind in `kinds` in `namespace`
@@ -507,28 +529,38 @@ impl AccessReviews {
                 return rules.clone();
             }
         }
-        let rules = match self.ask_rules(&key.0, namespace).await {
-            Ok(review) => match review.status {
-                Some(status) if !status.incomplete => Some(Arc::new(status.resource_rules)),
-                Some(status) => {
-                    tracing::debug!(
-                        user = key.0,
-                        namespace,
-                        "the API server's rules are incomplete ({}): asking SubjectAccessReviews",
-                        status.evaluation_error.unwrap_or_default()
-                    );
-                    None
-                }
-                None => None,
-            },
+        match self.ask_rules(&key.0, namespace).await {
+            Ok(review) => self.keep_rules(key, review),
             Err(e) => {
                 tracing::debug!(
                     user = key.0,
                     namespace,
                     "no SelfSubjectRulesReview ({e}): asking SubjectAccessReviews"
                 );
+                let mut answers = self.answers.locked();
+                answers.prune(self.ttl);
+                answers.rules.insert(key, (None, Instant::now()));
                 None
             }
+        }
+    }
+
+    /// Keeps the rules `review` states for `(user, namespace)` for the TTL, when they are
+    /// complete (`None` otherwise: then every question is a SubjectAccessReview), and gives
+    /// them.
+    fn keep_rules(&self, key: (String, String), review: SelfSubjectRulesReview) -> Option<Rules> {
+        let rules = match review.status {
+            Some(status) if !status.incomplete => Some(Arc::new(status.resource_rules)),
+            Some(status) => {
+                tracing::debug!(
+                    user = key.0,
+                    namespace = key.1,
+                    "the API server's rules are incomplete ({}): asking SubjectAccessReviews",
+                    status.evaluation_error.unwrap_or_default()
+                );
+                None
+            }
+            None => None,
         };
         let mut answers = self.answers.locked();
         answers.prune(self.ttl);
