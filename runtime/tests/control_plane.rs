@@ -321,7 +321,8 @@ async fn access_reviews_allow_from_rules_only_what_rbac_allows() -> Result<()> {
             == Asked {
                 rules: 1,
                 access: 0,
-                impersonation: 0
+                impersonation: 0,
+                accounts: 0,
             },
         "allowed by its rules with one review: {:?}",
         reviews.asked()
@@ -354,7 +355,8 @@ async fn access_reviews_allow_from_rules_only_what_rbac_allows() -> Result<()> {
             == Asked {
                 rules: 1,
                 access: 5,
-                impersonation: 0
+                impersonation: 0,
+                accounts: 0,
             },
         "the five refusals each asked of a SubjectAccessReview: {:?}",
         reviews.asked()
@@ -393,7 +395,7 @@ async fn access_reviews_allow_from_rules_only_what_rbac_allows() -> Result<()> {
 async fn acting_as_an_account_is_proven_by_its_rules_review() -> Result<()> {
     use kubewasm::controller::Resolver;
     use kubewasm::host::{
-        AccessReviews, Acting, Asked, NeededRules, SERVICE_ACCOUNT_OPT_IN,
+        AccessReviews, Acting, Asked, NeededRules, OptIns, SERVICE_ACCOUNT_OPT_IN,
         ServiceAccount as Account,
     };
 
@@ -467,14 +469,63 @@ async fn acting_as_an_account_is_proven_by_its_rules_review() -> Result<()> {
         rules: 1,
         access: 0,
         impersonation: 0,
+        accounts: 1,
     };
     ensure!(
         reviews.asked() == one,
-        "acting and reading proven by one rules review: {:?}",
+        "acting and reading proven by one rules review (and the account read): {:?}",
         reviews.asked()
     );
     let acting = reviews.may_act_as(&account("keeper")).await?;
     ensure!(acting == Acting::AccountNotOptedIn, "keeper: {acting:?}");
+
+    // With the watch of opt-ins (the runtime's own `list`/`watch` on ServiceAccounts): the
+    // lender's opt-in is not read again; the keeper's *no* is read, never taken from a watch.
+    let watched = AccessReviews::new(runtime.clone(), ttl);
+    let opt_ins = OptIns::watch(runtime.clone(), Some(&namespace));
+    opt_ins.first_list(WAIT).await;
+    watched.watch_opt_ins(opt_ins);
+    let acting = watched.may_act_as(&account("lender")).await?;
+    ensure!(acting == Acting::Allowed, "lender, watched: {acting:?}");
+    let acting = watched.may_act_as(&account("keeper")).await?;
+    ensure!(
+        acting == Acting::AccountNotOptedIn,
+        "keeper, watched: {acting:?}"
+    );
+    ensure!(
+        watched.asked()
+            == Asked {
+                rules: 2,
+                access: 0,
+                impersonation: 0,
+                accounts: 1,
+            },
+        "the lender's opt-in from the watch, the keeper read: {:?}",
+        watched.asked()
+    );
+    // The lender's owner withdraws its opt-in: a start after the watch saw it is refused.
+    let accounts = Api::<ServiceAccount>::namespaced(admin.clone(), &namespace);
+    let annotate = |value: serde_json::Value| {
+        kube::api::Patch::Merge(
+            serde_json::json!({"metadata": {"annotations": {SERVICE_ACCOUNT_OPT_IN: value}}}),
+        )
+    };
+    let params = kube::api::PatchParams::default();
+    accounts
+        .patch("lender", &params, &annotate(serde_json::Value::Null))
+        .await?;
+    let opt_ins = OptIns::watch(runtime.clone(), Some(&namespace));
+    opt_ins.first_list(WAIT).await;
+    let watched = AccessReviews::new(runtime.clone(), ttl);
+    watched.watch_opt_ins(opt_ins);
+    let acting = watched.may_act_as(&account("lender")).await?;
+    ensure!(
+        acting == Acting::AccountNotOptedIn,
+        "lender, withdrawn: {acting:?}"
+    );
+    accounts
+        .patch("lender", &params, &annotate(serde_json::json!("allowed")))
+        .await?;
 
     // The namespace's opt-in taken back: the rules review as the account is refused, and a
     // SelfSubjectAccessReview says the runtime may not impersonate.

@@ -12,7 +12,7 @@ mod runner;
 mod state;
 
 pub use access::{
-    AccessReviews, Acting, Asked, MissingReads, NeededRules, READ_VERBS, ReviewFailed,
+    AccessReviews, Acting, Asked, MissingReads, NeededRules, OptIns, READ_VERBS, ReviewFailed,
     SERVICE_ACCOUNT_OPT_IN, ServiceAccount,
 };
 pub use actions::{ActionError, ChildKind, Executor};

@@ -143,6 +143,11 @@ const PARALLEL_STARTS: usize = 32;
 /// How often the manager loop says it is alive when it has nothing else to do.
 const HEARTBEAT: Duration = Duration::from_secs(5);
 
+/// How long a start waits for the first list of ServiceAccounts' opt-ins (one paginated list
+/// of their metadata, beside the ConfigMaps'): past it, starts read ServiceAccounts until it
+/// is done.
+const OPT_INS_FIRST_LIST: Duration = Duration::from_secs(10);
+
 /// How soon after controllers were started their statuses are written.
 const STATUS_SOON: Duration = Duration::from_millis(200);
 
@@ -355,11 +360,18 @@ impl Manager {
         if let Some(ns) = &self.config.quarantine_namespace {
             self.quarantine = quarantine::Quarantine::load(self.client.clone(), ns).await;
         }
+        // ServiceAccounts' opt-ins from a watch of their metadata, so that a controller's
+        // start reads none; listed beside the ConfigMaps' metadata, and waited for a while
+        // (until then, or while the watch fails, each start reads its ServiceAccount).
+        let opt_ins =
+            crate::host::OptIns::watch(self.watch_client.clone(), self.config.namespace.as_deref());
         let (module_config_maps, cm_changes) = self.watch_config_map_metadata();
         module_config_maps
             .wait_until_ready()
             .await
             .context("the ConfigMap watch ended before its first list")?;
+        opt_ins.first_list(OPT_INS_FIRST_LIST).await;
+        self.access.watch_opt_ins(opt_ins);
         self.module_config_maps = Some(module_config_maps);
         self.metrics.set_ready(true);
 

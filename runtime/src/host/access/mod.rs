@@ -38,6 +38,9 @@ use kube::{Api, Client};
 use crate::controller::Kind;
 use crate::sync::Locks as _;
 
+mod opt_ins;
+pub use opt_ins::OptIns;
+
 /// The verbs a controller's ServiceAccount needs on every kind it is handed.
 pub const READ_VERBS: [&str; 3] = ["get", "list", "watch"];
 
@@ -206,6 +209,8 @@ pub struct AccessReviews {
     ttl: Duration,
     answers: Mutex<Answers>,
     asked: Mutex<Asked>,
+    /// The watch of ServiceAccounts' opt-ins, once the manager has started it.
+    opt_ins: std::sync::OnceLock<OptIns>,
 }
 
 /// How many reviews were sent to the API server so far, of each kind.
@@ -218,6 +223,9 @@ pub struct Asked {
     /// SelfSubjectAccessReviews of whether the runtime may impersonate a ServiceAccount: only
     /// when the rules review made as it (which proves it may) was refused or failed.
     pub impersonation: u64,
+    /// ServiceAccounts read for their opt-in: only when the watch of opt-ins
+    /// ([`AccessReviews::watch_opt_ins`]) did not say yes.
+    pub accounts: u64,
 }
 
 /// Answers and when they were given. Expired ones are dropped at most once per TTL, not at
@@ -312,7 +320,14 @@ impl AccessReviews {
                 pruned: Instant::now(),
             }),
             asked: Mutex::default(),
+            opt_ins: std::sync::OnceLock::new(),
         }
+    }
+
+    /// From now on, an opt-in the watch `opt_ins` has seen is not read again
+    /// ([`opt_ins`](self::opt_ins) says when it is trusted). Set once; later calls are ignored.
+    pub fn watch_opt_ins(&self, opt_ins: OptIns) {
+        let _ = self.opt_ins.set(opt_ins);
     }
 
     /// The reviews sent so far.
@@ -353,7 +368,10 @@ impl AccessReviews {
         };
         let acting = if !impersonates {
             Acting::NamespaceNotOptedIn
+        } else if self.opt_ins.get().is_some_and(|w| w.opted_in(account)) {
+            Acting::Allowed
         } else {
+            self.count(|a| a.accounts += 1);
             let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
                 Api::namespaced(self.client.clone(), &account.namespace);
             let found = accounts
@@ -366,13 +384,7 @@ impl AccessReviews {
             match found {
                 None => Acting::NoServiceAccount,
                 Some(sa) => {
-                    let opted_in = sa
-                        .metadata
-                        .annotations
-                        .as_ref()
-                        .and_then(|a| a.get(SERVICE_ACCOUNT_OPT_IN))
-                        .is_some_and(|v| v == "allowed");
-                    if opted_in {
+                    if opt_ins::opted_in(&sa.metadata) {
                         Acting::Allowed
                     } else {
                         Acting::AccountNotOptedIn
