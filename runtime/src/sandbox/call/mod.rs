@@ -44,7 +44,8 @@ pub struct CallOutcome {
 /// handed back, touched pages reset) and the caller's own work.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Phases {
-    /// The per-call state: WASI context (captured stdout/stderr only), limiter, Store, deadline.
+    /// The per-call state: limiter, Store, deadline (the WASI context, captured stdout/stderr
+    /// only, is made at the guest's first WASI call, inside `call`).
     pub setup: Duration,
     /// Instantiating the component from its pre-linked form (a pool slot, data segments).
     pub instantiate: Duration,
@@ -65,7 +66,12 @@ type Answer = Result<Response, CallError>;
 
 /// Everything one Store owns. Created per call, dropped with the Store.
 pub(crate) struct CallState {
-    wasi: WasiCtx,
+    /// Made at the guest's first WASI call (a guest that prints, reads a clock or seeds a
+    /// hash map): a reconcile that makes none does not pay for one.
+    wasi: Option<WasiCtx>,
+    /// Where the WASI context sends the guest's stdout and stderr.
+    stdout: BoundedOutput,
+    stderr: BoundedOutput,
     table: ResourceTable,
     limiter: MemoryLimiter,
     reads: SharedReads,
@@ -80,8 +86,16 @@ pub(crate) struct CallState {
 
 impl WasiView for CallState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
+        let (stdout, stderr) = (&self.stdout, &self.stderr);
+        // No preopened dirs, no env, no args, no network: only captured stdout/stderr.
+        let ctx = self.wasi.get_or_insert_with(|| {
+            WasiCtxBuilder::new()
+                .stdout(stdout.clone())
+                .stderr(stderr.clone())
+                .build()
+        });
         WasiCtxView {
-            ctx: &mut self.wasi,
+            ctx,
             table: &mut self.table,
         }
     }
@@ -320,13 +334,10 @@ pub(crate) async fn run(
     };
     let stdout = BoundedOutput::new(limits.output_bytes);
     let stderr = BoundedOutput::new(limits.output_bytes);
-    // No preopened dirs, no env, no args, no network: only captured stdout/stderr.
-    let wasi = WasiCtxBuilder::new()
-        .stdout(stdout.clone())
-        .stderr(stderr.clone())
-        .build();
     let state = CallState {
-        wasi,
+        wasi: None,
+        stdout: stdout.clone(),
+        stderr: stderr.clone(),
         table: ResourceTable::new(),
         limiter: MemoryLimiter::new(limits.memory_bytes),
         reads,
