@@ -210,7 +210,7 @@ fn breakdown(
         v[v.len() / 2]
     };
     let names = [
-        "setup (Store, WASI)",
+        "setup (Store, limiter)",
         "instantiate",
         "request to WIT",
         "call (lower, guest, respond)",
