@@ -204,19 +204,19 @@ async fn measure(
         let mut candidate_runs = Vec::new();
         for round in 0..=rounds {
             let candidate_first = round % 2 == 0;
+            let candidate_run = |c| {
+                run_candidate(
+                    c,
+                    &runtime_args,
+                    control_plane.kubeconfig(),
+                    &client,
+                    n,
+                    state_dir,
+                    round,
+                )
+            };
             if let Some(c) = candidate.as_ref().filter(|_| round > 0 && candidate_first) {
-                candidate_runs.push(
-                    run_candidate(
-                        c,
-                        &runtime_args,
-                        control_plane.kubeconfig(),
-                        &client,
-                        n,
-                        state_dir,
-                        round,
-                    )
-                    .await?,
-                );
+                candidate_runs.push(candidate_run(c).await?);
             }
             clear_statuses(&client).await?;
             let log = state_dir.join(format!("kubewasm-density-{n}-{round}.log"));
@@ -245,18 +245,7 @@ async fn measure(
                 eprintln!("N={n} floor: the same API calls by a raw client in {took:.2?}");
                 floor.push(took);
                 if let Some(c) = candidate.as_ref().filter(|_| !candidate_first) {
-                    candidate_runs.push(
-                        run_candidate(
-                            c,
-                            &runtime_args,
-                            control_plane.kubeconfig(),
-                            &client,
-                            n,
-                            state_dir,
-                            round,
-                        )
-                        .await?,
-                    );
+                    candidate_runs.push(candidate_run(c).await?);
                 }
             }
         }
