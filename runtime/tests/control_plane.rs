@@ -257,25 +257,17 @@ async fn access_reviews_allow_from_rules_only_what_rbac_allows() -> Result<()> {
     Api::<ServiceAccount>::namespaced(admin.clone(), &namespace)
         .create(&PostParams::default(), &account)
         .await?;
-    let role: Role = serde_json::from_value(serde_json::json!({
-        "metadata": { "name": "prober" },
-        "rules": [
+    bind_role(
+        &admin,
+        &namespace,
+        "prober",
+        serde_json::json!([
             { "apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"] },
             { "apiGroups": [""], "resources": ["secrets"], "verbs": ["*"], "resourceNames": ["one"] },
             { "apiGroups": [""], "resources": ["pods"], "verbs": ["list"] },
-        ],
-    }))?;
-    let binding: RoleBinding = serde_json::from_value(serde_json::json!({
-        "metadata": { "name": "prober" },
-        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "prober" },
-        "subjects": [{ "kind": "ServiceAccount", "name": "prober", "namespace": namespace }],
-    }))?;
-    Api::<Role>::namespaced(admin.clone(), &namespace)
-        .create(&PostParams::default(), &role)
-        .await?;
-    Api::<RoleBinding>::namespaced(admin.clone(), &namespace)
-        .create(&PostParams::default(), &binding)
-        .await?;
+        ]),
+    )
+    .await?;
 
     let runtime = control_plane.runtime_client().await?;
     let resolver = Resolver::new(runtime.clone());
@@ -412,21 +404,15 @@ async fn acting_as_an_account_is_proven_by_its_rules_review() -> Result<()> {
             .create(&PostParams::default(), &serde_json::from_value(account)?)
             .await?;
     }
-    let role: Role = serde_json::from_value(serde_json::json!({
-        "metadata": { "name": "lender" },
-        "rules": [{ "apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"] }],
-    }))?;
-    let binding: RoleBinding = serde_json::from_value(serde_json::json!({
-        "metadata": { "name": "lender" },
-        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "lender" },
-        "subjects": [{ "kind": "ServiceAccount", "name": "lender", "namespace": namespace }],
-    }))?;
-    Api::<Role>::namespaced(admin.clone(), &namespace)
-        .create(&PostParams::default(), &role)
-        .await?;
-    Api::<RoleBinding>::namespaced(admin.clone(), &namespace)
-        .create(&PostParams::default(), &binding)
-        .await?;
+    bind_role(
+        &admin,
+        &namespace,
+        "lender",
+        serde_json::json!([
+            { "apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"] },
+        ]),
+    )
+    .await?;
     let runtime = control_plane.runtime_client().await?;
     let config_maps = Resolver::new(runtime.clone())
         .resolve("v1", "ConfigMap")
@@ -551,6 +537,31 @@ async fn acting_as_an_account_is_proven_by_its_rules_review() -> Result<()> {
     })
     .await?;
     control_plane.delete_namespace(&namespace).await
+}
+
+/// A Role `name` in `namespace` with `rules`, bound to the ServiceAccount `name` there.
+async fn bind_role(
+    admin: &Client,
+    namespace: &str,
+    name: &str,
+    rules: serde_json::Value,
+) -> Result<()> {
+    let role: Role = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name },
+        "rules": rules,
+    }))?;
+    let binding: RoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name },
+        "subjects": [{ "kind": "ServiceAccount", "name": name, "namespace": namespace }],
+    }))?;
+    Api::<Role>::namespaced(admin.clone(), namespace)
+        .create(&PostParams::default(), &role)
+        .await?;
+    Api::<RoleBinding>::namespaced(admin.clone(), namespace)
+        .create(&PostParams::default(), &binding)
+        .await?;
+    Ok(())
 }
 
 fn expect_forbidden<T: std::fmt::Debug>(result: kube::Result<T>, what: &str) -> Result<()> {

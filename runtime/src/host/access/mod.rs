@@ -194,6 +194,16 @@ pub struct ReviewFailed {
     source: kube::Error,
 }
 
+impl ReviewFailed {
+    /// A failed review (or read) about `account`.
+    fn about(account: &ServiceAccount) -> impl FnOnce(kube::Error) -> ReviewFailed + '_ {
+        move |source| ReviewFailed {
+            account: format!("{}/{}", account.namespace, account.name),
+            source,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Question {
     user: String,
@@ -377,10 +387,7 @@ impl AccessReviews {
             let found = accounts
                 .get_opt(&account.name)
                 .await
-                .map_err(|source| ReviewFailed {
-                    account: format!("{}/{}", account.namespace, account.name),
-                    source,
-                })?;
+                .map_err(ReviewFailed::about(account))?;
             match found {
                 None => Acting::NoServiceAccount,
                 Some(sa) => {
@@ -418,10 +425,7 @@ impl AccessReviews {
         let answer = Api::<SelfSubjectAccessReview>::all(self.client.clone())
             .create(&PostParams::default(), &review)
             .await
-            .map_err(|source| ReviewFailed {
-                account: format!("{}/{}", account.namespace, account.name),
-                source,
-            })?;
+            .map_err(ReviewFailed::about(account))?;
         Ok(answer.status.is_some_and(|s| s.allowed))
     }
 
@@ -515,10 +519,7 @@ impl AccessReviews {
         let answer = api
             .create(&PostParams::default(), &review)
             .await
-            .map_err(|source| ReviewFailed {
-                account: format!("{}/{}", account.namespace, account.name),
-                source,
-            })?;
+            .map_err(ReviewFailed::about(account))?;
         let allowed = answer.status.is_some_and(|s| s.allowed);
         let mut answers = self.answers.locked();
         answers.prune(self.ttl);
