@@ -247,7 +247,7 @@ async fn a_service_account_may_list_pods_only_once_rbac_allows_it() -> Result<()
 #[tokio::test]
 async fn access_reviews_allow_from_rules_only_what_rbac_allows() -> Result<()> {
     use kubewasm::controller::Resolver;
-    use kubewasm::host::{AccessReviews, Asked, NeededRules, ServiceAccount as Account};
+    use kubewasm::host::{AccessReviews, Asked, ServiceAccount as Account};
 
     let control_plane = ControlPlane::shared();
     let admin = control_plane.client().await?;
@@ -284,29 +284,13 @@ async fn access_reviews_allow_from_rules_only_what_rbac_allows() -> Result<()> {
     // RBAC reaches the API server's authorizer through an informer: wait for the binding.
     eventually("prober's Role in force", WAIT, || async {
         let reviews = AccessReviews::new(runtime.clone(), ttl);
-        let checked = reviews
-            .check_reads(
-                "probe",
-                &prober,
-                Some(&namespace),
-                &[&config_maps],
-                &NeededRules::default(),
-            )
-            .await?;
+        let checked = reads(&reviews, &prober, &namespace, &[&config_maps]).await?;
         Ok(checked.is_ok().then_some(()))
     })
     .await?;
 
     let reviews = AccessReviews::new(runtime.clone(), ttl);
-    let checked = reviews
-        .check_reads(
-            "probe",
-            &prober,
-            Some(&namespace),
-            &[&config_maps],
-            &NeededRules::default(),
-        )
-        .await?;
+    let checked = reads(&reviews, &prober, &namespace, &[&config_maps]).await?;
     ensure!(checked.is_ok(), "ConfigMaps refused: {checked:?}");
     ensure!(
         reviews.asked()
@@ -322,14 +306,7 @@ async fn access_reviews_allow_from_rules_only_what_rbac_allows() -> Result<()> {
 
     // A rule that names one Secret grants no read of every Secret; `list` alone is not
     // `get` and `watch`. The refusals name exactly what is missing.
-    let missing = reviews
-        .check_reads(
-            "probe",
-            &prober,
-            Some(&namespace),
-            &[&secrets, &pods],
-            &NeededRules::default(),
-        )
+    let missing = reads(&reviews, &prober, &namespace, &[&secrets, &pods])
         .await?
         .err()
         .context("Secrets and Pods were allowed")?;
@@ -363,15 +340,7 @@ async fn access_reviews_allow_from_rules_only_what_rbac_allows() -> Result<()> {
         WAIT,
         || async {
             tokio::time::sleep(ttl).await;
-            let checked = reviews
-                .check_reads(
-                    "probe",
-                    &prober,
-                    Some(&namespace),
-                    &[&config_maps],
-                    &NeededRules::default(),
-                )
-                .await?;
+            let checked = reads(&reviews, &prober, &namespace, &[&config_maps]).await?;
             Ok(checked.is_err().then_some(()))
         },
     )
@@ -387,8 +356,7 @@ async fn access_reviews_allow_from_rules_only_what_rbac_allows() -> Result<()> {
 async fn acting_as_an_account_is_proven_by_its_rules_review() -> Result<()> {
     use kubewasm::controller::Resolver;
     use kubewasm::host::{
-        AccessReviews, Acting, Asked, NeededRules, OptIns, SERVICE_ACCOUNT_OPT_IN,
-        ServiceAccount as Account,
+        AccessReviews, Acting, Asked, OptIns, SERVICE_ACCOUNT_OPT_IN, ServiceAccount as Account,
     };
 
     let control_plane = ControlPlane::shared();
@@ -425,15 +393,7 @@ async fn acting_as_an_account_is_proven_by_its_rules_review() -> Result<()> {
     // RBAC reaches the authorizer through an informer: wait until the lender may read.
     eventually("lender's Role in force", WAIT, || async {
         let reviews = AccessReviews::new(runtime.clone(), ttl);
-        let checked = reviews
-            .check_reads(
-                "probe",
-                &account("lender"),
-                Some(&namespace),
-                &[&config_maps],
-                &NeededRules::default(),
-            )
-            .await?;
+        let checked = reads(&reviews, &account("lender"), &namespace, &[&config_maps]).await?;
         Ok(checked.is_ok().then_some(()))
     })
     .await?;
@@ -441,15 +401,7 @@ async fn acting_as_an_account_is_proven_by_its_rules_review() -> Result<()> {
     let reviews = AccessReviews::new(runtime.clone(), ttl);
     let acting = reviews.may_act_as(&account("lender")).await?;
     ensure!(acting == Acting::Allowed, "lender: {acting:?}");
-    let checked = reviews
-        .check_reads(
-            "probe",
-            &account("lender"),
-            Some(&namespace),
-            &[&config_maps],
-            &NeededRules::default(),
-        )
-        .await?;
+    let checked = reads(&reviews, &account("lender"), &namespace, &[&config_maps]).await?;
     ensure!(checked.is_ok(), "ConfigMaps refused: {checked:?}");
     let one = Asked {
         rules: 1,
@@ -537,6 +489,25 @@ async fn acting_as_an_account_is_proven_by_its_rules_review() -> Result<()> {
     })
     .await?;
     control_plane.delete_namespace(&namespace).await
+}
+
+/// Whether `account` may read every kind of `kinds` in `namespace`, as a controller's start
+/// asks it.
+async fn reads(
+    reviews: &kubewasm::host::AccessReviews,
+    account: &kubewasm::host::ServiceAccount,
+    namespace: &str,
+    kinds: &[&kubewasm::controller::Kind],
+) -> Result<Result<(), kubewasm::host::MissingReads>> {
+    Ok(reviews
+        .check_reads(
+            "probe",
+            account,
+            Some(namespace),
+            kinds,
+            &kubewasm::host::NeededRules::default(),
+        )
+        .await?)
 }
 
 /// A Role `name` in `namespace` with `rules`, bound to the ServiceAccount `name` there.
