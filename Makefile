@@ -11,6 +11,10 @@ GUEST_DIR := $(TARGET_DIR)/wasm32-wasip2/guest
 GUESTS := hello-world configmap-restarter guitar-reviewer pod-watcher hello-finalizer hostile intruder
 GUEST_WASM := $(GUEST_DIR)/hello_world.wasm $(GUEST_DIR)/configmap_restarter.wasm $(GUEST_DIR)/guitar_reviewer.wasm $(GUEST_DIR)/pod_watcher.wasm $(GUEST_DIR)/hello_finalizer.wasm $(GUEST_DIR)/hostile.wasm $(GUEST_DIR)/intruder.wasm
 export KUBEWASM_GUEST_DIR := $(GUEST_DIR)
+# Guests built without WASI too (README, "Guests without WASI"): wasm32-unknown-unknown, made a
+# component by the toolchain's wasm-component-ld (.cargo/config.toml).
+NO_WASI_GUESTS := hello-world hostile
+export KUBEWASM_GUEST_DIR_NO_WASI := $(TARGET_DIR)/wasm32-unknown-unknown/guest
 # The debug kubewasm binary the demo scripts run (deploy/dev/demo/*.sh read $KUBEWASM).
 export KUBEWASM ?= $(TARGET_DIR)/debug/kubewasm
 # This checkout's own clusters: `make up`/`make down` and `make cluster-up`/`cluster-down`
@@ -27,9 +31,11 @@ include deploy/install.mk
 
 all: build guests
 
-## Toolchain: the pinned Rust (rust-toolchain.toml) with the wasm32-wasip2 target.
+## Toolchain: the pinned Rust (rust-toolchain.toml) with the wasm32-wasip2 target, and
+## wasm32-unknown-unknown for guests without WASI.
 toolchain:
-	@rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
+	@for t in wasm32-wasip2 wasm32-unknown-unknown; do \
+	  rustup target list --installed | grep -qx $$t || rustup target add $$t || exit 1; done
 
 build: toolchain
 	$(CARGO) build --bins
@@ -37,6 +43,7 @@ build: toolchain
 ## Guests are built from source, never committed.
 guests: toolchain python-guests
 	$(CARGO) build --profile guest --target wasm32-wasip2 $(addprefix -p ,$(GUESTS))
+	$(CARGO) build --profile guest --target wasm32-unknown-unknown $(addprefix -p ,$(NO_WASI_GUESTS))
 
 ## Python guests (issue 25): guest-sdk/python/build.sh builds each with componentize-py, pinned
 ## there and installed into $(KUBEWASM_CACHE)/python/<version>/ on first use.
@@ -82,6 +89,7 @@ lint: toolchain
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets $(ALL_TIERS) -- -D warnings
 	$(CARGO) clippy --target wasm32-wasip2 $(addprefix -p ,$(GUESTS)) -- -D warnings
+	$(CARGO) clippy --target wasm32-unknown-unknown $(addprefix -p ,$(NO_WASI_GUESTS)) -p kubewasm-guest-alloc -- -D warnings
 
 ## Every test: lint, unit, guest-native, sandbox, CLI, integration against the local control plane.
 test: export KUBEWASM_IMAGE_TAR := $(abspath $(IMAGE_TAR))

@@ -31,6 +31,8 @@ pub type ReconcileFn = fn(&Request, &dyn Cluster) -> Result<Response, Error>;
 /// Run one reconcile: convert the WIT request, call the guest, and hand its answer to the
 /// host as one JSON document (`host::respond`).
 pub fn run(request: WitRequest, reconcile: ReconcileFn) {
+    #[cfg(target_os = "unknown")]
+    log_panics();
     let outcome = from_wit_request(request)
         .and_then(|request| reconcile(&request, &HostCluster))
         .and_then(|response| serde_json::to_string(&response).map_err(Error::from));
@@ -41,6 +43,16 @@ pub fn run(request: WitRequest, reconcile: ReconcileFn) {
             retryable: e.retryable,
         })),
     }
+}
+
+/// Without WASI there is no stderr for Rust's panic message: the message goes to the host's
+/// `log` at error level instead, as `panicked at <location>:\n<message>` (what the default hook
+/// prints), where the runtime takes it for the `Panicked` error as it does from stderr.
+#[cfg(target_os = "unknown")]
+fn log_panics() {
+    std::panic::set_hook(Box::new(|info| {
+        host::log(wit::LogLevel::Error, &info.to_string());
+    }));
 }
 
 /// The cluster as the host's imports offer it.

@@ -43,6 +43,10 @@ pub mod testing;
 pub mod time;
 mod wire;
 
+// Guests built without WASI get the allocator that uses the initial memory before growing it.
+#[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+use kubewasm_guest_alloc as _;
+
 #[cfg(target_arch = "wasm32")]
 #[doc(hidden)]
 #[path = "guest.rs"]

@@ -4,10 +4,11 @@
 //! yields), plus module compile times and guest sizes. Then:
 //!
 //! - **P1**, the sandbox against the alternatives: HelloWorld grown to 1 KiB, 64 KiB and 1 MiB
-//!   of JSON (an annotation of padding), reconciled four ways — `GuestPre::call`, the same Rust
-//!   function natively with the same JSON work (the floor), a Rust webhook and Metacontroller's
-//!   Python webhook over loopback HTTP/1.1 (see `webhook/`) — interleaved in rounds, so that
-//!   noise on the machine hits every way alike.
+//!   of JSON (an annotation of padding), reconciled five ways — `GuestPre::call`, the same
+//!   guest built without WASI (`wasm32-unknown-unknown`), the same Rust function natively with
+//!   the same JSON work (the floor), a Rust webhook and Metacontroller's Python webhook over
+//!   loopback HTTP/1.1 (see `webhook/`) — interleaved in rounds, so that noise on the machine
+//!   hits every way alike.
 //! - **P5**, what epoch interruption costs a guest that computes: the hostile guest's
 //!   `compute` mode on an Engine with it and on one without, interleaved.
 //!
@@ -87,6 +88,7 @@ fn main() {
     }
 
     let guest = sandbox.load(&modules[0].1).expect("cached");
+    let no_wasi = no_wasi(&sandbox);
     let candidate = candidate(&sandbox);
     let request = seed_request();
     let reads: SharedReads = Arc::new(NoReads);
@@ -133,6 +135,10 @@ fn main() {
             "GuestPre::call_wire, {label} object, its documents serialized once as the runtime keeps them (Watch::text), median of {calls} calls:"
         );
         breakdown(&guest, &request, &reads, &limits, calls, true);
+        println!(
+            "GuestPre::call, {label} object, the build without WASI: where the time goes, median of {calls} calls:"
+        );
+        breakdown(&no_wasi, &request, &reads, &limits, calls, false);
         if let Some(candidate) = &candidate {
             println!(
                 "GuestPre::call, {label} object, the candidate build: where the time goes, median of {calls} calls:"
@@ -140,7 +146,7 @@ fn main() {
             breakdown(candidate, &request, &reads, &limits, calls, false);
         }
     }
-    p1(guest.clone(), candidate, iters);
+    p1(guest.clone(), no_wasi, candidate, iters);
     p5(&sandbox, &modules[2].1, iters);
     python::section(guest, iters);
 }
@@ -251,6 +257,8 @@ fn time_calls(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Way {
     Sandbox,
+    /// The same guest built without WASI (`wasm32-unknown-unknown`).
+    NoWasi,
     /// Another build of `hello_world.wasm` (`KUBEWASM_BENCH_CANDIDATE`).
     Candidate,
     /// The Python HelloWorld (`python_hello_world.wasm`, the Python section only).
@@ -264,6 +272,7 @@ impl Way {
     fn label(self) -> &'static str {
         match self {
             Way::Sandbox => "sandbox (GuestPre::call)",
+            Way::NoWasi => "sandbox, built without WASI",
             Way::Candidate => "sandbox, candidate build",
             Way::PythonGuest => "sandbox, Python guest",
             Way::Native => "native floor",
@@ -276,6 +285,8 @@ impl Way {
 /// Everything P1 needs to reconcile each way.
 struct Ways {
     guest: Arc<GuestPre>,
+    /// The same guest built without WASI (P1 only).
+    no_wasi: Option<Arc<GuestPre>>,
     candidate: Option<Arc<GuestPre>>,
     /// The Python guest, for the Python section.
     python_guest: Option<Arc<GuestPre>>,
@@ -288,7 +299,11 @@ struct Ways {
 }
 
 impl Ways {
-    fn start(guest: Arc<GuestPre>, candidate: Option<Arc<GuestPre>>) -> Ways {
+    fn start(
+        guest: Arc<GuestPre>,
+        no_wasi: Option<Arc<GuestPre>>,
+        candidate: Option<Arc<GuestPre>>,
+    ) -> Ways {
         let client = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -300,6 +315,7 @@ impl Ways {
         }
         Ways {
             guest,
+            no_wasi,
             candidate,
             python_guest: None,
             reads: Arc::new(NoReads),
@@ -312,6 +328,9 @@ impl Ways {
 
     fn all(&self) -> Vec<Way> {
         let mut ways = vec![Way::Sandbox];
+        if self.no_wasi.is_some() {
+            ways.push(Way::NoWasi);
+        }
         if self.candidate.is_some() {
             ways.push(Way::Candidate);
         }
@@ -327,16 +346,18 @@ impl Ways {
         let hook = match way {
             Way::RustHook => &mut self.rust,
             Way::PythonHook => self.python.as_mut().expect("the Python hook runs"),
-            Way::Sandbox | Way::Candidate | Way::PythonGuest | Way::Native => {
+            Way::Sandbox | Way::NoWasi | Way::Candidate | Way::PythonGuest | Way::Native => {
                 unreachable!("{way:?} is no hook")
             }
         };
         (hook, &self.client)
     }
 
-    /// The guest `way` calls (the shipped build, the candidate or the Python guest).
+    /// The guest `way` calls (the shipped build, the one without WASI, the candidate or the
+    /// Python guest).
     fn guest(&self, way: Way) -> &GuestPre {
         match way {
+            Way::NoWasi => self.no_wasi.as_deref().expect("the build without WASI"),
             Way::Candidate => self.candidate.as_deref().expect("a candidate was given"),
             Way::PythonGuest => self.python_guest.as_deref().expect("the Python guest"),
             _ => &self.guest,
@@ -345,7 +366,7 @@ impl Ways {
 
     fn answer(&mut self, way: Way, request: &Request) -> Answer {
         match way {
-            Way::Sandbox | Way::Candidate | Way::PythonGuest => Answer::Response(
+            Way::Sandbox | Way::NoWasi | Way::Candidate | Way::PythonGuest => Answer::Response(
                 self.guest(way)
                     .call(request, self.reads.clone(), &self.limits)
                     .expect("the sandbox reconciles")
@@ -455,6 +476,14 @@ fn check_same_answer(ways: &mut Ways, all: &[Way], request: &Request) {
     }
 }
 
+/// HelloWorld built without WASI (`make guests`; README, "Guests without WASI").
+fn no_wasi(sandbox: &Sandbox) -> Arc<GuestPre> {
+    let bytes = std::fs::read(common::guest_without_wasi("hello_world"))
+        .expect("reading hello_world.wasm built without WASI");
+    println!("hello_world built without WASI: {} bytes", bytes.len());
+    sandbox.load(&bytes).expect("the build without WASI loads")
+}
+
 /// Another build of `hello_world.wasm` to measure beside the shipped one
 /// (`KUBEWASM_BENCH_CANDIDATE`), loaded into `sandbox`.
 fn candidate(sandbox: &Sandbox) -> Option<Arc<GuestPre>> {
@@ -471,8 +500,13 @@ fn candidate(sandbox: &Sandbox) -> Option<Arc<GuestPre>> {
 }
 
 /// P1: the sandbox against the native floor and two webhooks, interleaved.
-fn p1(guest: Arc<GuestPre>, candidate: Option<Arc<GuestPre>>, iters: usize) {
-    let mut ways = Ways::start(guest, candidate);
+fn p1(
+    guest: Arc<GuestPre>,
+    no_wasi: Arc<GuestPre>,
+    candidate: Option<Arc<GuestPre>>,
+    iters: usize,
+) {
+    let mut ways = Ways::start(guest, Some(no_wasi), candidate);
     let all = ways.all();
     println!(
         "P1: one HelloWorld reconcile, {} ways interleaved (rounds: a batch of each way in turn, the first way rotating)",

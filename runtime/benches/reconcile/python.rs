@@ -131,7 +131,7 @@ fn cached_loads(dir: &std::path::Path, bytes: &[u8]) -> Arc<GuestPre> {
 /// One reconcile at 1 KiB: the Python guest, the Rust guest, the native floor and both
 /// webhooks, interleaved in rounds as P1 is; the Python guest gets fewer calls per round.
 fn interleaved(rust: Arc<GuestPre>, python: Arc<GuestPre>, iters: usize) {
-    let mut ways = Ways::start(rust, None);
+    let mut ways = Ways::start(rust, None, None);
     ways.python_guest = Some(python);
     let mut all = vec![Way::PythonGuest, Way::Sandbox, Way::Native, Way::RustHook];
     if ways.python.is_some() {

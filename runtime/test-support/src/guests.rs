@@ -11,9 +11,29 @@ pub fn guest_dir() -> PathBuf {
     }
 }
 
+/// The directory `make guests` writes the guests built without WASI to (README, "Guests
+/// without WASI"): `KUBEWASM_GUEST_DIR_NO_WASI` if set, else
+/// `<target>/wasm32-unknown-unknown/guest` beside the running test binary's profile.
+pub fn guest_dir_without_wasi() -> PathBuf {
+    match std::env::var_os("KUBEWASM_GUEST_DIR_NO_WASI") {
+        Some(dir) => PathBuf::from(dir),
+        None => crate::profile_dir().join("../wasm32-unknown-unknown/guest"),
+    }
+}
+
 /// Path of one built guest, e.g. `guest("hostile")`; panics with what to do when missing.
 pub fn guest(name: &str) -> PathBuf {
-    let path = guest_dir().join(format!("{name}.wasm"));
+    built(guest_dir(), name)
+}
+
+/// Path of one guest built without WASI, e.g. `guest_without_wasi("hello_world")`; panics
+/// with what to do when missing.
+pub fn guest_without_wasi(name: &str) -> PathBuf {
+    built(guest_dir_without_wasi(), name)
+}
+
+fn built(dir: PathBuf, name: &str) -> PathBuf {
+    let path = dir.join(format!("{name}.wasm"));
     assert!(
         path.is_file(),
         "{} is missing: run `make guests` first",

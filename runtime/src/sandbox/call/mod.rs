@@ -82,7 +82,14 @@ pub(crate) struct CallState {
     /// The call's object, formatted for log lines only when the guest logs.
     target: ObjectRef,
     answer: Option<Answer>,
+    /// The last error-level `log` line that starts like a panic (`panicked at `), cut to
+    /// [`MAX_PANIC_LINE_BYTES`]: guests built without WASI have no stderr, so their SDK logs
+    /// the panic message there instead.
+    panic_line: Option<String>,
 }
+
+/// Most bytes kept of a logged panic line (a message and its location are cut further).
+const MAX_PANIC_LINE_BYTES: usize = 4096;
 
 impl WasiView for CallState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
@@ -164,6 +171,9 @@ fn log(
     let mut logs = std::mem::replace(&mut store.data_mut().logs, LogBudget::new(0, 0));
     {
         let message = message.to_str(&store)?;
+        let panic_line = (matches!(level, wit::LogLevel::Error)
+            && message.starts_with("panicked at "))
+        .then(|| message[..message.floor_char_boundary(MAX_PANIC_LINE_BYTES)].to_owned());
         if let Some(line) = logs.admit(&message) {
             let state = store.data();
             let (controller, object) = (state.controller.as_str(), state.target.to_string());
@@ -177,7 +187,11 @@ fn log(
             }
         }
     }
-    store.data_mut().logs = logs;
+    let state = store.data_mut();
+    state.logs = logs;
+    if panic_line.is_some() {
+        state.panic_line = panic_line;
+    }
     Ok(())
 }
 
@@ -347,6 +361,7 @@ pub(crate) async fn run(
         controller: request.controller.clone(),
         target: request.target.clone(),
         answer: None,
+        panic_line: None,
     };
     let mut store = Store::new(engine, state);
     store.limiter(|s| &mut s.limiter);
@@ -436,7 +451,9 @@ fn classify(
             limit: limits.timeout,
         },
         Some(Trap::StackOverflow) => CallError::StackOverflow,
-        Some(Trap::UnreachableCodeReached) => match panic_message(&stderr.text()) {
+        Some(Trap::UnreachableCodeReached) => match panic_message(&stderr.text())
+            .or_else(|| state.panic_line.as_deref().and_then(panic_message))
+        {
             Some(message) => CallError::Panicked {
                 message: Some(message),
             },
