@@ -169,11 +169,8 @@ fn log(
     // Taken out while the line is read from the guest's memory (which borrows the store);
     // put back below.
     let mut logs = std::mem::replace(&mut store.data_mut().logs, LogBudget::new(0, 0));
-    {
+    let panic_line = {
         let message = message.to_str(&store)?;
-        let panic_line = (matches!(level, wit::LogLevel::Error)
-            && message.starts_with("panicked at "))
-        .then(|| message[..message.floor_char_boundary(MAX_PANIC_LINE_BYTES)].to_owned());
         if let Some(line) = logs.admit(&message) {
             let state = store.data();
             let (controller, object) = (state.controller.as_str(), state.target.to_string());
@@ -186,7 +183,9 @@ fn log(
                 wit::LogLevel::Error => tracing::error!(controller, object, "{line}"),
             }
         }
-    }
+        (matches!(level, wit::LogLevel::Error) && message.starts_with("panicked at "))
+            .then(|| message[..message.floor_char_boundary(MAX_PANIC_LINE_BYTES)].to_owned())
+    };
     let state = store.data_mut();
     state.logs = logs;
     if panic_line.is_some() {
