@@ -383,7 +383,7 @@ impl Ways {
 
     fn time(&mut self, way: Way, request: &Request, calls: usize) -> Vec<Duration> {
         match way {
-            Way::Sandbox | Way::Candidate | Way::PythonGuest => time_calls(
+            Way::Sandbox | Way::NoWasi | Way::Candidate | Way::PythonGuest => time_calls(
                 self.guest(way),
                 request,
                 &self.reads,
