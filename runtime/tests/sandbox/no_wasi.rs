@@ -16,7 +16,8 @@ fn load_without_wasi(name: &str) -> Arc<GuestPre> {
         .unwrap_or_else(|e| panic!("{name} (no WASI) does not load: {e}"))
 }
 
-/// The names a component imports (`kubewasm:controller/host@0.3.0`, `wasi:io/streams@0.2.x`, …).
+/// The interfaces a component imports (`kubewasm:controller/host@0.3.0`,
+/// `wasi:io/streams@0.2.x`, …); types it imports by name (the world's `request`) are left out.
 fn imports(component: &[u8]) -> Vec<String> {
     let mut names = Vec::new();
     for payload in wasmparser::Parser::new(0).parse_all(component) {
@@ -24,7 +25,10 @@ fn imports(component: &[u8]) -> Vec<String> {
             payload.expect("a valid component")
         {
             for import in section {
-                names.push(import.expect("a valid import").name.name.to_string());
+                let import = import.expect("a valid import");
+                if matches!(import.ty, wasmparser::ComponentTypeRef::Instance(_)) {
+                    names.push(import.name.name.to_string());
+                }
             }
         }
     }
