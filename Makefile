@@ -67,7 +67,8 @@ python-test:
 	guest-sdk/python/build.sh test -q
 
 guest-sizes: guests
-	@for f in $(GUEST_WASM); do printf '%-45s %8d bytes\n' $$f $$(stat -c %s $$f); done
+	@for f in $(GUEST_WASM) $(foreach g,$(NO_WASI_GUESTS),$(KUBEWASM_GUEST_DIR_NO_WASI)/$(subst -,_,$(g)).wasm); do \
+	  printf '%-45s %8d bytes\n' $$f $$(stat -c %s $$f); done
 
 ## What k8s-openapi types cost a guest: one controller written with JSON, with the parent typed
 ## (ConfigMap) and with every object typed (ConfigMap, Pods) — guest-sdk/examples/.
