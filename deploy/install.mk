@@ -34,5 +34,4 @@ install-check: install-files
 	kubectl kustomize deploy/ >/dev/null
 	kubectl kustomize deploy/overlays/tutorials >/dev/null
 	kubectl kustomize deploy/overlays/verify-keys >/dev/null
-	kubectl kustomize deploy/examples/runtime-egress >/dev/null
-	@echo "install-check: deploy/, deploy/overlays/{tutorials,verify-keys} and deploy/examples/runtime-egress render"
+	@echo "install-check: deploy/ and deploy/overlays/{tutorials,verify-keys} render"

@@ -102,6 +102,12 @@ pub struct Args {
     /// of HTTPS; repeatable. Every other registry is HTTPS only.
     #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
     insecure_registries: Vec<String>,
+    /// A registry (`HOST`, any port, or `HOST:PORT`) reached even though it is, or resolves
+    /// to, an address no tenant may make the runtime contact (loopback, link-local, private
+    /// and shared ranges, the API server, cluster names); repeatable. `--insecure-registry`
+    /// registries are allowed too.
+    #[arg(long = "allow-registry", value_name = "HOST[:PORT]")]
+    allowed_registries: Vec<String>,
     /// A public key (PEM, ECDSA P-256: cosign's `cosign.pub`) that signs modules; repeatable.
     /// When given, a module from a registry is loaded only if its digest carries a cosign
     /// signature by one of these keys; ConfigMap and file modules are not affected.
@@ -206,6 +212,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config.sandbox.max_module_bytes =
             usize::try_from(config.max_module_bytes).unwrap_or(usize::MAX);
         config.insecure_registries = args.insecure_registries;
+        config.allowed_registries = args.allowed_registries;
         config.verify_keys = verify_keys;
         if let Some(dir) = args.module_cache_dir {
             config.module_cache = ModuleCache::new(dir, args.module_cache_bytes);

@@ -88,6 +88,9 @@ pub struct ManagerConfig {
     pub max_module_bytes: u64,
     /// Registries (`host:port`) spoken to over plain HTTP.
     pub insecure_registries: Vec<String>,
+    /// Registries (`host` or `host:port`) reached even at internal addresses
+    /// ([`RegistryAccess`](crate::sources::oci::RegistryAccess)).
+    pub allowed_registries: Vec<String>,
     /// Keys an image module's digest must be signed by (none: no signature asked for).
     pub verify_keys: Vec<crate::sources::cosign::TrustedKey>,
     /// Layers pulled before, kept on disk by digest; [`ModuleCache::off`](crate::sources::ModuleCache::off): none.
@@ -124,6 +127,7 @@ impl Default for ManagerConfig {
             max_modules_per_namespace: 8,
             max_module_bytes: crate::sources::DEFAULT_MAX_MODULE_BYTES,
             insecure_registries: Vec::new(),
+            allowed_registries: Vec::new(),
             verify_keys: Vec::new(),
             module_cache: crate::sources::ModuleCache::off(),
             quarantine_namespace: None,
@@ -272,6 +276,24 @@ pub struct Manager {
     declared: HashMap<ControllerId, declared::Seen>,
 }
 
+/// The addresses of the API server at `url` (its IP, or what its name resolves to now): no
+/// registry a tenant names may be there.
+fn api_server_addresses(url: &http::Uri) -> Vec<std::net::IpAddr> {
+    use std::net::ToSocketAddrs as _;
+    let Some(host) = url.host() else {
+        return Vec::new();
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = host.parse() {
+        return vec![ip];
+    }
+    let port = url.port_u16().unwrap_or(443);
+    (host, port)
+        .to_socket_addrs()
+        .map(|addrs| addrs.map(|a| a.ip()).collect())
+        .unwrap_or_default()
+}
+
 impl Manager {
     /// A manager acting with `base_config`'s identity for watches and statuses.
     pub fn new(base_config: kube::Config, config: ManagerConfig) -> anyhow::Result<Manager> {
@@ -288,6 +310,8 @@ impl Manager {
         let sandbox = Sandbox::new(config.sandbox.clone())?;
         let registries = crate::sources::oci::RegistryConfig {
             insecure: config.insecure_registries.clone(),
+            allowed: config.allowed_registries.clone(),
+            api_server: api_server_addresses(&base_config.cluster_url),
             verify_keys: config.verify_keys.clone(),
             module_cache: config.module_cache.clone(),
             ..crate::sources::oci::RegistryConfig::new(config.max_module_bytes)

@@ -16,6 +16,7 @@ mod module_cache;
 pub mod oci;
 mod offline;
 mod pulls;
+mod registry_http;
 
 use std::future::Future;
 

@@ -8,6 +8,12 @@
 //! touches). Disk I/O runs off the async workers, and a failing cache never fails a pull: its
 //! first error is logged as a warning (later ones at debug) and the registry is asked.
 //!
+//! Entries are kept per credential scope: a layer read anonymously (which the registry gives
+//! anyone) is one entry for all; a layer read with credentials is an entry of those
+//! credentials only (its name carries a hash of the registry and the credentials), so a
+//! tenant whose own manifest names another tenant's private layer digest does not get the
+//! bytes from here: its pull asks the registry, with its own credentials.
+//!
 //! The manifest and the config are not cached: a pull still resolves the reference and checks
 //! the manifest's digest and the component's world (and whatever else is checked of the
 //! manifest) every time; only the layer, the large part, comes from here.
@@ -18,6 +24,30 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use crate::sandbox::Digest;
+
+/// Whose layers an entry holds: everyone's (read anonymously) or one set of credentials'.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CacheScope(Option<String>);
+
+impl CacheScope {
+    /// Layers any anonymous pull may have.
+    pub fn anonymous() -> CacheScope {
+        CacheScope(None)
+    }
+
+    /// The scope of a pull from `registry` with `auth`: anonymous, or a hash of the registry
+    /// and the credentials (never the credentials themselves).
+    pub fn of(registry: &str, auth: &oci_client::secrets::RegistryAuth) -> CacheScope {
+        use oci_client::secrets::RegistryAuth;
+        let secret = match auth {
+            RegistryAuth::Anonymous => return CacheScope(None),
+            RegistryAuth::Basic(user, password) => format!("basic\0{user}\0{password}"),
+            RegistryAuth::Bearer(token) => format!("bearer\0{token}"),
+        };
+        let digest = Digest::of(format!("kubewasm module cache\0{registry}\0{secret}").as_bytes());
+        CacheScope(Some(digest.hex().chars().take(32).collect()))
+    }
+}
 
 /// Layers kept on disk by digest (see the module doc); cheap to clone, clones share one
 /// directory and one count. [`ModuleCache::off`] keeps nothing and only counts pulls.
@@ -107,8 +137,8 @@ impl ModuleCache {
     /// The bytes of layer `digest` (`sha256:<hex>`), when an entry of exactly `size` bytes
     /// (its descriptor's, which the caller checked against the module cap) has them; the entry
     /// counts as just used. An entry whose bytes differ from its digest is deleted.
-    pub async fn get(&self, digest: &str, size: u64) -> Option<Vec<u8>> {
-        let path = self.entry(digest)?;
+    pub async fn get(&self, digest: &str, size: u64, scope: &CacheScope) -> Option<Vec<u8>> {
+        let path = self.entry(digest, scope)?;
         let hex = hex_of(digest)?.to_owned();
         let found = self
             .blocking(move || read_entry(&path, &hex, size))
@@ -122,9 +152,9 @@ impl ModuleCache {
 
     /// Keeps `bytes`, read from a registry as layer `digest` (and checked against it), then
     /// removes the least recently used entries while the cache holds more than its cap.
-    pub async fn put(&self, digest: &str, bytes: &[u8]) {
+    pub async fn put(&self, digest: &str, bytes: &[u8], scope: &CacheScope) {
         self.inner.pulled.fetch_add(1, Ordering::Relaxed);
-        let Some(path) = self.entry(digest) else {
+        let Some(path) = self.entry(digest, scope) else {
             return;
         };
         let max_bytes = self.inner.max_bytes;
@@ -146,9 +176,13 @@ impl ModuleCache {
 
     /// The file of `digest`'s entry: `None` without a cache or for anything but
     /// `sha256:` and 64 lowercase hex digits (a digest comes from a tenant's registry).
-    fn entry(&self, digest: &str) -> Option<PathBuf> {
+    fn entry(&self, digest: &str, scope: &CacheScope) -> Option<PathBuf> {
         let dir = self.inner.dir.as_ref()?;
-        Some(dir.join(format!("sha256-{}", hex_of(digest)?)))
+        let hex = hex_of(digest)?;
+        Some(match &scope.0 {
+            None => dir.join(format!("sha256-{hex}")),
+            Some(scope) => dir.join(format!("sha256-{hex}-{scope}")),
+        })
     }
 
     /// Runs `work` off the async workers; its error is logged, once as a warning.
@@ -321,9 +355,16 @@ mod tests {
         let layer = b"a module".to_vec();
         let digest = digest_of(&layer);
         let size = layer.len() as u64;
-        assert_eq!(cache.get(&digest, size).await, None, "a miss");
-        cache.put(&digest, &layer).await;
-        assert_eq!(cache.get(&digest, size).await, Some(layer.clone()));
+        assert_eq!(
+            cache.get(&digest, size, &CacheScope::anonymous()).await,
+            None,
+            "a miss"
+        );
+        cache.put(&digest, &layer, &CacheScope::anonymous()).await;
+        assert_eq!(
+            cache.get(&digest, size, &CacheScope::anonymous()).await,
+            Some(layer.clone())
+        );
         assert_eq!((cache.hits(), cache.pulled()), (1, 1));
         // Only the entry is left: no temporary file.
         let hex = digest.trim_start_matches("sha256:");
@@ -332,8 +373,11 @@ mod tests {
             [format!("sha256-{hex}")]
         );
         // An entry of another size than its descriptor says is not used (nor removed).
-        assert_eq!(cache.get(&digest, 3).await, None);
-        assert_eq!(cache.get(&digest, size).await, Some(layer));
+        assert_eq!(cache.get(&digest, 3, &CacheScope::anonymous()).await, None);
+        assert_eq!(
+            cache.get(&digest, size, &CacheScope::anonymous()).await,
+            Some(layer)
+        );
     }
 
     #[tokio::test]
@@ -342,15 +386,25 @@ mod tests {
         let cache = ModuleCache::new(dir.path().to_owned(), 1 << 20);
         let layer = b"the real module".to_vec();
         let digest = digest_of(&layer);
-        cache.put(&digest, &layer).await;
-        let path = cache.entry(&digest).unwrap();
+        cache.put(&digest, &layer, &CacheScope::anonymous()).await;
+        let path = cache.entry(&digest, &CacheScope::anonymous()).unwrap();
         std::fs::write(&path, b"the real modulE").unwrap();
-        assert_eq!(cache.get(&digest, layer.len() as u64).await, None);
+        assert_eq!(
+            cache
+                .get(&digest, layer.len() as u64, &CacheScope::anonymous())
+                .await,
+            None
+        );
         assert!(!path.exists(), "the corrupted entry is still there");
         assert_eq!(cache.hits(), 0);
         // Pulled again, it is served again.
-        cache.put(&digest, &layer).await;
-        assert_eq!(cache.get(&digest, layer.len() as u64).await, Some(layer));
+        cache.put(&digest, &layer, &CacheScope::anonymous()).await;
+        assert_eq!(
+            cache
+                .get(&digest, layer.len() as u64, &CacheScope::anonymous())
+                .await,
+            Some(layer)
+        );
     }
 
     #[tokio::test]
@@ -363,8 +417,8 @@ mod tests {
             &format!("sha256:{}", "A".repeat(64)),
             &format!("sha256:{}/", "a".repeat(63)),
         ] {
-            cache.put(digest, b"x").await;
-            assert_eq!(cache.get(digest, 1).await, None);
+            cache.put(digest, b"x", &CacheScope::anonymous()).await;
+            assert_eq!(cache.get(digest, 1, &CacheScope::anonymous()).await, None);
         }
         assert!(!dir.path().join("c").exists(), "nothing was written");
         assert_eq!(cache.pulled(), 4, "each pull still counts");
@@ -379,25 +433,53 @@ mod tests {
         let age = |i: usize, secs: u64| {
             let file = std::fs::File::options()
                 .write(true)
-                .open(cache.entry(&digests[i]).unwrap())
+                .open(cache.entry(&digests[i], &CacheScope::anonymous()).unwrap())
                 .unwrap();
             file.set_modified(SystemTime::now() - std::time::Duration::from_secs(secs))
                 .unwrap();
         };
-        cache.put(&digests[0], &layers[0]).await;
-        cache.put(&digests[1], &layers[1]).await;
+        cache
+            .put(&digests[0], &layers[0], &CacheScope::anonymous())
+            .await;
+        cache
+            .put(&digests[1], &layers[1], &CacheScope::anonymous())
+            .await;
         age(0, 200);
         age(1, 100);
         // A hit makes entry 0 the most recently used.
-        assert!(cache.get(&digests[0], 100).await.is_some());
+        assert!(
+            cache
+                .get(&digests[0], 100, &CacheScope::anonymous())
+                .await
+                .is_some()
+        );
         // 300 bytes > 250: entry 1, the least recently used, goes.
-        cache.put(&digests[2], &layers[2]).await;
-        assert!(cache.get(&digests[1], 100).await.is_none());
-        assert!(cache.get(&digests[0], 100).await.is_some());
-        assert!(cache.get(&digests[2], 100).await.is_some());
+        cache
+            .put(&digests[2], &layers[2], &CacheScope::anonymous())
+            .await;
+        assert!(
+            cache
+                .get(&digests[1], 100, &CacheScope::anonymous())
+                .await
+                .is_none()
+        );
+        assert!(
+            cache
+                .get(&digests[0], 100, &CacheScope::anonymous())
+                .await
+                .is_some()
+        );
+        assert!(
+            cache
+                .get(&digests[2], 100, &CacheScope::anonymous())
+                .await
+                .is_some()
+        );
         // A layer larger than the whole cache is not kept, and evicts nothing.
         let big = vec![9u8; 300];
-        cache.put(&digest_of(&big), &big).await;
+        cache
+            .put(&digest_of(&big), &big, &CacheScope::anonymous())
+            .await;
         assert_eq!(entries(dir.path()).len(), 2);
     }
 
@@ -408,12 +490,49 @@ mod tests {
         std::fs::write(&file, b"").unwrap();
         let cache = ModuleCache::new(file.join("cache"), 1 << 20);
         let layer = b"m".to_vec();
-        cache.put(&digest_of(&layer), &layer).await;
-        assert_eq!(cache.get(&digest_of(&layer), 1).await, None);
+        cache
+            .put(&digest_of(&layer), &layer, &CacheScope::anonymous())
+            .await;
+        assert_eq!(
+            cache
+                .get(&digest_of(&layer), 1, &CacheScope::anonymous())
+                .await,
+            None
+        );
         assert_eq!((cache.hits(), cache.pulled()), (0, 1));
         let off = ModuleCache::off();
-        off.put(&digest_of(&layer), &layer).await;
-        assert_eq!(off.get(&digest_of(&layer), 1).await, None);
+        off.put(&digest_of(&layer), &layer, &CacheScope::anonymous())
+            .await;
+        assert_eq!(
+            off.get(&digest_of(&layer), 1, &CacheScope::anonymous())
+                .await,
+            None
+        );
         assert_eq!(off.pulled(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_layer_read_with_credentials_is_only_those_credentials() {
+        use oci_client::secrets::RegistryAuth;
+        let dir = tempfile::tempdir().unwrap();
+        let cache = ModuleCache::new(dir.path().to_owned(), 1 << 20);
+        let layer = b"team-a's private module".to_vec();
+        let digest = digest_of(&layer);
+        let size = layer.len() as u64;
+        let team_a = CacheScope::of("r.example", &RegistryAuth::Basic("a".into(), "pw-a".into()));
+        cache.put(&digest, &layer, &team_a).await;
+        assert_eq!(cache.get(&digest, size, &team_a).await, Some(layer.clone()));
+        // Another tenant naming the same layer digest, anonymously or with its own
+        // credentials (or the same user on another registry), is not handed it.
+        let team_b = CacheScope::of("r.example", &RegistryAuth::Basic("b".into(), "pw-b".into()));
+        let elsewhere =
+            CacheScope::of("s.example", &RegistryAuth::Basic("a".into(), "pw-a".into()));
+        for other in [CacheScope::anonymous(), team_b, elsewhere] {
+            assert_eq!(cache.get(&digest, size, &other).await, None, "{other:?}");
+        }
+        // The entry's name carries no credential.
+        for name in entries(dir.path()) {
+            assert!(!name.contains("pw-a"), "{name}");
+        }
     }
 }

@@ -6,22 +6,22 @@
 //! component of another world before the layer is asked for, refuses a layer declared larger
 //! than the cap, and streams the layer, stopping at the cap whatever the registry said, and
 //! checks its digest. A tag is first resolved with a `HEAD` (no body): a tag that has not
-//! moved costs one small request. `oci-client` itself reads a manifest whole; the pull's
-//! deadline ([`PULL_TIMEOUT`]) bounds that one read.
-//!
-//! One `oci_client::Client` per pull: the client remembers credentials per registry, and
-//! tenants naming the same registry must never share them.
+//! moved costs one small request. Every request of a pull goes through one
+//! [`Session`](super::registry_http::Session): the addresses it may reach, its credentials and
+//! token, and one capped reader for every body (see [`registry_http`](super::registry_http)).
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::manifest::{OciDescriptor, OciImageManifest};
 use oci_client::secrets::RegistryAuth;
 use serde::{Deserialize, Serialize};
 
 use super::cosign::{self, TrustedKey};
-use super::module_cache::ModuleCache;
+use super::module_cache::{CacheScope, ModuleCache};
+pub use super::registry_http::{RegistryAccess, read_at_most, read_capped};
+use super::registry_http::{Session, read_body};
 use crate::api::{ImageRef, Reason};
 use crate::sandbox::Digest;
 
@@ -53,6 +53,11 @@ pub const PULL_TIMEOUT: Duration = Duration::from_secs(120);
 pub struct RegistryConfig {
     /// Registries (`host:port`) spoken to over plain HTTP; every other one over HTTPS.
     pub insecure: Vec<String>,
+    /// Registries (`host` or `host:port`) reached even at internal addresses
+    /// (`--allow-registry`; see [`RegistryAccess`]).
+    pub allowed: Vec<String>,
+    /// The API server's addresses, which no registry may have.
+    pub api_server: Vec<std::net::IpAddr>,
     /// The most bytes a module (the layer) may have.
     pub max_module_bytes: u64,
     /// The deadline of one pull.
@@ -69,6 +74,8 @@ impl RegistryConfig {
     pub fn new(max_module_bytes: u64) -> Self {
         RegistryConfig {
             insecure: Vec::new(),
+            allowed: Vec::new(),
+            api_server: Vec::new(),
             max_module_bytes,
             pull_timeout: PULL_TIMEOUT,
             verify_keys: Vec::new(),
@@ -76,24 +83,24 @@ impl RegistryConfig {
         }
     }
 
-    /// An `oci-client` client for one pull or push (never shared between credentials), which
-    /// trusts the system's CA roots. Without any roots it is refused here: `oci-client` builds
-    /// a default reqwest client inside, which panics without roots — even for plain HTTP.
+    /// What the operator allows of registries' addresses.
+    pub fn access(&self) -> Arc<RegistryAccess> {
+        Arc::new(RegistryAccess {
+            insecure: self.insecure.clone(),
+            allowed: self.allowed.clone(),
+            api_server: self.api_server.clone(),
+        })
+    }
+
+    /// An `oci-client` client for one push by the user (`kubewasm push`, `kubewasm sign`),
+    /// which trusts the system's CA roots; pulls never use it (see
+    /// [`registry_http`](super::registry_http)).
     pub fn client(&self) -> Result<oci_client::Client, PullError> {
-        static SYSTEM_ROOTS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-        let roots =
-            *SYSTEM_ROOTS.get_or_init(|| rustls_native_certs::load_native_certs().certs.len());
-        if roots == 0 {
-            return Err(PullError::Client(
-                "this runtime has no CA certificates (none in /etc/ssl/certs, $SSL_CERT_FILE or $SSL_CERT_DIR), and its registry client cannot start without them, even for plain HTTP; its operator mounts a CA bundle and sets SSL_CERT_FILE".into(),
-            ));
-        }
-        install_crypto_provider();
+        check_roots()?;
         let config = ClientConfig {
             protocol: ClientProtocol::HttpsExcept(self.insecure.clone()),
             connect_timeout: Some(CONNECT_TIMEOUT),
             read_timeout: Some(READ_TIMEOUT),
-            // One layer, pulled by this module; no image indexes.
             max_concurrent_download: 1,
             platform_resolver: None,
             ..ClientConfig::default()
@@ -101,6 +108,20 @@ impl RegistryConfig {
         // `try_from`, not `new`: `new` falls back to a default client without the timeouts.
         oci_client::Client::try_from(config).map_err(|e| PullError::Client(e.to_string()))
     }
+}
+
+/// Refuses to make an HTTP client without CA roots (reqwest's platform verifier panics
+/// without any, even for plain HTTP), and installs the crypto provider.
+pub(super) fn check_roots() -> Result<(), PullError> {
+    static SYSTEM_ROOTS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let roots = *SYSTEM_ROOTS.get_or_init(|| rustls_native_certs::load_native_certs().certs.len());
+    if roots == 0 {
+        return Err(PullError::Client(
+            "this runtime has no CA certificates (none in /etc/ssl/certs, $SSL_CERT_FILE or $SSL_CERT_DIR), and its registry client cannot start without them, even for plain HTTP; its operator mounts a CA bundle and sets SSL_CERT_FILE".into(),
+        ));
+    }
+    install_crypto_provider();
+    Ok(())
 }
 
 /// reqwest (under oci-client) is built without a crypto provider of its own: it uses the
@@ -379,34 +400,26 @@ async fn pull_within(
     auth: &RegistryAuth,
     known: Option<&str>,
 ) -> Result<Pulled, PullError> {
-    let client = config.client()?;
     let reference = image.reference();
-    let registry = |e: oci_client::errors::OciDistributionError| PullError::Registry {
-        registry: image.registry().to_owned(),
-        message: crate::sandbox::guest_text(&e.to_string(), 1024).into_owned(),
-    };
+    let mut session = Session::new(
+        &config.access(),
+        reference.registry(),
+        reference.repository(),
+        auth,
+    )?;
     let digest = match image.digest() {
         Some(d) => d.to_owned(),
-        None => client
-            .fetch_manifest_digest(reference, auth)
-            .await
-            .map_err(registry)?,
+        None => resolve_tag(&mut session, reference.tag().unwrap_or("latest")).await?,
     };
     if known == Some(digest.as_str()) {
         return Ok(Pulled::Unchanged);
     }
     if !config.verify_keys.is_empty() {
-        verify_signature(config, &client, image, auth, &digest).await?;
+        verify_signature(config, &mut session, image, &digest).await?;
     }
     // The manifest of that digest (a tag may move meanwhile: what is pulled is what was
     // resolved).
-    let pinned = oci_client::Reference::with_digest(
-        reference.registry().to_owned(),
-        reference.repository().to_owned(),
-        digest.clone(),
-    );
-    let Some(raw) = read_manifest(config, &client, &pinned, auth, &[MANIFEST_MEDIA_TYPE]).await?
-    else {
+    let Some(raw) = read_manifest(&mut session, &digest, &[MANIFEST_MEDIA_TYPE]).await? else {
         return Err(PullError::Registry {
             registry: image.registry().to_owned(),
             message: format!("it has no manifest {digest} (anymore)"),
@@ -427,28 +440,70 @@ async fn pull_within(
         .map_err(|e| not_wasm(format!("its manifest is not an OCI image manifest: {e}")))?;
     drop(raw);
     let layer = wasm_layer(&manifest).map_err(not_wasm)?;
-    let config_bytes = read_blob(
-        &client,
-        &pinned,
-        &manifest.config,
-        MAX_CONFIG_BYTES,
-        "config",
-    )
-    .await?;
+    let config_bytes =
+        read_blob(&mut session, &manifest.config, MAX_CONFIG_BYTES, "config").await?;
     let wasm_config: WasmConfig = serde_json::from_slice(&config_bytes)
         .map_err(|e| not_wasm(format!("its config is not a wasm config: {e}")))?;
     wasm_config.controller_world()?;
     // The layer by its digest: from the cache (hashed again there) when it was pulled before.
+    // Per credential scope: a layer read with another tenant's credentials is not this pull's.
     let cache = &config.module_cache;
+    let scope = CacheScope::of(reference.registry(), auth);
     let size = u64::try_from(layer.size).unwrap_or(u64::MAX);
     if size <= config.max_module_bytes
-        && let Some(bytes) = cache.get(&layer.digest, size).await
+        && let Some(bytes) = cache.get(&layer.digest, size, &scope).await
     {
         return Ok(Pulled::Module { digest, bytes });
     }
-    let bytes = read_blob(&client, &pinned, layer, config.max_module_bytes, "module").await?;
-    cache.put(&layer.digest, &bytes).await;
+    let bytes = read_blob(&mut session, layer, config.max_module_bytes, "module").await?;
+    cache.put(&layer.digest, &bytes, &scope).await;
     Ok(Pulled::Module { digest, bytes })
+}
+
+/// The digest `tag` names now: from the `Docker-Content-Digest` of a `HEAD` (no body), or,
+/// when the registry sends none, the digest of the manifest read (capped).
+async fn resolve_tag(session: &mut Session, tag: &str) -> Result<String, PullError> {
+    let path = format!("manifests/{tag}");
+    let accept = [MANIFEST_MEDIA_TYPE];
+    let missing = |session: &Session| PullError::Registry {
+        registry: session.registry().to_owned(),
+        message: format!("it has no tag `{}`", crate::sandbox::guest_text(tag, 128)),
+    };
+    let Some(head) = session.send(reqwest::Method::HEAD, &path, &accept).await? else {
+        return Err(missing(session));
+    };
+    let said = head
+        .headers()
+        .get("docker-content-digest")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    drop(head);
+    if let Some(digest) = said {
+        return match is_sha256_digest(&digest) {
+            true => Ok(digest),
+            false => Err(PullError::Corrupt {
+                what: "manifest",
+                why: format!(
+                    "the registry names its digest `{}`, not `sha256:` and 64 hex digits",
+                    crate::sandbox::guest_text(&digest, 100)
+                ),
+            }),
+        };
+    }
+    match read_manifest(session, tag, &accept).await? {
+        Some(raw) => Ok(format!("sha256:{}", Digest::of(&raw).hex())),
+        None => Err(missing(session)),
+    }
+}
+
+/// `sha256:` and 64 lowercase hex digits.
+fn is_sha256_digest(digest: &str) -> bool {
+    digest.strip_prefix("sha256:").is_some_and(|hex| {
+        hex.len() == 64
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
 }
 
 /// Media types a signature manifest may have: cosign writes OCI manifests, older releases
@@ -463,9 +518,8 @@ const SIGNATURE_MANIFEST_MEDIA_TYPES: [&str; 2] = [
 /// [`cosign::MAX_PAYLOAD_BYTES`] each are read.
 async fn verify_signature(
     config: &RegistryConfig,
-    client: &oci_client::Client,
+    session: &mut Session,
     image: &ImageRef,
-    auth: &RegistryAuth,
     digest: &str,
 ) -> Result<(), PullError> {
     let keys = &config.verify_keys;
@@ -480,20 +534,7 @@ async fn verify_signature(
     let Some(tag) = cosign::signature_tag(digest) else {
         return Err(refuse("cosign signs sha256 digests only".into()));
     };
-    let signatures = oci_client::Reference::with_tag(
-        reference.registry().to_owned(),
-        reference.repository().to_owned(),
-        tag.clone(),
-    );
-    let Some(raw) = read_manifest(
-        config,
-        client,
-        &signatures,
-        auth,
-        &SIGNATURE_MANIFEST_MEDIA_TYPES,
-    )
-    .await?
-    else {
+    let Some(raw) = read_manifest(session, &tag, &SIGNATURE_MANIFEST_MEDIA_TYPES).await? else {
         return Err(refuse(format!(
             "it has no signature (its repository has no tag {tag})"
         )));
@@ -522,14 +563,7 @@ async fn verify_signature(
             refusals.push("a signature names foreign `urls`".into());
             continue;
         }
-        let payload = match read_blob(
-            client,
-            &signatures,
-            layer,
-            cosign::MAX_PAYLOAD_BYTES,
-            "signature",
-        )
-        .await
+        let payload = match read_blob(session, layer, cosign::MAX_PAYLOAD_BYTES, "signature").await
         {
             Ok(payload) => payload,
             Err(e) => {
@@ -557,84 +591,20 @@ async fn verify_signature(
     }))
 }
 
-/// A manifest by tag or digest, read here rather than by `oci-client` (which reads a manifest
-/// whole, however long): at most [`MAX_MANIFEST_BYTES`], refused as soon as the response says
-/// or sends more. `None`: the registry says there is none. The registry's token (or basic
-/// credentials) come from `client`, which keeps them per pull.
+/// A manifest by tag or digest: at most [`MAX_MANIFEST_BYTES`], refused as soon as the
+/// response says or sends more. `None`: the registry says there is none.
 async fn read_manifest(
-    config: &RegistryConfig,
-    client: &oci_client::Client,
-    reference: &oci_client::Reference,
-    auth: &RegistryAuth,
+    session: &mut Session,
+    target: &str,
     accept: &[&str],
 ) -> Result<Option<Vec<u8>>, PullError> {
-    let failed = |message: String| PullError::Registry {
-        registry: reference.registry().to_owned(),
-        message: crate::sandbox::guest_text(&message, 1024).into_owned(),
-    };
-    let token = client
-        .auth(reference, auth, oci_client::RegistryOperation::Pull)
-        .await
-        .map_err(|e| failed(e.to_string()))?;
-    let scheme = match config.insecure.iter().any(|r| r == reference.registry()) {
-        true => "http",
-        false => "https",
-    };
-    let target = reference.digest().or(reference.tag()).unwrap_or("latest");
-    let url = format!(
-        "{scheme}://{}/v2/{}/manifests/{target}",
-        reference.registry(),
-        reference.repository()
-    );
-    let mut request = http_client()?
-        .get(&url)
-        .header(reqwest::header::ACCEPT, accept.join(", "));
-    request = match (token, auth) {
-        (Some(token), _) => request.bearer_auth(token),
-        (None, RegistryAuth::Bearer(token)) => request.bearer_auth(token),
-        (None, RegistryAuth::Basic(user, password)) => request.basic_auth(user, Some(password)),
-        (None, RegistryAuth::Anonymous) => request,
-    };
-    let response = request.send().await.map_err(|e| failed(e.to_string()))?;
-    let status = response.status();
-    if status == reqwest::StatusCode::NOT_FOUND {
-        return Ok(None);
+    let path = format!("manifests/{target}");
+    match session.send(reqwest::Method::GET, &path, accept).await? {
+        Some(response) => read_body(response, MAX_MANIFEST_BYTES, "manifest")
+            .await
+            .map(Some),
+        None => Ok(None),
     }
-    if !status.is_success() {
-        return Err(failed(format!("GET {url}: {status}")));
-    }
-    if response
-        .content_length()
-        .is_some_and(|length| length > MAX_MANIFEST_BYTES)
-    {
-        return Err(PullError::TooBig {
-            what: "manifest",
-            max: MAX_MANIFEST_BYTES,
-        });
-    }
-    let stream = response
-        .bytes_stream()
-        .map(|chunk| chunk.map_err(std::io::Error::other));
-    read_at_most(stream, MAX_MANIFEST_BYTES, "manifest")
-        .await
-        .map(Some)
-}
-
-/// One HTTP client for the manifests this module reads itself (no credentials in it: each
-/// request carries its own), with the pulls' timeouts.
-fn http_client() -> Result<&'static reqwest::Client, PullError> {
-    static CLIENT: std::sync::OnceLock<Result<reqwest::Client, String>> =
-        std::sync::OnceLock::new();
-    CLIENT
-        .get_or_init(|| {
-            reqwest::Client::builder()
-                .connect_timeout(CONNECT_TIMEOUT)
-                .read_timeout(READ_TIMEOUT)
-                .build()
-                .map_err(|e| e.to_string())
-        })
-        .as_ref()
-        .map_err(|e| PullError::Client(e.clone()))
 }
 
 /// The manifest's one `application/wasm` layer, after its config's media type is checked.
@@ -668,8 +638,7 @@ fn wasm_layer(manifest: &OciImageManifest) -> Result<&OciDescriptor, String> {
 /// A blob of at most `max` bytes (and exactly its descriptor's size), its digest checked;
 /// refused as soon as the descriptor, the response's length or the stream says more.
 async fn read_blob(
-    client: &oci_client::Client,
-    image: &oci_client::Reference,
+    session: &mut Session,
     descriptor: &OciDescriptor,
     max: u64,
     what: &'static str,
@@ -680,73 +649,36 @@ async fn read_blob(
     if declared > max {
         return Err(PullError::TooBig { what, max });
     }
-    let stream = client
-        .pull_blob_stream(image, descriptor)
-        .await
-        .map_err(|e| PullError::Registry {
-            registry: image.registry().to_owned(),
-            message: crate::sandbox::guest_text(&e.to_string(), 1024).into_owned(),
-        })?;
-    if let Some(length) = stream.content_length
+    if !is_sha256_digest(&descriptor.digest) {
+        return Err(corrupt(format!(
+            "its descriptor names digest `{}`, not `sha256:` and 64 hex digits",
+            crate::sandbox::guest_text(&descriptor.digest, 100)
+        )));
+    }
+    let path = format!("blobs/{}", descriptor.digest);
+    let Some(response) = session.send(reqwest::Method::GET, &path, &[]).await? else {
+        return Err(PullError::Registry {
+            registry: session.registry().to_owned(),
+            message: format!("it has no {what} blob {}", descriptor.digest),
+        });
+    };
+    if let Some(length) = response.content_length()
         && length != declared
     {
         return Err(corrupt(format!(
             "it is {length} bytes long, its descriptor says {declared}"
         )));
     }
-    let bytes = read_capped(stream.stream, declared, what).await?;
+    let stream = futures::StreamExt::map(response.bytes_stream(), |chunk| {
+        chunk.map_err(std::io::Error::other)
+    });
+    let bytes = read_capped(stream, declared, what).await?;
     let actual = format!("sha256:{}", Digest::of(&bytes).hex());
     if actual != descriptor.digest {
         return Err(corrupt(format!(
             "its digest is {actual}, not {}",
-            crate::sandbox::guest_text(&descriptor.digest, 100)
+            descriptor.digest
         )));
-    }
-    Ok(bytes)
-}
-
-/// Reads `stream` to its end, refusing it the moment it passes `declared` bytes or ends short.
-pub async fn read_capped(
-    mut stream: impl futures::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Unpin,
-    declared: u64,
-    what: &'static str,
-) -> Result<Vec<u8>, PullError> {
-    let corrupt = |why: String| PullError::Corrupt { what, why };
-    let mut bytes = Vec::with_capacity(usize::try_from(declared.min(1 << 20)).unwrap_or(0));
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| corrupt(e.to_string()))?;
-        if bytes.len() as u64 + chunk.len() as u64 > declared {
-            return Err(corrupt(format!(
-                "it goes on past the {declared} bytes its descriptor says (the rest was not read)"
-            )));
-        }
-        bytes.extend_from_slice(&chunk);
-    }
-    if bytes.len() as u64 != declared {
-        return Err(corrupt(format!(
-            "it ended after {} of the {declared} bytes its descriptor says",
-            bytes.len()
-        )));
-    }
-    Ok(bytes)
-}
-
-/// Reads `stream` to its end, refusing it the moment it passes `max` bytes.
-pub async fn read_at_most(
-    mut stream: impl futures::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Unpin,
-    max: u64,
-    what: &'static str,
-) -> Result<Vec<u8>, PullError> {
-    let mut bytes = Vec::new();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| PullError::Corrupt {
-            what,
-            why: e.to_string(),
-        })?;
-        if bytes.len() as u64 + chunk.len() as u64 > max {
-            return Err(PullError::TooBig { what, max });
-        }
-        bytes.extend_from_slice(&chunk);
     }
     Ok(bytes)
 }
@@ -804,6 +736,8 @@ pub fn docker_config_auth(json: &[u8], registry: &str) -> Result<Option<Registry
 
 #[cfg(test)]
 mod tests {
+    use futures::StreamExt as _;
+
     use super::*;
 
     fn chunks(

@@ -16,6 +16,7 @@
 
 pub mod cluster;
 pub mod guests;
+pub mod hostile_registry;
 mod identity;
 mod kubectl;
 mod logs;

@@ -29,6 +29,7 @@ use crate::restarter::{Owner, wait_digest};
 use crate::runtime::{RuntimeProcess, finish, kubewasm_bin};
 use crate::support::{ControlPlane, eventually};
 
+mod hostile;
 mod module_cache;
 mod private;
 mod roll_forward;
