@@ -22,6 +22,8 @@ pub enum Reason {
     TooManyModules,
     /// A runtime stopped while compiling this module: it is not compiled again.
     Quarantined,
+    /// The namespace compiled as many new modules as the operator allows per hour.
+    CompileBudgetExceeded,
     /// The image's digest is not signed by a key the runtime trusts (`--verify-key`).
     SignatureInvalid,
     // `Ready`
@@ -90,6 +92,7 @@ impl Reason {
             Reason::DigestMismatch => "DigestMismatch",
             Reason::TooManyModules => "TooManyModules",
             Reason::Quarantined => "Quarantined",
+            Reason::CompileBudgetExceeded => "CompileBudgetExceeded",
             Reason::SignatureInvalid => "SignatureInvalid",
             Reason::Running => "Running",
             Reason::Starting => "Starting",

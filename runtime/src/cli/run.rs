@@ -71,6 +71,14 @@ pub struct Args {
     /// memory while a controller runs it; controllers running the same module share it).
     #[arg(long, default_value_t = ManagerConfig::default().max_modules_per_namespace)]
     max_modules_per_namespace: usize,
+    /// New modules compiled per namespace per hour, after `--compile-burst`: a tag that moves
+    /// to a new digest at every poll cannot make the runtime compile forever. A module already
+    /// compiled (by anyone) costs nothing.
+    #[arg(long, default_value_t = ManagerConfig::default().compiles_per_hour)]
+    compiles_per_hour: u32,
+    /// New modules compiled per namespace at once, after a quiet spell.
+    #[arg(long, default_value_t = ManagerConfig::default().compile_burst)]
+    compile_burst: u32,
     /// The most memory one namespace's objects may take in the shared caches (estimated from
     /// each object's JSON; a guest's text of it takes as much again), a quantity: a namespace over it is held back — its objects are dropped from the caches and
     /// handed to no controller, and its WasmControllers' Ready condition says why — until it
@@ -200,6 +208,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config.write_burst = args.write_burst;
         config.max_controllers_per_namespace = args.max_controllers_per_namespace.max(1);
         config.max_modules_per_namespace = args.max_modules_per_namespace.max(1);
+        config.compiles_per_hour = args.compiles_per_hour;
+        config.compile_burst = args.compile_burst.max(1);
         config.quarantine_namespace = args.quarantine_namespace;
         config.max_module_bytes = match kubewasm::api::parse_bytes(&args.max_module_bytes) {
             Ok(0) | Err(_) => anyhow::bail!(

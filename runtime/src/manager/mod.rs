@@ -15,6 +15,7 @@
 //! controllers that cannot start (the retry interval doubling per failure, capped at the
 //! access-review period so that a controller granted its RBAC later still starts within one period).
 
+mod compile_budget;
 mod declared;
 mod lifecycle;
 mod modules;
@@ -84,6 +85,11 @@ pub struct ManagerConfig {
     pub max_controllers_per_namespace: usize,
     /// Distinct modules one namespace's WasmControllers may run.
     pub max_modules_per_namespace: usize,
+    /// New modules compiled per tenant (namespace) per hour, after a burst
+    /// ([`compile_budget`]).
+    pub compiles_per_hour: u32,
+    /// New modules compiled per tenant at once, after a quiet spell.
+    pub compile_burst: u32,
     /// The most bytes a module may have (a file, a ConfigMap's after gunzip, an image's layer).
     pub max_module_bytes: u64,
     /// Registries (`host:port`) spoken to over plain HTTP.
@@ -125,6 +131,8 @@ impl Default for ManagerConfig {
             write_burst: 1000,
             max_controllers_per_namespace: 64,
             max_modules_per_namespace: 8,
+            compiles_per_hour: 60,
+            compile_burst: 16,
             max_module_bytes: crate::sources::DEFAULT_MAX_MODULE_BYTES,
             insecure_registries: Vec::new(),
             allowed_registries: Vec::new(),
@@ -264,6 +272,7 @@ pub struct Manager {
     controllers: HashMap<ControllerId, Managed>,
     /// Modules that took a runtime down while compiling, and the journal of the one compiling.
     quarantine: quarantine::Quarantine,
+    compile_budget: compile_budget::CompileBudget,
     /// Metadata of the ConfigMaps modules may come from (see [`modules`]).
     module_config_maps: Option<reflector::Store<PartialObjectMeta<ConfigMap>>>,
     /// Registry pulls, beside the loop.
@@ -317,6 +326,8 @@ impl Manager {
             ..crate::sources::oci::RegistryConfig::new(config.max_module_bytes)
         };
         let pulls = crate::sources::Pulls::new(registries, config.module_poll);
+        let compile_budget =
+            compile_budget::CompileBudget::new(config.compiles_per_hour, config.compile_burst);
         Ok(Manager {
             pulls,
             shared_images: shared_images::SharedImages::default(),
@@ -340,6 +351,7 @@ impl Manager {
             metrics: Arc::default(),
             controllers: HashMap::new(),
             quarantine: quarantine::Quarantine::off(),
+            compile_budget,
             module_config_maps: None,
             sharding: None,
             declared: HashMap::new(),

@@ -126,27 +126,7 @@ impl Manager {
         };
         // Each distinct module stays compiled while a controller runs it: a namespace may
         // hold only so many (its controllers running one module share it).
-        let loaded = loaded.and_then(|guest| match &id.namespace {
-            Some(ns) => {
-                let others = self
-                    .controllers
-                    .iter()
-                    .filter(|(other, _)| *other != id && other.namespace.as_ref() == Some(ns))
-                    .filter_map(|(_, m)| m.guest.as_ref().map(|g| g.digest()));
-                let cap = self.config.max_modules_per_namespace;
-                if module_fits(others, guest.digest(), cap) {
-                    Ok(guest)
-                } else {
-                    Err(Problem::new(
-                        Reason::TooManyModules,
-                        format!(
-                            "namespace {ns} already runs {cap} distinct modules, the most this runtime's operator allows per namespace (`kubewasm run --max-modules-per-namespace`); run one of them, or remove a controller"
-                        ),
-                    ))
-                }
-            }
-            None => Ok(guest),
-        });
+        let loaded = loaded.and_then(|guest| self.module_cap(id, guest.digest()).map(|()| guest));
         let Some(m) = self.controllers.get_mut(id) else {
             return;
         };
@@ -177,6 +157,29 @@ impl Manager {
                 m.module_problem = Some(problem);
             }
         }
+    }
+
+    /// Whether `id` may run module `digest` beside the modules its namespace's other
+    /// controllers run (each distinct module stays compiled while one runs it).
+    fn module_cap(&self, id: &ControllerId, digest: Digest) -> Result<(), Problem> {
+        let Some(ns) = &id.namespace else {
+            return Ok(());
+        };
+        let others = self
+            .controllers
+            .iter()
+            .filter(|(other, _)| *other != id && other.namespace.as_ref() == Some(ns))
+            .filter_map(|(_, m)| m.guest.as_ref().map(|g| g.digest()));
+        let cap = self.config.max_modules_per_namespace;
+        if module_fits(others, digest, cap) {
+            return Ok(());
+        }
+        Err(Problem::new(
+            Reason::TooManyModules,
+            format!(
+                "namespace {ns} already runs {cap} distinct modules, the most this runtime's operator allows per namespace (`kubewasm run --max-modules-per-namespace`); run one of them, or remove a controller"
+            ),
+        ))
     }
 
     /// Drops the compiled modules no controller runs any more (after loads and reloads).
@@ -282,6 +285,24 @@ impl Manager {
         let hex = digest.hex();
         if let Some(why) = self.quarantine.why(&hex) {
             return Err(Problem::new(Reason::Quarantined, why.to_owned()));
+        }
+        // Before the compile: the namespace's module cap (checked again when it is swapped
+        // in), and its compile budget.
+        self.module_cap(id, digest)?;
+        if let Err(wait) = self.compile_budget.take(id.namespace.as_deref()) {
+            let tenant = id.namespace.as_ref().map_or_else(
+                || "the cluster's controllers".to_owned(),
+                |ns| format!("namespace {ns}"),
+            );
+            return Err(Problem::new(
+                Reason::CompileBudgetExceeded,
+                format!(
+                    "{tenant} had more new modules compiled than this runtime's operator allows ({} at once, then {} an hour: `kubewasm run --compile-burst`, `--compiles-per-hour`); module sha256:{hex} is compiled in about {}s. Modules already compiled cost nothing: pin a digest rather than following a tag that moves often",
+                    self.compile_budget.burst(),
+                    self.compile_budget.per_hour(),
+                    wait.as_secs().max(1)
+                ),
+            ));
         }
         let sandbox = self.sandbox.clone();
         let compile = move || tokio::task::spawn_blocking(move || sandbox.load(&bytes));

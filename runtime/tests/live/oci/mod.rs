@@ -31,6 +31,7 @@ use crate::support::{ControlPlane, eventually};
 
 mod hostile;
 mod module_cache;
+mod moving_tag;
 mod private;
 mod roll_forward;
 mod shared;
