@@ -181,7 +181,7 @@ async fn serve(
             let target = match repository.as_str() {
                 "redirect-to" => redirect.lock().map(|r| r.clone()).unwrap_or_default(),
                 // A port nobody named (the discard port; nothing needs to listen).
-                _ => "http://127.0.0.1:9/v2/stolen/manifests/v1".to_owned(),
+                _ => "https://127.0.0.1:9/v2/stolen/manifests/v1".to_owned(),
             };
             let head = respond(
                 "307 Temporary Redirect",
