@@ -11,7 +11,9 @@ mod shards;
 mod watchable;
 mod watches;
 
-pub use accounts::{CacheAccounts, CacheCaps, READMIT_PERCENT, RELIST_FLOOR, Withheld, weigh};
+pub use accounts::{
+    CacheAccounts, CacheCaps, READMIT_PERCENT, RELIST_FLOOR, WatchBook, Withheld, weigh,
+};
 pub use budget::{TokenBucket, WriteGate};
 pub use discovery::{DISCOVERY_TIMEOUT, Kind, ResolveError, Resolver};
 pub use fence::Fence;

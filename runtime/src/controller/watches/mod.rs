@@ -85,6 +85,8 @@ pub struct Watch {
     accounts: Arc<CacheAccounts>,
 }
 
+/// Stops the watch's task; the task's [`WatchBook`](crate::controller::WatchBook) goes with it
+/// and credits everything the watch charged.
 impl Drop for Watch {
     fn drop(&mut self) {
         self.task.abort();
@@ -284,6 +286,7 @@ fn start(
 ) -> Arc<Watch> {
     let writer = reflector::store::Writer::<Cached>::new(kind.resource.clone());
     let store = writer.as_reader();
+    let (book, held, readmitted) = accounts.register();
     let (changes, _) = broadcast::channel(4096);
     let owned: Arc<Mutex<OwnerIndex>> = Arc::default();
     let api = kind.api_of::<Cached>(client, namespace);
@@ -297,9 +300,9 @@ fn start(
         changes: changes.clone(),
         index: owned.clone(),
         accounts: accounts.clone(),
-        sizes: HashMap::new(),
+        book,
     };
-    let task = tokio::spawn(task.run());
+    let task = tokio::spawn(task.run(held, readmitted));
     Arc::new(Watch {
         kind,
         store,
