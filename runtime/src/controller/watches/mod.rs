@@ -164,15 +164,11 @@ impl Watch {
         keys.iter().filter_map(|key| self.get(key)).collect()
     }
 
-    /// One cached object (the namespace is ignored for cluster-scoped kinds).
+    /// One cached object. A key whose scope is not the kind's (a namespace on a key of a
+    /// cluster-scoped kind, none on a namespaced one) finds nothing: keys come from what
+    /// tenants write, and `team-a/kube-system` must not find Namespace `kube-system`.
     pub fn get(&self, key: &ObjectKey) -> Option<Arc<Cached>> {
-        let mut r = reflector::ObjectRef::new_with(&key.name, self.kind.resource.clone());
-        if let Some(ns) = &key.namespace
-            && self.kind.namespaced
-        {
-            r = r.within(ns);
-        }
-        self.store.get(&r)
+        self.store.get(&object_ref(&self.kind, key)?)
     }
 
     /// Whether the objects of `namespace` are held back from controllers (see
@@ -199,6 +195,16 @@ impl Watch {
                 let _ = self.store.wait_until_ready().await;
             })
             .await;
+    }
+}
+
+/// Where a key is in a cache of `kind`, if it is a key of that kind's scope.
+fn object_ref(kind: &Kind, key: &ObjectKey) -> Option<reflector::ObjectRef<Cached>> {
+    let r = reflector::ObjectRef::new_with(&key.name, kind.resource.clone());
+    match (&key.namespace, kind.namespaced) {
+        (Some(ns), true) => Some(r.within(ns)),
+        (None, false) => Some(r),
+        _ => None,
     }
 }
 
@@ -354,6 +360,38 @@ mod tests {
         ] {
             assert_eq!(ObjectKey::parse(&k.to_string()), k);
         }
+    }
+
+    #[test]
+    fn a_key_finds_an_object_only_in_its_kinds_scope() {
+        let kind = |namespaced| Kind {
+            resource: kube::api::ApiResource {
+                group: String::new(),
+                version: "v1".into(),
+                api_version: "v1".into(),
+                kind: "Namespace".into(),
+                plural: "namespaces".into(),
+            },
+            namespaced,
+            has_status: true,
+        };
+        let forged = key("kube-system");
+        let plain = ObjectKey {
+            namespace: None,
+            name: "kube-system".into(),
+        };
+        // Cluster-scoped: `ns/kube-system` is no key of Namespace `kube-system`.
+        assert!(object_ref(&kind(false), &forged).is_none());
+        assert_eq!(
+            object_ref(&kind(false), &plain).map(|r| r.namespace),
+            Some(None)
+        );
+        // Namespaced: a key needs its namespace.
+        assert!(object_ref(&kind(true), &plain).is_none());
+        assert_eq!(
+            object_ref(&kind(true), &forged).and_then(|r| r.namespace),
+            Some("ns".to_owned())
+        );
     }
 
     #[test]
