@@ -184,7 +184,7 @@ impl Shares {
 
 #[derive(Default)]
 struct Account {
-    /// Bytes of the namespace's objects, by the watch that holds them: `bytes` is their sum.
+    /// Bytes of the namespace's objects, by the watch that holds them, and their sum.
     shares: Shares,
     /// Why held back, if it is.
     hold: Option<Hold>,
