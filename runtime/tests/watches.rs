@@ -162,7 +162,10 @@ async fn a_stopped_watch_credits_everything_it_charged() -> Result<()> {
             || async { Ok((accounts.namespace_bytes(&namespace) == 0).then_some(())) },
         )
         .await?;
-        ensure!(accounts.watches_charged() == 0, "a stopped watch still holds charges");
+        ensure!(
+            accounts.watches_charged() == 0,
+            "a stopped watch still holds charges"
+        );
     }
     eprintln!("charged per start (bytes): {charged:?}");
     ensure!(

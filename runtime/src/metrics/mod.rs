@@ -322,8 +322,7 @@ impl Metrics {
             .set(i64::try_from(accounts.stored_bytes()).unwrap_or(i64::MAX));
         self.namespaces_held
             .set(i64::try_from(accounts.held_namespaces().len()).unwrap_or(i64::MAX));
-        self.watches
-            .set(i64::try_from(watches).unwrap_or(i64::MAX));
+        self.watches.set(i64::try_from(watches).unwrap_or(i64::MAX));
         let now = accounts.namespaces();
         let mut known = self.namespaces.locked();
         let current: std::collections::HashSet<String> =

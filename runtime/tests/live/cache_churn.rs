@@ -170,7 +170,10 @@ async fn churn(client: &Client, a: &str, b: &str, runtime: &RuntimeProcess) -> R
             runtime,
             b,
             &format!("cycle {cycle}: team-b and the watches back at their baseline"),
-            |c| c.watches == baseline.watches && c.namespace_bytes.abs_diff(baseline.namespace_bytes) <= SLACK,
+            |c| {
+                c.watches == baseline.watches
+                    && c.namespace_bytes.abs_diff(baseline.namespace_bytes) <= SLACK
+            },
         )
         .await?;
     }
@@ -240,11 +243,16 @@ async fn pages(client: &Client, a: &str) -> Result<()> {
         config_maps.create(&PostParams::default(), &cm).await?;
     }
     let before = config_map_lists(client).await?;
-    let spec = json!({"parent": {"apiVersion": "v1", "kind": "ConfigMap", "labelSelector": "role=none"}});
+    let spec =
+        json!({"parent": {"apiVersion": "v1", "kind": "ConfigMap", "labelSelector": "role=none"}});
     apply(client, &controller(a, "paged", spec)).await?;
-    wait_status(client, a, "paged", "Ready: the ConfigMap watch listed", |s| {
-        ensure_condition(s, "Ready", "True").map(|_| ())
-    })
+    wait_status(
+        client,
+        a,
+        "paged",
+        "Ready: the ConfigMap watch listed",
+        |s| ensure_condition(s, "Ready", "True").map(|_| ()),
+    )
     .await?;
     let lists = config_map_lists(client).await? - before;
     eprintln!("the first list of 250+ ConfigMaps took {lists} LIST requests");

@@ -33,12 +33,18 @@ fn audit(a: &CacheAccounts) {
             .by_watch
             .values()
             .fold(0u64, |s, b| s.saturating_add(*b));
-        assert_eq!(account.shares.sum, sum, "{ns}'s account is its watches' sum");
+        assert_eq!(
+            account.shares.sum, sum,
+            "{ns}'s account is its watches' sum"
+        );
         if account.hold.is_none() {
             stored += sum;
         }
     }
-    assert_eq!(ledger.stored, stored, "stored is the sum of what is not held back");
+    assert_eq!(
+        ledger.stored, stored,
+        "stored is the sum of what is not held back"
+    );
 }
 
 #[test]
@@ -151,7 +157,11 @@ fn a_change_charges_in_place_and_a_deletion_credits() {
     let (mut w, ..) = a.register();
     w.charge(&key("t", "x"), 100);
     w.charge(&key("t", "x"), 250);
-    assert_eq!(a.namespace_bytes("t"), 250, "a new version replaces the old");
+    assert_eq!(
+        a.namespace_bytes("t"),
+        250,
+        "a new version replaces the old"
+    );
     w.charge(&key("t", "y"), 50);
     w.credit(&key("t", "x"));
     w.credit(&key("t", "never-charged"));
@@ -182,7 +192,11 @@ fn a_relist_replaces_charges_and_credits_what_it_did_not_see_again() {
     );
     assert_eq!(w.listed(), vec![key("t", "b")]);
     assert_eq!(a.namespace_bytes("t"), 150);
-    assert_eq!(a.stored_bytes(), 150 + 30, "the cluster-scoped object, once");
+    assert_eq!(
+        a.stored_bytes(),
+        150 + 30,
+        "the cluster-scoped object, once"
+    );
     audit(&a);
 }
 
@@ -214,7 +228,11 @@ fn a_stopped_watch_credits_all_it_charged_and_leaves_nothing_to_relist() {
     w1.charge(&key("u", "a"), 70);
     w1.charge(&cluster("c"), 9);
     w2.charge(&key("t", "b"), 400);
-    assert_eq!(a.namespace_bytes("t"), 700, "the account is the watches' sum");
+    assert_eq!(
+        a.namespace_bytes("t"),
+        700,
+        "the account is the watches' sum"
+    );
     // w2 goes over the cap and drops t's objects.
     assert_eq!(w2.charge(&key("t", "c"), 400), Admit::Drop);
     a.dropped(w1.id(), "t");

@@ -21,9 +21,7 @@ use tokio::sync::{Semaphore, broadcast};
 use tracing::Instrument;
 
 use crate::api::Problem;
-use crate::controller::{
-    Backoff, Cached, Change, Kind, ObjectKey, Watch, WorkQueue, WriteGate,
-};
+use crate::controller::{Backoff, Cached, Change, Kind, ObjectKey, Watch, WorkQueue, WriteGate};
 use crate::metrics::Metrics;
 use crate::sandbox::{GuestPre, Limits, MAX_GUEST_MESSAGE_BYTES, Sandbox, guest_text};
 
@@ -478,7 +476,11 @@ mod tests {
             true,
             &key(Some("team"), &"x".repeat(1 << 20))
         ));
-        assert!(!in_scope(Some("team"), true, &key(Some("team"), "a\nforged")));
+        assert!(!in_scope(
+            Some("team"),
+            true,
+            &key(Some("team"), "a\nforged")
+        ));
         assert!(!in_scope(None, true, &key(Some("Bad_NS"), "a")));
     }
 
