@@ -14,6 +14,8 @@ use kubewasm_test_support as support;
 mod apiserver;
 #[path = "live/cache_budget.rs"]
 mod cache_budget;
+#[path = "live/cache_churn.rs"]
+mod cache_churn;
 #[path = "live/children.rs"]
 mod children;
 use kubewasm_test_support::cluster;

@@ -1,8 +1,8 @@
 //! The shared watch cache against the local control plane: controllers started together on a
-//! new watch all see it ready, a cache filled from the API server's watch cache
-//! (`resourceVersion=0`) still sees every change after its first list, each cached
-//! version is serialized for guests once, and a namespace over its cache cap is dropped from
-//! every watch and taken back in once under it.
+//! new watch all see it ready, a cache filled by a paginated first list still sees every
+//! change after it, each cached version is serialized for guests once, a namespace over its
+//! cache cap is dropped from every watch and taken back in once under it, and watches started
+//! and stopped again and again leave the accounts where they were.
 
 use kubewasm_test_support as support;
 
@@ -69,7 +69,7 @@ async fn every_waiter_sees_a_new_watch_ready_and_later_changes_arrive() -> Resul
             "{name} is not in the first list"
         );
     }
-    // Listed from the API server's watch cache, then watched from that version on.
+    // Listed in pages, then watched from that version on.
     let mut changes = watch.subscribe();
     create_config_map(&config_maps, "four").await?;
     eventually("ConfigMap four in the cache", WAIT, || async {
@@ -118,6 +118,60 @@ async fn every_waiter_sees_a_new_watch_ready_and_later_changes_arrive() -> Resul
         Ok((now.json()["data"]["k"] == "changed").then_some(()))
     })
     .await?;
+    control_plane.delete_namespace(&namespace).await
+}
+
+/// Watches of a kind started and stopped again and again: each start charges the namespace's
+/// objects once, each stop credits them all, and the account is back where it was.
+#[tokio::test]
+async fn a_stopped_watch_credits_everything_it_charged() -> Result<()> {
+    let control_plane = ControlPlane::shared();
+    let client = control_plane.client().await?;
+    let namespace = control_plane.namespace("watch-churn").await?;
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    for i in 0..5 {
+        create_config_map(&config_maps, &format!("cm-{i}")).await?;
+    }
+    let kind = Resolver::new(client.clone())
+        .resolve("v1", "ConfigMap")
+        .await?;
+    let watches = SharedWatches::new(client, Some(namespace.clone()), Default::default());
+    let accounts = watches.accounts().clone();
+    let mut charged = Vec::new();
+    for cycle in 0..10 {
+        let watch = watches.watch(&kind);
+        tokio::time::timeout(WAIT, watch.ready())
+            .await
+            .with_context(|| format!("cycle {cycle}: the watch never listed"))?;
+        // Charged once: the account is what the cache holds, to the byte.
+        let held = eventually(
+            &format!("cycle {cycle}: the account is the cache's weight"),
+            WAIT,
+            || async {
+                let cached: u64 = watch.store().state().iter().map(|o| o.weight()).sum();
+                let account = accounts.namespace_bytes(&namespace);
+                Ok((account == cached).then_some(account))
+            },
+        )
+        .await?;
+        charged.push(held);
+        drop(watch);
+        eventually(
+            &format!("cycle {cycle}: the stopped watch's charges credited"),
+            WAIT,
+            || async { Ok((accounts.namespace_bytes(&namespace) == 0).then_some(())) },
+        )
+        .await?;
+        ensure!(
+            accounts.watches_charged() == 0,
+            "a stopped watch still holds charges"
+        );
+    }
+    eprintln!("charged per start (bytes): {charged:?}");
+    ensure!(
+        charged.iter().all(|c| *c > 0),
+        "a start charged nothing: {charged:?}"
+    );
     control_plane.delete_namespace(&namespace).await
 }
 

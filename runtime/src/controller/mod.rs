@@ -11,7 +11,9 @@ mod shards;
 mod watchable;
 mod watches;
 
-pub use accounts::{CacheAccounts, CacheCaps, READMIT_PERCENT, RELIST_FLOOR, Withheld, weigh};
+pub use accounts::{
+    CacheAccounts, CacheCaps, READMIT_PERCENT, RELIST_FLOOR, WatchBook, Withheld, weigh,
+};
 pub use budget::{TokenBucket, WriteGate};
 pub use discovery::{DISCOVERY_TIMEOUT, Kind, ResolveError, Resolver};
 pub use fence::Fence;
@@ -22,4 +24,4 @@ pub use shards::{
     tenant_of,
 };
 pub use watchable::{DEFAULT_WATCHABLE_KINDS, InvalidRule, WatchableKinds};
-pub use watches::{Cached, Change, ObjectKey, SharedWatches, Watch, watch_config};
+pub use watches::{Cached, Change, LIST_PAGE_SIZE, ObjectKey, SharedWatches, Watch, watch_config};

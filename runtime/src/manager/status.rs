@@ -227,9 +227,8 @@ impl Manager {
             .filter(|m| m.runner.is_some())
             .count();
         self.metrics.set_controllers(running);
-        let accounts = self.watches.accounts();
         self.metrics
-            .set_cache(accounts.stored_bytes(), accounts.held_namespaces().len());
+            .set_cache(self.watches.accounts(), self.watches.len());
         self.set_shard_metrics();
         // Each status is made (messages formatted) to be compared with the one written: only
         // for `only` when given (a chunk of ten thousand starting), not for every controller.

@@ -34,6 +34,13 @@ pub struct ControllerLabels {
     pub controller: String,
 }
 
+/// Labels of per-namespace series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NamespaceLabels {
+    /// The namespace.
+    pub namespace: String,
+}
+
 /// Labels of per-shard series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ShardLabels {
@@ -54,6 +61,10 @@ pub struct Metrics {
     controllers: Gauge,
     cache_bytes: Gauge,
     namespaces_held: Gauge,
+    namespace_bytes: Family<NamespaceLabels, Gauge>,
+    /// The namespaces `namespace_bytes` has series of, so that those gone are removed.
+    namespaces: std::sync::Mutex<std::collections::HashSet<String>>,
+    watches: Gauge,
     modules_compiled: Gauge,
     modules_from_cache: Gauge,
     modules_pulled: Gauge,
@@ -135,6 +146,18 @@ impl Default for Metrics {
             "Namespaces whose objects are held back from the caches (over --max-cached-bytes-per-namespace, or the largest while over --max-cached-bytes)",
             namespaces_held.clone(),
         );
+        let namespace_bytes = Family::<NamespaceLabels, Gauge>::default();
+        registry.register(
+            "cache_namespace_bytes",
+            "Memory one namespace's objects take in the shared caches, estimated, stored or held back: what is charged against --max-cached-bytes-per-namespace (a namespace with nothing cached has no series)",
+            namespace_bytes.clone(),
+        );
+        let watches = Gauge::default();
+        registry.register(
+            "cache_watches",
+            "Shared watches running now (one per kind some controller needs)",
+            watches.clone(),
+        );
         let modules_compiled = Gauge::default();
         registry.register(
             "modules_compiled",
@@ -180,6 +203,9 @@ impl Default for Metrics {
             controllers,
             cache_bytes,
             namespaces_held,
+            namespace_bytes,
+            namespaces: std::sync::Mutex::default(),
+            watches,
             ready: AtomicBool::new(false),
             manager_beat: std::sync::Mutex::new(None),
             results: std::sync::Mutex::default(),
@@ -289,12 +315,29 @@ impl Metrics {
             .set(i64::try_from(from_cache).unwrap_or(i64::MAX));
     }
 
-    /// Sets the bytes held in the caches and how many namespaces are held back.
-    pub fn set_cache(&self, stored_bytes: u64, namespaces_held: usize) {
+    /// Sets the bytes held in the caches, each namespace's account, how many namespaces are
+    /// held back and how many watches run.
+    pub fn set_cache(&self, accounts: &crate::controller::CacheAccounts, watches: usize) {
         self.cache_bytes
-            .set(i64::try_from(stored_bytes).unwrap_or(i64::MAX));
+            .set(i64::try_from(accounts.stored_bytes()).unwrap_or(i64::MAX));
         self.namespaces_held
-            .set(i64::try_from(namespaces_held).unwrap_or(i64::MAX));
+            .set(i64::try_from(accounts.held_namespaces().len()).unwrap_or(i64::MAX));
+        self.watches.set(i64::try_from(watches).unwrap_or(i64::MAX));
+        let now = accounts.namespaces();
+        let mut known = self.namespaces.locked();
+        let current: std::collections::HashSet<String> =
+            now.iter().map(|(ns, _)| ns.clone()).collect();
+        for gone in known.difference(&current) {
+            self.namespace_bytes.remove(&NamespaceLabels {
+                namespace: gone.clone(),
+            });
+        }
+        for (namespace, bytes) in now {
+            self.namespace_bytes
+                .get_or_create(&NamespaceLabels { namespace })
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
+        *known = current;
     }
 
     /// Marks the runtime ready (caches synced) for `/readyz`.

@@ -15,9 +15,23 @@
 //!
 //! Cluster-scoped objects are charged to no namespace and never held back (only an admin
 //! creates them); they count towards the total.
+//!
+//! **The books balance by construction.** Each watch keeps its own book ([`WatchBook`]): the
+//! weight of every object it was brought, and their sum per namespace. The ledger holds, per
+//! namespace, only each watch's sum, keyed by the watch ([`WatchId`]), and a namespace's
+//! account *is* the sum of them: a watch reports its new sum (it replaces the old one, it is
+//! never added to it), a relist reweighs each object in place and credits, when it is done,
+//! those it did not see again, a deletion credits its object, and a book dropped — the watch
+//! stopped, its task aborted or ended — takes its watch's entries out of every account, once
+//! (`Drop`). So no sequence of starts, stops and relists can leave bytes charged that no
+//! running watch holds, and a namespace charged by one watch of a kind is never charged twice
+//! for it. (The other way, a running total that each watch adds to and takes from, leaked
+//! every stopped watch's objects: a tenant that started and stopped controllers of a kind
+//! charged another namespace's objects of that kind again on every start.)
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
+use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -143,13 +157,35 @@ struct Ledger {
     /// Bytes of the objects stored: those of every namespace not held back, and the
     /// cluster-scoped ones.
     stored: u64,
-    /// Bytes of cluster-scoped objects.
-    cluster: u64,
+    /// Bytes of cluster-scoped objects, by the watch that holds them.
+    cluster: Shares,
+}
+
+/// Bytes by the watch that holds them; the sum is kept beside them and follows every change.
+#[derive(Default)]
+struct Shares {
+    by_watch: HashMap<WatchId, u64>,
+    sum: u64,
+}
+
+impl Shares {
+    /// Watch `by` now holds `bytes` (0: nothing); the sum before and after.
+    fn set(&mut self, by: WatchId, bytes: u64) -> (u64, u64) {
+        let before = self.sum;
+        if bytes == 0 {
+            self.by_watch.remove(&by);
+        } else {
+            self.by_watch.insert(by, bytes);
+        }
+        self.sum = self.by_watch.values().fold(0, |a, b| a.saturating_add(*b));
+        (before, self.sum)
+    }
 }
 
 #[derive(Default)]
 struct Account {
-    bytes: u64,
+    /// Bytes of the namespace's objects, by the watch that holds them, and their sum.
+    shares: Shares,
     /// Why held back, if it is.
     hold: Option<Hold>,
     /// Watches that dropped some of its objects and have not listed them again since.
@@ -202,11 +238,15 @@ impl CacheAccounts {
         self.relist_floor
     }
 
-    /// A number for a new watch, and what it listens to: namespaces held back (drop their
-    /// objects) and namespaces let back in (list again if [`CacheAccounts::wants_relist`]).
-    pub fn register(&self) -> (WatchId, broadcast::Receiver<String>, watch::Receiver<u64>) {
+    /// The book of a new watch (whose drop credits all it charged), and what the watch listens
+    /// to: namespaces held back (drop their objects) and namespaces let back in (list again if
+    /// [`CacheAccounts::wants_relist`]).
+    pub fn register(
+        self: &Arc<Self>,
+    ) -> (WatchBook, broadcast::Receiver<String>, watch::Receiver<u64>) {
+        let id = self.next_watch.fetch_add(1, Ordering::Relaxed);
         (
-            self.next_watch.fetch_add(1, Ordering::Relaxed),
+            WatchBook::new(self.clone(), id),
             self.held.subscribe(),
             self.readmitted.subscribe(),
         )
@@ -216,30 +256,31 @@ impl CacheAccounts {
         self.ledger.locked()
     }
 
-    /// An object of `namespace` (`None`: cluster-scoped) that weighed `old` bytes (0: new)
-    /// now weighs `new` (0: gone). Says whether watch `by` may store it; when not, `by` is
-    /// noted as having dropped some of the namespace's objects.
-    pub fn charge(&self, by: WatchId, namespace: Option<&str>, old: u64, new: u64) -> Admit {
+    /// Watch `by` now holds `bytes` of `namespace`'s objects (`None`: cluster-scoped ones),
+    /// replacing what it held before. Says whether `by` may store the object that changed
+    /// it; when not, and `adds` (the object is there, not deleted), `by` is noted as having
+    /// dropped some of the namespace's objects.
+    fn set(&self, by: WatchId, namespace: Option<&str>, bytes: u64, adds: bool) -> Admit {
         let mut ledger = self.ledger();
         let Some(ns) = namespace else {
-            ledger.cluster = ledger.cluster.saturating_sub(old).saturating_add(new);
-            ledger.stored = ledger.stored.saturating_sub(old).saturating_add(new);
+            let (before, after) = ledger.cluster.set(by, bytes);
+            ledger.stored = ledger.stored.saturating_sub(before).saturating_add(after);
             drop(ledger);
             self.balance(None);
             return Admit::Store;
         };
         let account = ledger.namespaces.entry(ns.to_owned()).or_default();
-        account.bytes = account.bytes.saturating_sub(old).saturating_add(new);
+        let (before, after) = account.shares.set(by, bytes);
         let held = account.hold.is_some();
         if !held {
-            ledger.stored = ledger.stored.saturating_sub(old).saturating_add(new);
+            ledger.stored = ledger.stored.saturating_sub(before).saturating_add(after);
         }
         drop(ledger);
         self.balance(Some(ns));
         let mut ledger = self.ledger();
         let admit = match ledger.namespaces.get_mut(ns) {
             Some(a) if a.hold.is_some() => {
-                if new > 0 {
+                if adds {
                     a.dropped_by.insert(by);
                 }
                 Admit::Drop
@@ -248,6 +289,34 @@ impl CacheAccounts {
         };
         ledger.forget_if_empty(ns);
         admit
+    }
+
+    /// Watch `by` stopped: everything it held is credited, and it has nothing to list again.
+    fn release(&self, by: WatchId) {
+        {
+            let mut ledger = self.ledger();
+            let (before, after) = ledger.cluster.set(by, 0);
+            ledger.stored = ledger.stored.saturating_sub(before).saturating_add(after);
+            let mut freed = 0u64;
+            let mut touched = Vec::new();
+            for (ns, a) in ledger.namespaces.iter_mut() {
+                let had = a.shares.by_watch.contains_key(&by) || a.dropped_by.contains(&by);
+                if !had {
+                    continue;
+                }
+                let (before, after) = a.shares.set(by, 0);
+                a.dropped_by.remove(&by);
+                if a.hold.is_none() {
+                    freed = freed.saturating_add(before.saturating_sub(after));
+                }
+                touched.push(ns.clone());
+            }
+            ledger.stored = ledger.stored.saturating_sub(freed);
+            for ns in touched {
+                ledger.forget_if_empty(&ns);
+            }
+        }
+        self.balance(None);
     }
 
     /// Holds back what is over a cap and lets back in what is under again; `changed` is the
@@ -261,7 +330,7 @@ impl CacheAccounts {
             if let Some(ns) = changed
                 && let Some(a) = ledger.namespaces.get(ns)
                 && a.hold.is_none()
-                && a.bytes > caps.per_namespace
+                && a.shares.sum > caps.per_namespace
             {
                 ledger.hold(ns, Hold::Namespace);
                 newly_held.push(ns.to_owned());
@@ -271,8 +340,8 @@ impl CacheAccounts {
                 let Some(largest) = ledger
                     .namespaces
                     .iter()
-                    .filter(|(_, a)| a.hold.is_none() && a.bytes > 0)
-                    .max_by_key(|(_, a)| a.bytes)
+                    .filter(|(_, a)| a.hold.is_none() && a.shares.sum > 0)
+                    .max_by_key(|(_, a)| a.shares.sum)
                     .map(|(ns, _)| ns.clone())
                 else {
                     break;
@@ -285,8 +354,8 @@ impl CacheAccounts {
                 let Some(a) = ledger.namespaces.get(&ns) else {
                     continue;
                 };
-                let fits = a.bytes <= readmit_at(caps.per_namespace)
-                    && ledger.stored.saturating_add(a.bytes) <= readmit_at(caps.total);
+                let fits = a.shares.sum <= readmit_at(caps.per_namespace)
+                    && ledger.stored.saturating_add(a.shares.sum) <= readmit_at(caps.total);
                 if fits && !newly_held.contains(&ns) {
                     ledger.readmit(&ns);
                     readmitted = true;
@@ -332,7 +401,7 @@ impl CacheAccounts {
         for (ns, a) in ledger.namespaces.iter_mut() {
             if a.hold.is_none() && !dropped.contains(ns) {
                 a.dropped_by.remove(&by);
-                if a.bytes == 0 && a.dropped_by.is_empty() {
+                if a.shares.sum == 0 && a.dropped_by.is_empty() {
                     empty.push(ns.clone());
                 }
             }
@@ -353,11 +422,11 @@ impl CacheAccounts {
         let a = ledger.namespaces.get(namespace)?;
         match a.hold {
             Some(Hold::Namespace) => Some(Withheld::OverNamespaceCap {
-                bytes: a.bytes,
+                bytes: a.shares.sum,
                 cap: self.caps.per_namespace,
             }),
             Some(Hold::Total) => Some(Withheld::OverTotalCap {
-                bytes: a.bytes,
+                bytes: a.shares.sum,
                 cap: self.caps.total,
             }),
             None if !a.dropped_by.is_empty() => Some(Withheld::Relisting),
@@ -376,7 +445,27 @@ impl CacheAccounts {
         self.ledger()
             .namespaces
             .get(namespace)
-            .map_or(0, |a| a.bytes)
+            .map_or(0, |a| a.shares.sum)
+    }
+
+    /// Bytes of every namespace with objects in the caches (stored or not), for `/metrics`.
+    pub fn namespaces(&self) -> Vec<(String, u64)> {
+        self.ledger()
+            .namespaces
+            .iter()
+            .filter(|(_, a)| a.shares.sum > 0)
+            .map(|(ns, a)| (ns.clone(), a.shares.sum))
+            .collect()
+    }
+
+    /// How many watches hold anything in the accounts (a stopped one holds nothing).
+    pub fn watches_charged(&self) -> usize {
+        let ledger = self.ledger();
+        let mut ids: HashSet<WatchId> = ledger.cluster.by_watch.keys().copied().collect();
+        for a in ledger.namespaces.values() {
+            ids.extend(a.shares.by_watch.keys());
+        }
+        ids.len()
     }
 }
 
@@ -386,7 +475,7 @@ impl Ledger {
             && a.hold.is_none()
         {
             a.hold = Some(why);
-            self.stored = self.stored.saturating_sub(a.bytes);
+            self.stored = self.stored.saturating_sub(a.shares.sum);
             self.held.insert(ns.to_owned());
         }
     }
@@ -395,11 +484,11 @@ impl Ledger {
         if let Some(a) = self.namespaces.get_mut(ns)
             && a.hold.take().is_some()
         {
-            self.stored = self.stored.saturating_add(a.bytes);
+            self.stored = self.stored.saturating_add(a.shares.sum);
             self.held.remove(ns);
             tracing::info!(
                 namespace = ns,
-                bytes = a.bytes,
+                bytes = a.shares.sum,
                 "letting the namespace's objects back into the caches"
             );
         }
@@ -411,7 +500,7 @@ impl Ledger {
         if self
             .namespaces
             .get(ns)
-            .is_some_and(|a| a.bytes == 0 && a.hold.is_none() && a.dropped_by.is_empty())
+            .is_some_and(|a| a.shares.sum == 0 && a.hold.is_none() && a.dropped_by.is_empty())
         {
             self.namespaces.remove(ns);
         }
@@ -482,6 +571,9 @@ pub fn weigh(object: &impl serde::Serialize) -> u64 {
         .saturating_add(count.strings.saturating_mul(STRING_COST))
         .saturating_add(count.elements.saturating_mul(ELEMENT_COST))
 }
+
+mod book;
+pub use book::WatchBook;
 
 #[cfg(test)]
 mod tests;

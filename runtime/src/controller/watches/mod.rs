@@ -85,6 +85,8 @@ pub struct Watch {
     accounts: Arc<CacheAccounts>,
 }
 
+/// Stops the watch's task; the task's [`WatchBook`](crate::controller::WatchBook) goes with it
+/// and credits everything the watch charged.
 impl Drop for Watch {
     fn drop(&mut self) {
         self.task.abort();
@@ -162,15 +164,11 @@ impl Watch {
         keys.iter().filter_map(|key| self.get(key)).collect()
     }
 
-    /// One cached object (the namespace is ignored for cluster-scoped kinds).
+    /// One cached object. A key whose scope is not the kind's (a namespace on a key of a
+    /// cluster-scoped kind, none on a namespaced one) finds nothing: keys come from what
+    /// tenants write, and `team-a/kube-system` must not find Namespace `kube-system`.
     pub fn get(&self, key: &ObjectKey) -> Option<Arc<Cached>> {
-        let mut r = reflector::ObjectRef::new_with(&key.name, self.kind.resource.clone());
-        if let Some(ns) = &key.namespace
-            && self.kind.namespaced
-        {
-            r = r.within(ns);
-        }
-        self.store.get(&r)
+        self.store.get(&object_ref(&self.kind, key)?)
     }
 
     /// Whether the objects of `namespace` are held back from controllers (see
@@ -197,6 +195,16 @@ impl Watch {
                 let _ = self.store.wait_until_ready().await;
             })
             .await;
+    }
+}
+
+/// Where a key is in a cache of `kind`, if it is a key of that kind's scope.
+fn object_ref(kind: &Kind, key: &ObjectKey) -> Option<reflector::ObjectRef<Cached>> {
+    let r = reflector::ObjectRef::new_with(&key.name, kind.resource.clone());
+    match (&key.namespace, kind.namespaced) {
+        (Some(ns), true) => Some(r.within(ns)),
+        (None, false) => Some(r),
+        _ => None,
     }
 }
 
@@ -284,6 +292,7 @@ fn start(
 ) -> Arc<Watch> {
     let writer = reflector::store::Writer::<Cached>::new(kind.resource.clone());
     let store = writer.as_reader();
+    let (book, held, readmitted) = accounts.register();
     let (changes, _) = broadcast::channel(4096);
     let owned: Arc<Mutex<OwnerIndex>> = Arc::default();
     let api = kind.api_of::<Cached>(client, namespace);
@@ -297,9 +306,9 @@ fn start(
         changes: changes.clone(),
         index: owned.clone(),
         accounts: accounts.clone(),
-        sizes: HashMap::new(),
+        book,
     };
-    let task = tokio::spawn(task.run());
+    let task = tokio::spawn(task.run(held, readmitted));
     Arc::new(Watch {
         kind,
         store,
@@ -311,18 +320,22 @@ fn start(
     })
 }
 
-/// How every watch of the runtime lists: from the API server's watch cache
-/// (`resourceVersion=0`, unpaginated: what client-go's informers do), not as a paginated
-/// consistent read of etcd. A runtime starting next to a thousand controllers lists
-/// thousands of objects at once; the cache answers them without etcd (the metadata of 1,772
-/// ConfigMaps took 1.37 s in four pages from etcd, `make bench-density`). The list may be a
-/// moment behind etcd; the watch that follows brings every change after it, as for any
-/// informer. Without pages, the whole first list is in memory at once while it is decoded.
+/// Most objects one page of a (re)list brings: what is decoded at once. A page is charged
+/// object by object before the next is asked for, so a namespace over its cap is dropped as
+/// its objects come, and a tenant naming `parent: Pod` costs the runtime a page of Pods at a
+/// time, not every Pod of the cluster at once. At 100, a page of objects at etcd's limit
+/// (1.5 MiB each) is 150 MiB; of typical Pods (5 KB), half a MiB.
+pub const LIST_PAGE_SIZE: u32 = 100;
+
+/// How every watch of the runtime lists: in pages of [`LIST_PAGE_SIZE`], a consistent read
+/// (kube-runtime's `MostRecent`). Not from the API server's watch cache (`resourceVersion=0`,
+/// what client-go's informers do): the watch cache ignores `limit` (it does in the 1.20 API
+/// server of the tests, and in releases long after) and answers with every object at once,
+/// which the runtime would read and decode whole before weighing any of it. Pages cost etcd reads instead (the metadata of 1,772
+/// ConfigMaps took 1.37 s in four pages of 500 from etcd, `make bench-density`); the runtime
+/// lists once per watch start and relist, not per controller.
 pub fn watch_config() -> watcher::Config {
-    // kube sends no `resourceVersion=0` with a page size: the API server would read etcd.
-    let mut config = watcher::Config::default().any_semantic();
-    config.page_size = None;
-    config
+    watcher::Config::default().page_size(LIST_PAGE_SIZE)
 }
 
 #[cfg(test)]
@@ -347,6 +360,38 @@ mod tests {
         ] {
             assert_eq!(ObjectKey::parse(&k.to_string()), k);
         }
+    }
+
+    #[test]
+    fn a_key_finds_an_object_only_in_its_kinds_scope() {
+        let kind = |namespaced| Kind {
+            resource: kube::api::ApiResource {
+                group: String::new(),
+                version: "v1".into(),
+                api_version: "v1".into(),
+                kind: "Namespace".into(),
+                plural: "namespaces".into(),
+            },
+            namespaced,
+            has_status: true,
+        };
+        let forged = key("kube-system");
+        let plain = ObjectKey {
+            namespace: None,
+            name: "kube-system".into(),
+        };
+        // Cluster-scoped: `ns/kube-system` is no key of Namespace `kube-system`.
+        assert!(object_ref(&kind(false), &forged).is_none());
+        assert_eq!(
+            object_ref(&kind(false), &plain).map(|r| r.namespace),
+            Some(None)
+        );
+        // Namespaced: a key needs its namespace.
+        assert!(object_ref(&kind(true), &plain).is_none());
+        assert_eq!(
+            object_ref(&kind(true), &forged).and_then(|r| r.namespace),
+            Some("ns".to_owned())
+        );
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! (the reflector's `Writer`, driven here so that objects of held-back namespaces can be
 //! dropped, evicted and listed again), keeps the owner index, and announces changes.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use futures::{StreamExt, TryStreamExt};
@@ -10,7 +10,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::broadcast;
 
-use super::super::accounts::{Admit, CacheAccounts, WatchId};
+use super::super::accounts::{Admit, CacheAccounts, WatchBook};
 use super::{Cached, Change, ObjectKey, OwnerIndex, owner_uids, watch_config};
 use crate::sync::Locks as _;
 
@@ -26,8 +26,9 @@ pub(super) struct WatchTask {
     pub(super) changes: broadcast::Sender<Arc<Change>>,
     pub(super) index: Arc<Mutex<OwnerIndex>>,
     pub(super) accounts: Arc<CacheAccounts>,
-    /// The weight of every object the watch was brought, stored or not.
-    pub(super) sizes: HashMap<ObjectKey, u64>,
+    /// What the watch charged for every object it was brought, stored or not; dropped with
+    /// the task (aborted or ended), which credits it all.
+    pub(super) book: WatchBook,
 }
 
 /// A watcher's events, from its first list on.
@@ -46,18 +47,20 @@ impl WatchTask {
         )
     }
 
-    pub(super) async fn run(mut self) {
+    pub(super) async fn run(
+        mut self,
+        mut held: broadcast::Receiver<String>,
+        mut readmitted: tokio::sync::watch::Receiver<u64>,
+    ) {
         let what = self.what.clone();
         tracing::info!(kind = what.as_str(), "starting shared watch");
-        let (id, mut held, mut readmitted) = self.accounts.register();
+        let id = self.book.id();
         let mut stream = self.events();
         let mut listed_at = tokio::time::Instant::now();
         let mut relist_at: Option<tokio::time::Instant> = None;
         // What the cache had before a (re)list, to announce objects that vanished meanwhile;
-        // the weights of the objects of the last list not seen again yet; namespaces whose
-        // objects this list dropped.
+        // namespaces whose objects this list dropped.
         let mut before_relist: HashSet<ObjectKey> = HashSet::new();
-        let mut unseen: HashMap<ObjectKey, u64> = HashMap::new();
         let mut dropped: HashSet<String> = HashSet::new();
         loop {
             let relist = async {
@@ -70,26 +73,25 @@ impl WatchTask {
                 event = stream.next() => {
                     let Some(event) = event else { return };
                     match event {
-                        Ok(watcher::Event::Apply(o)) => self.apply(id, o),
+                        Ok(watcher::Event::Apply(o)) => self.apply(o),
                         Ok(watcher::Event::Delete(o)) => {
                             let key = ObjectKey::of(&o);
-                            let old = self.sizes.remove(&key).unwrap_or(0);
-                            self.accounts.charge(id, key.namespace.as_deref(), old, 0);
+                            self.book.credit(&key);
                             self.index().remove(&key);
                             self.writer.apply_watcher_event(&watcher::Event::Delete(o.clone()));
                             self.send(&o);
                         }
                         Ok(watcher::Event::Init) => {
                             before_relist = self.store.state().iter().map(|o| ObjectKey::of(o)).collect();
-                            unseen = std::mem::take(&mut self.sizes);
+                            // Objects charged stay charged until the list is done: a
+                            // relisted one is charged in place, not twice.
+                            self.book.listing();
                             dropped.clear();
                             self.writer.apply_watcher_event(&watcher::Event::Init);
                         }
                         Ok(watcher::Event::InitApply(o)) => {
                             let key = ObjectKey::of(&o);
-                            let (old, new) = (unseen.remove(&key).unwrap_or(0), o.weight());
-                            self.sizes.insert(key.clone(), new);
-                            match self.accounts.charge(id, key.namespace.as_deref(), old, new) {
+                            match self.book.charge(&key, o.weight()) {
                                 Admit::Store => self.writer.apply_watcher_event(&watcher::Event::InitApply(o)),
                                 Admit::Drop => {
                                     dropped.extend(key.namespace);
@@ -97,9 +99,8 @@ impl WatchTask {
                             }
                         }
                         Ok(watcher::Event::InitDone) => {
-                            for (key, old) in unseen.drain() {
-                                self.accounts.charge(id, key.namespace.as_deref(), old, 0);
-                            }
+                            // Charged before, not listed again: gone meanwhile.
+                            self.book.listed();
                             self.writer.apply_watcher_event(&watcher::Event::InitDone);
                             // Namespaces held back while this list ran, after some of their
                             // objects were taken.
@@ -165,11 +166,9 @@ impl WatchTask {
     }
 
     /// A new version of an object: stored if its namespace is not held back.
-    fn apply(&mut self, id: WatchId, object: Cached) {
+    fn apply(&mut self, object: Cached) {
         let key = ObjectKey::of(&object);
-        let new = object.weight();
-        let old = self.sizes.insert(key.clone(), new).unwrap_or(0);
-        match self.accounts.charge(id, key.namespace.as_deref(), old, new) {
+        match self.book.charge(&key, object.weight()) {
             Admit::Store => {
                 self.index().set(key, owner_uids(&object));
                 let event = watcher::Event::Apply(object);

@@ -21,7 +21,7 @@ use tokio::sync::{Semaphore, broadcast};
 use tracing::Instrument;
 
 use crate::api::Problem;
-use crate::controller::{Backoff, Cached, Change, ObjectKey, Watch, WorkQueue, WriteGate};
+use crate::controller::{Backoff, Cached, Change, Kind, ObjectKey, Watch, WorkQueue, WriteGate};
 use crate::metrics::Metrics;
 use crate::sandbox::{GuestPre, Limits, MAX_GUEST_MESSAGE_BYTES, Sandbox, guest_text};
 
@@ -197,7 +197,8 @@ impl Runner {
     /// ownerReference, a saved state's key), and a key lands in log lines, the status and the
     /// guest's state.
     fn in_scope(&self, key: &ObjectKey) -> bool {
-        in_scope(self.setup.namespace.as_deref(), key)
+        let parent_namespaced = self.setup.parent.kind().namespaced;
+        in_scope(self.setup.namespace.as_deref(), parent_namespaced, key)
     }
 
     /// Every parent in the cache, and every object the controller keeps state for that is not
@@ -288,11 +289,11 @@ impl Runner {
     }
 
     async fn feed(self: Arc<Self>, mut rx: broadcast::Receiver<Arc<Change>>, trigger: Trigger) {
-        let parent = &self.setup.parent.kind().resource;
+        let parent = self.setup.parent.kind();
         loop {
             match rx.recv().await {
                 Ok(change) => {
-                    let key = key_of(&change, trigger, &parent.api_version, &parent.kind);
+                    let key = key_of(&change, trigger, parent);
                     if let Some(key) = key.filter(|k| self.in_scope(k)) {
                         self.queue.add(key);
                     }
@@ -391,16 +392,21 @@ impl Runner {
     }
 }
 
-/// Whether a key is one a controller of `namespace` (`None`: a cluster controller)
-/// reconciles: in that namespace, and a valid Kubernetes name — keys also come from what
-/// tenants write (a child's ownerReference, a saved state's key), and a key lands in log
-/// lines, the status and the guest's state.
-fn in_scope(namespace: Option<&str>, key: &ObjectKey) -> bool {
+/// Whether a key is one a controller of `namespace` (`None`: a cluster controller) whose
+/// parent kind is `parent_namespaced` (or not) reconciles: of the parent kind's scope (a
+/// namespace exactly when the kind has them), in the controller's namespace, and a valid
+/// Kubernetes name — keys also come from what tenants write (a child's ownerReference, a
+/// saved state's key), and a key lands in log lines, the status and the guest's state. A key
+/// of the wrong scope would be a forgery: `team-a/kube-system` for a cluster controller of
+/// Namespaces named the real Namespace `kube-system` in a request that says `team-a`.
+fn in_scope(namespace: Option<&str>, parent_namespaced: bool, key: &ObjectKey) -> bool {
+    let scoped = key.namespace.is_some() == parent_namespaced;
     let placed = match namespace {
         Some(ns) => key.namespace.as_deref() == Some(ns),
         None => true,
     };
-    placed
+    scoped
+        && placed
         && query::validate_name(&key.name).is_ok()
         && key
             .namespace
@@ -409,16 +415,22 @@ fn in_scope(namespace: Option<&str>, key: &ObjectKey) -> bool {
 }
 
 /// The key a change brings to the queue: the object itself for a parent; for a child, its
-/// controlling owner of the parent kind, in the child's namespace (none without one).
-fn key_of(change: &Change, trigger: Trigger, api_version: &str, kind: &str) -> Option<ObjectKey> {
+/// controlling owner of the parent kind, in the child's namespace if the parent kind is
+/// namespaced (a cluster-scoped parent has none, whatever namespace its child is in).
+fn key_of(change: &Change, trigger: Trigger, parent: &Kind) -> Option<ObjectKey> {
+    let resource = &parent.resource;
     match trigger {
         Trigger::Parent => Some(change.key.clone()),
         Trigger::Child => change
             .owners
             .iter()
-            .find(|o| o.controller == Some(true) && o.kind == kind && o.api_version == api_version)
+            .find(|o| {
+                o.controller == Some(true)
+                    && o.kind == resource.kind
+                    && o.api_version == resource.api_version
+            })
             .map(|o| ObjectKey {
-                namespace: change.key.namespace.clone(),
+                namespace: change.key.namespace.clone().filter(|_| parent.namespaced),
                 name: o.name.clone(),
             }),
     }
@@ -436,20 +448,75 @@ mod tests {
         }
     }
 
+    fn kind(api_version: &str, kind: &str, namespaced: bool) -> Kind {
+        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        Kind {
+            resource: kube::api::ApiResource {
+                group: group.into(),
+                version: version.into(),
+                api_version: api_version.into(),
+                kind: kind.into(),
+                plural: format!("{}s", kind.to_lowercase()),
+            },
+            namespaced,
+            has_status: true,
+        }
+    }
+
     #[test]
     fn a_namespaced_controller_takes_only_valid_keys_of_its_namespace() {
-        assert!(in_scope(Some("team"), &key(Some("team"), "a")));
-        assert!(!in_scope(Some("team"), &key(Some("other"), "a")));
-        assert!(!in_scope(Some("team"), &key(None, "a")));
-        assert!(in_scope(None, &key(Some("other"), "a")));
-        assert!(in_scope(None, &key(None, "cluster-wide")));
+        assert!(in_scope(Some("team"), true, &key(Some("team"), "a")));
+        assert!(!in_scope(Some("team"), true, &key(Some("other"), "a")));
+        assert!(!in_scope(Some("team"), true, &key(None, "a")));
+        assert!(in_scope(None, true, &key(Some("other"), "a")));
+        assert!(in_scope(None, false, &key(None, "cluster-wide")));
         // Names written by tenants (an ownerReference) must be Kubernetes names.
         assert!(!in_scope(
             Some("team"),
+            true,
             &key(Some("team"), &"x".repeat(1 << 20))
         ));
-        assert!(!in_scope(Some("team"), &key(Some("team"), "a\nforged")));
-        assert!(!in_scope(None, &key(Some("Bad_NS"), "a")));
+        assert!(!in_scope(
+            Some("team"),
+            true,
+            &key(Some("team"), "a\nforged")
+        ));
+        assert!(!in_scope(None, true, &key(Some("Bad_NS"), "a")));
+    }
+
+    /// The forgery of issue 38: team-a writes a ConfigMap whose controlling owner is
+    /// Namespace `kube-system`, to make a ClusterWasmController of Namespaces reconcile
+    /// `team-a/kube-system` — the real Namespace (the cache ignored the key's namespace) in a
+    /// request that says `team-a`, with a saved state of its own.
+    #[test]
+    fn a_cluster_controllers_key_cannot_be_forged_into_another_namespace() {
+        let namespaces = kind("v1", "Namespace", false);
+        let forged = key(Some("team-a"), "kube-system");
+        // A key of the wrong scope, from any source (a child, a saved state), is refused.
+        assert!(!in_scope(None, false, &forged));
+        assert!(in_scope(None, false, &key(None, "kube-system")));
+        assert!(!in_scope(None, true, &key(None, "kube-system")));
+        // A child's change brings the owner's own key, never one in the child's namespace.
+        let change = Change {
+            key: key(Some("team-a"), "bait"),
+            owners: vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: "Namespace".into(),
+                name: "kube-system".into(),
+                uid: "uid-of-kube-system".into(),
+                controller: Some(true),
+                ..OwnerReference::default()
+            }],
+        };
+        let brought = key_of(&change, Trigger::Child, &namespaces);
+        assert_eq!(brought, Some(key(None, "kube-system")));
+        assert!(brought.is_some_and(|k| in_scope(None, false, &k)));
+        // The saved state's key, as `enqueue_all` reads it back, is refused too.
+        assert!(!in_scope(
+            None,
+            false,
+            &ObjectKey::parse(&forged.to_string())
+        ));
     }
 
     #[test]
@@ -470,14 +537,18 @@ mod tests {
                 owner("HelloWorld", "parent", true),
             ],
         };
+        let hello = kind("example.com/v1", "HelloWorld", true);
         assert_eq!(
-            key_of(&change, Trigger::Child, "example.com/v1", "HelloWorld"),
+            key_of(&change, Trigger::Child, &hello),
             Some(key(Some("team"), "parent"))
         );
         assert_eq!(
-            key_of(&change, Trigger::Parent, "example.com/v1", "HelloWorld"),
+            key_of(&change, Trigger::Parent, &hello),
             Some(key(Some("team"), "child"))
         );
-        assert_eq!(key_of(&change, Trigger::Child, "v1", "ConfigMap"), None);
+        assert_eq!(
+            key_of(&change, Trigger::Child, &kind("v1", "ConfigMap", true)),
+            None
+        );
     }
 }
