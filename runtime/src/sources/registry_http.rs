@@ -128,10 +128,7 @@ impl RegistryAccess {
 
     /// What kind of address `ip` is, when it is one a tenant may not make the runtime reach.
     pub fn internal(&self, ip: IpAddr) -> Option<&'static str> {
-        if self.api_server.contains(&ip) {
-            return Some("the API server's");
-        }
-        internal_range(ip)
+        internal_range(ip).or_else(|| self.api_server.contains(&ip).then_some("the API server's"))
     }
 }
 
