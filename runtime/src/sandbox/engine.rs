@@ -391,7 +391,7 @@ fn swap_in_meminfo(meminfo: &str) -> bool {
     meminfo
         .lines()
         .find_map(|l| l.strip_prefix("SwapTotal:"))
-        .map_or(true, |v| {
+        .is_none_or(|v| {
             v.split_whitespace()
                 .next()
                 .and_then(|kib| kib.parse::<u64>().ok())
