@@ -16,6 +16,8 @@ mod apiserver;
 mod cache_budget;
 #[path = "live/children.rs"]
 mod children;
+#[path = "live/damping.rs"]
+mod damping;
 use kubewasm_test_support::cluster;
 #[path = "live/failures.rs"]
 mod failures;
