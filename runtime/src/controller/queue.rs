@@ -300,7 +300,11 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(4)).await;
         assert_eq!(b.pending(&"k"), Some((Duration::from_millis(6), 8)));
         tokio::time::sleep(Duration::from_millis(10)).await;
-        assert_eq!(b.pending(&"k"), Some((Duration::ZERO, 8)), "due, still counted");
+        assert_eq!(
+            b.pending(&"k"),
+            Some((Duration::ZERO, 8)),
+            "due, still counted"
+        );
         // 5 ms doubling: the cap of 1,000 s after 19 tries, and it stays there.
         for _ in 3..=18 {
             b.failed_with("k", 0);

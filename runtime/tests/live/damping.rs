@@ -185,7 +185,9 @@ struct Versions {
 }
 
 fn versions(client: Client, ns: &str) -> Versions {
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::<String, BTreeSet<String>>::new()));
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(
+        BTreeMap::<String, BTreeSet<String>>::new(),
+    ));
     let api = probes(&client, ns);
     let task = tokio::spawn({
         let seen = seen.clone();

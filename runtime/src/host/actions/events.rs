@@ -377,7 +377,11 @@ mod tests {
         assert_eq!(admitted(&recorder, "uid-1", 10), 0);
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(recorder.admit("uid-1"), Spam::Admitted, "one per 5 minutes");
-        assert_eq!(recorder.admit("uid-1"), Spam::Dropped(true), "dry again: said");
+        assert_eq!(
+            recorder.admit("uid-1"),
+            Spam::Dropped(true),
+            "dry again: said"
+        );
         assert_eq!(recorder.admit("uid-1"), Spam::Dropped(false));
         // An hour of quiet refills 12, not more than the burst after long enough.
         tokio::time::sleep(Duration::from_secs(3600)).await;

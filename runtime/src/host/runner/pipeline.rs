@@ -395,13 +395,9 @@ impl Runner {
         .min();
         self.spins
             .wrote(done.parent_version.iter().chain(&done.written_versions));
-        let after = self.spins.settled(
-            &key,
-            inputs,
-            done.wrote,
-            asked,
-            self.setup.requeue_floor,
-        );
+        let after = self
+            .spins
+            .settled(&key, inputs, done.wrote, asked, self.setup.requeue_floor);
         Ok(after)
     }
 

@@ -177,7 +177,11 @@ mod tests {
     async fn a_key_requeued_at_once_backs_off_exponentially() {
         let spins = Spins::default();
         let runs = requeue_zero(&spins, Duration::from_secs(3600)).await;
-        let within = |secs| runs.iter().filter(|r| **r < Duration::from_secs(secs)).count();
+        let within = |secs| {
+            runs.iter()
+                .filter(|r| **r < Duration::from_secs(secs))
+                .count()
+        };
         // The floor of 1 s for the first eight (5 ms … 640 ms is less), then doubling from
         // 1.28 s to the cap of 1,000 s.
         assert_eq!(within(10), 10, "{runs:?}");
