@@ -140,6 +140,7 @@ pub struct Runner {
 impl Runner {
     /// A controller running `guest`; call [`Runner::run`] to start it.
     pub fn new(setup: ControllerSetup, guest: Arc<GuestPre>) -> Arc<Runner> {
+        let events = EventRecorder::new(setup.metrics.events_dropped(&setup.id));
         Arc::new(Runner {
             setup,
             guest: RwLock::new(guest),
@@ -148,7 +149,7 @@ impl Runner {
             spins: spins::Spins::default(),
             stats: Stats::default(),
             synced: std::sync::atomic::AtomicBool::new(false),
-            events: EventRecorder::new(setup.metrics.events_dropped(&setup.id)),
+            events,
             held: HeldStatuses::default(),
             reconciled: Mutex::default(),
             permanent: Mutex::default(),
