@@ -1,5 +1,6 @@
 //! A work queue of keys: deduplicated, never the same key twice at once, delayed adds, and
-//! per-key exponential backoff (the client-go workqueue semantics, in a few lines).
+//! per-key exponential backoff (the client-go workqueue semantics, in a few lines). The
+//! backoff serves both failures and spins (`host::runner`'s damping).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
@@ -160,35 +161,74 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
     }
 }
 
-/// Per-key exponential backoff: `base * 2^(failures-1)`, capped.
-pub struct Backoff<K> {
-    failures: Mutex<HashMap<K, u32>>,
+/// Per-key exponential backoff: `base * 2^(tries-1)`, capped at `max` (client-go's
+/// `ItemExponentialFailureRateLimiter`). Each key waiting remembers until when it waits and a
+/// note of what its last try ran on (`V`), so that a caller can tell whether anything changed
+/// since. Bounded by the keys tried and not yet forgotten: a caller forgets a key when it
+/// succeeds (or its inputs changed), as client-go's `Forget`.
+pub struct Backoff<K, V = ()> {
+    keys: Mutex<HashMap<K, Tries<V>>>,
     base: Duration,
     max: Duration,
 }
 
-impl<K: Eq + Hash> Backoff<K> {
+struct Tries<V> {
+    count: u32,
+    until: Instant,
+    note: V,
+}
+
+impl<K: Eq + Hash, V: Clone> Backoff<K, V> {
     /// Backoff from `base` up to `max`.
     pub fn new(base: Duration, max: Duration) -> Self {
         Backoff {
-            failures: Mutex::default(),
+            keys: Mutex::default(),
             base,
             max,
         }
     }
 
-    /// Records a failure and returns how long to wait before the next try.
-    pub fn failed(&self, key: K) -> Duration {
-        let mut f = self.failures.locked();
-        let n = f.entry(key).or_insert(0);
-        *n = n.saturating_add(1);
-        let factor = 2u32.saturating_pow((*n - 1).min(20));
-        self.base.saturating_mul(factor).min(self.max)
+    /// Records another try of `key` that calls for waiting (a failure, a spin), made on
+    /// `note`, and returns how long to wait before the next one.
+    pub fn failed_with(&self, key: K, note: V) -> Duration {
+        let mut keys = self.keys.locked();
+        let count = keys.get(&key).map_or(1, |t| t.count.saturating_add(1));
+        let factor = 2u32.saturating_pow(count.saturating_sub(1).min(20));
+        let delay = self.base.saturating_mul(factor).min(self.max);
+        let until = Instant::now() + delay;
+        keys.insert(key, Tries { count, until, note });
+        delay
     }
 
-    /// Forgets the failures of a key after it succeeded.
+    /// How long `key` still waits (zero once due) and the note of its last try; `None` when
+    /// it has none.
+    pub fn pending(&self, key: &K) -> Option<(Duration, V)> {
+        let keys = self.keys.locked();
+        let tries = keys.get(key)?;
+        let wait = tries.until.saturating_duration_since(Instant::now());
+        Some((wait, tries.note.clone()))
+    }
+
+    /// Forgets the tries of a key after it succeeded.
     pub fn succeeded(&self, key: &K) {
-        self.failures.locked().remove(key);
+        self.keys.locked().remove(key);
+    }
+
+    /// Keys remembered now.
+    pub fn len(&self) -> usize {
+        self.keys.locked().len()
+    }
+
+    /// Whether no key is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<K: Eq + Hash, V: Clone + Default> Backoff<K, V> {
+    /// Records a failure and returns how long to wait before the next try.
+    pub fn failed(&self, key: K) -> Duration {
+        self.failed_with(key, V::default())
     }
 }
 
@@ -240,14 +280,38 @@ mod tests {
         closed.await.unwrap();
     }
 
-    #[test]
-    fn backoff_doubles_up_to_the_cap_and_resets() {
-        let b = Backoff::new(Duration::from_millis(500), Duration::from_secs(3));
+    #[tokio::test(start_paused = true)]
+    async fn backoff_doubles_up_to_the_cap_and_resets() {
+        let b: Backoff<&str> = Backoff::new(Duration::from_millis(500), Duration::from_secs(3));
         assert_eq!(b.failed("k"), Duration::from_millis(500));
         assert_eq!(b.failed("k"), Duration::from_secs(1));
         assert_eq!(b.failed("k"), Duration::from_secs(2));
         assert_eq!(b.failed("k"), Duration::from_secs(3));
         b.succeeded(&"k");
         assert_eq!(b.failed("k"), Duration::from_millis(500));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_key_says_how_long_it_still_waits_and_what_it_ran_on() {
+        let b = Backoff::new(Duration::from_millis(5), Duration::from_secs(1000));
+        assert_eq!(b.pending(&"k"), None);
+        assert_eq!(b.failed_with("k", 7), Duration::from_millis(5));
+        assert_eq!(b.failed_with("k", 8), Duration::from_millis(10));
+        tokio::time::sleep(Duration::from_millis(4)).await;
+        assert_eq!(b.pending(&"k"), Some((Duration::from_millis(6), 8)));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(
+            b.pending(&"k"),
+            Some((Duration::ZERO, 8)),
+            "due, still counted"
+        );
+        // 5 ms doubling: the cap of 1,000 s after 19 tries, and it stays there.
+        for _ in 3..=18 {
+            b.failed_with("k", 0);
+        }
+        assert_eq!(b.failed_with("k", 0), Duration::from_secs(1000));
+        assert_eq!(b.failed_with("k", 0), Duration::from_secs(1000));
+        b.succeeded(&"k");
+        assert!(b.is_empty());
     }
 }

@@ -57,6 +57,8 @@ pub struct Metrics {
     duration: DurationFamily,
     module_loads: Family<OutcomeLabels, Counter>,
     api_requests: Family<ControllerLabels, Counter>,
+    reconciles_damped: Family<ControllerLabels, Counter>,
+    events_dropped: Family<ControllerLabels, Counter>,
     in_flight: Gauge,
     controllers: Gauge,
     cache_bytes: Gauge,
@@ -121,6 +123,18 @@ impl Default for Metrics {
             "api_requests",
             "API requests sent for a controller's actions (writes, and a delete-by-selector's list): each takes a token of its write budget",
             api_requests.clone(),
+        );
+        let reconciles_damped = Family::<ControllerLabels, Counter>::default();
+        registry.register(
+            "reconciles_damped",
+            "Reconciles held back because their key brought itself back (a write it watches, a requeue-after under 1 s) with nothing changed from outside: its exponential backoff (5 ms doubling to 1,000 s)",
+            reconciles_damped.clone(),
+        );
+        let events_dropped = Family::<ControllerLabels, Counter>::default();
+        registry.register(
+            "events_dropped",
+            "Events a controller recorded that were not written: over the spam filter of their object (a burst of 25, then one per 5 minutes)",
+            events_dropped.clone(),
         );
         let in_flight = Gauge::default();
         registry.register(
@@ -199,6 +213,8 @@ impl Default for Metrics {
             duration,
             module_loads,
             api_requests,
+            reconciles_damped,
+            events_dropped,
             in_flight,
             controllers,
             cache_bytes,
@@ -269,6 +285,26 @@ impl Metrics {
         };
         self.duration.remove(&labels);
         self.api_requests.remove(&labels);
+        self.reconciles_damped.remove(&labels);
+        self.events_dropped.remove(&labels);
+    }
+
+    /// Counts a reconcile of `controller` held back by its key's backoff (a spin).
+    pub fn damped(&self, controller: &str) {
+        self.reconciles_damped
+            .get_or_create(&ControllerLabels {
+                controller: controller.to_owned(),
+            })
+            .inc();
+    }
+
+    /// The counter of a controller's Events dropped by their object's spam filter.
+    pub fn events_dropped(&self, controller: &str) -> Counter {
+        self.events_dropped
+            .get_or_create(&ControllerLabels {
+                controller: controller.to_owned(),
+            })
+            .clone()
     }
 
     /// The counter of a controller's API requests, for its write budget to count on.
@@ -436,6 +472,8 @@ mod tests {
         m.reconciled("ns/gone", "Timeout", Duration::from_millis(1));
         m.module_loaded("ns/gone", "ModuleInvalid");
         m.api_requests("ns/gone").inc();
+        m.damped("ns/gone");
+        m.events_dropped("ns/gone").inc();
         m.reconciled("ns/kept", "success", Duration::from_millis(1));
         assert!(m.encode().contains("ns/gone"));
         m.forget("ns/gone");

@@ -23,6 +23,8 @@
 //! | `forge-log` | logs, prints and fails (retryable) with text that carries a line break and a [`FORGED`] runtime log line after it |
 //! | `compose` | applies a child Pod named after the target from `spec.pod` (`labels` and `spec`), and records the Event `Composed` every time |
 //! | `requeue-zero` | sets status `{"requeued": true}` and asks to be reconciled again at once, every time |
+//! | `requeue-write` | sets status `{"requeues": <status.requeues + 1>}` (a new status, so a write, every time) and asks to be reconciled again at once: a spin both ways, its own write's watch event and the requeue |
+//! | `event-flood` | records [`EVENT_FLOOD`] Events on the parent, each with a reason of its own (`Flood000`, …), and asks to be reconciled again at once |
 //! | `churn` | sets status `{"seen": <the parent's resourceVersion>}`, which changes the parent and so calls for another reconcile: a hot loop of writes, as a buggy controller makes |
 //! | `compute` | computes [`compute`] for `spec.rounds` rounds (default [`COMPUTE_ROUNDS`]), no host calls, and sets status `{"computed": <result>}` |
 //! | `remember` | looks through its whole linear memory for what an earlier call left (`spec.lookFor`, hidden as [`hidden`] makes it) and in its statics, then leaves `spec.secret` there itself: a static, and [`REMEMBER_BYTES`] of heap; sets status `{"callsBefore", "staticHeld", "found", "foundOwn"}` ([`remember`]) |
@@ -73,6 +75,9 @@ pub const MANY_ACTIONS: usize = 200_000;
 
 /// How long the raw attacks' strings are (60 MiB).
 pub const ATTACK_BYTES: usize = 60 << 20;
+
+/// How many Events `event-flood` records per reconcile.
+pub const EVENT_FLOOD: usize = 500;
 
 /// Rounds `compute` runs when the parent does not say (`spec.rounds`).
 pub const COMPUTE_ROUNDS: u64 = 1_000_000;
@@ -148,6 +153,25 @@ pub fn reconcile(req: &Request, cluster: &dyn Cluster) -> Result<Response, Error
         }
         "requeue-zero" => Ok(Response::new()
             .set_status(json!({ "requeued": true }))
+            .requeue_after(std::time::Duration::ZERO)),
+        "requeue-write" => {
+            let requeues = req
+                .parent
+                .as_ref()
+                .and_then(|parent| parent.pointer("/status/requeues")?.as_u64())
+                .unwrap_or(0);
+            Ok(Response::new()
+                .set_status(json!({ "requeues": requeues.saturating_add(1) }))
+                .requeue_after(std::time::Duration::ZERO))
+        }
+        "event-flood" => Ok((0..EVENT_FLOOD)
+            .fold(Response::new(), |r, i| {
+                r.event(
+                    EventType::Normal,
+                    format!("Flood{i:03}"),
+                    format!("flood {i} of {EVENT_FLOOD}"),
+                )
+            })
             .requeue_after(std::time::Duration::ZERO)),
         "compute" => {
             let rounds = req

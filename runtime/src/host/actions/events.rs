@@ -7,12 +7,26 @@
 //! Occurrences are counted per object, type and reason, for [`SERIES_TTL`] after the last
 //! one; each controller remembers at most [`MAX_SERIES`] of them (the oldest is forgotten
 //! first), so a guest cannot grow the runtime's memory by inventing reasons.
+//!
+//! Before that, every occurrence passes its object's spam filter, client-go's
+//! `EventSourceObjectSpamFilter`: a token bucket per controller (the Event's source) and
+//! object, [`SPAM_BURST`] (25) at once, then one more per [`SPAM_REFILL`] (5 minutes). An
+//! occurrence over it is dropped, not written: counted on `kubewasm_events_dropped_total
+//! {controller}`, and logged once each time an object's bucket runs dry. So one object gets at
+//! most 25 Event writes from one controller in any 5 minutes, plus one per 5 minutes, whatever
+//! its guest emits (a guest emitting 500 per reconcile made 1,719 in 10 s, issue 38). The
+//! filter is not reset when the object changes: the guest's own writes change it. Each
+//! controller remembers at most [`MAX_SPAM_OBJECTS`] buckets: a full bucket is the same as
+//! none and is forgotten first, then the one with the most tokens left (forgetting it gives
+//! back the fewest).
 
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use prometheus_client::metrics::counter::Counter;
 
 use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -31,11 +45,60 @@ pub const SERIES_TTL: Duration = Duration::from_secs(600);
 /// The most Event series one controller remembers.
 pub const MAX_SERIES: usize = 256;
 
-/// One controller's Events so far: which Event object each (object, type, reason) went to.
+/// Events one object may get from one controller at once (client-go's spam filter burst).
+pub const SPAM_BURST: u32 = 25;
+
+/// Then one more Event per this long (client-go's spam filter: a rate of 1/300 per second).
+pub const SPAM_REFILL: Duration = Duration::from_secs(300);
+
+/// The most objects whose spam filter one controller remembers.
+pub const MAX_SPAM_OBJECTS: usize = 1024;
+
+/// One controller's Events so far: which Event object each (object, type, reason) went to,
+/// and each object's spam filter.
 #[derive(Debug, Default)]
 pub struct EventRecorder {
     hasher: RandomState,
     series: Mutex<HashMap<u64, Series>>,
+    spam: Mutex<HashMap<u64, Bucket>>,
+    /// Occurrences dropped by the spam filter.
+    dropped: Counter,
+}
+
+/// One object's spam filter: tokens left, as of `at`.
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    tokens: u32,
+    at: tokio::time::Instant,
+    /// Whether its running dry was logged since a token was last taken.
+    said: bool,
+}
+
+impl Bucket {
+    /// Refills the bucket up to now: one token per whole [`SPAM_REFILL`] since `at`.
+    fn refill(&mut self, now: tokio::time::Instant) {
+        let elapsed = now.saturating_duration_since(self.at);
+        let periods = elapsed.as_secs() / SPAM_REFILL.as_secs();
+        let missing = u64::from(SPAM_BURST.saturating_sub(self.tokens));
+        if periods >= missing {
+            self.tokens = SPAM_BURST;
+            self.at = now;
+        } else {
+            // periods < missing <= SPAM_BURST: fits a u32.
+            let periods = u32::try_from(periods).unwrap_or(0);
+            self.tokens = self.tokens.saturating_add(periods);
+            self.at += SPAM_REFILL.saturating_mul(periods);
+        }
+    }
+}
+
+/// What the spam filter says of one occurrence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Spam {
+    /// Write it.
+    Admitted,
+    /// Drop it; the object's bucket just ran dry (`true`: say so once).
+    Dropped(bool),
 }
 
 #[derive(Debug, Clone)]
@@ -47,6 +110,56 @@ struct Series {
 }
 
 impl EventRecorder {
+    /// A recorder counting the occurrences its spam filter drops on `dropped`.
+    pub fn new(dropped: Counter) -> Self {
+        EventRecorder {
+            dropped,
+            ..EventRecorder::default()
+        }
+    }
+
+    /// Takes a token of the spam filter of the object `object_uid` (see the module doc).
+    fn admit(&self, object_uid: &str) -> Spam {
+        let key = self.hasher.hash_one(("spam", object_uid));
+        let now = tokio::time::Instant::now();
+        let mut spam = self.spam.locked();
+        if spam.len() >= MAX_SPAM_OBJECTS && !spam.contains_key(&key) {
+            spam.retain(|_, b| {
+                b.refill(now);
+                b.tokens < SPAM_BURST
+            });
+            if spam.len() >= MAX_SPAM_OBJECTS
+                && let Some(fullest) = spam
+                    .iter()
+                    .max_by_key(|(_, b)| (b.tokens, std::cmp::Reverse(b.at)))
+                    .map(|(k, _)| *k)
+            {
+                // The one whose forgetting gives back the fewest Events.
+                spam.remove(&fullest);
+            }
+        }
+        let bucket = spam.entry(key).or_insert(Bucket {
+            tokens: SPAM_BURST,
+            at: now,
+            said: false,
+        });
+        bucket.refill(now);
+        if bucket.tokens > 0 {
+            bucket.tokens -= 1;
+            bucket.said = false;
+            return Spam::Admitted;
+        }
+        let first = !std::mem::replace(&mut bucket.said, true);
+        drop(spam);
+        self.dropped.inc();
+        Spam::Dropped(first)
+    }
+
+    /// Occurrences dropped by the spam filter so far.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.get()
+    }
+
     fn key(&self, object_uid: &str, event_type: EventType, reason: &str) -> u64 {
         self.hasher.hash_one((object_uid, event_type, reason))
     }
@@ -113,6 +226,19 @@ impl Executor<'_> {
             .clone()
             .unwrap_or_else(|| "default".into());
         let uid = str_at(parent, "/metadata/uid").unwrap_or_default();
+        match self.events.admit(uid) {
+            Spam::Admitted => {}
+            Spam::Dropped(first) => {
+                if first {
+                    tracing::info!(
+                        "Events on {} dropped from now on (Event {reason} the first): this controller recorded {SPAM_BURST} on it lately, its spam filter's burst; one more is let through every {} s (counted on kubewasm_events_dropped_total)",
+                        self.target,
+                        SPAM_REFILL.as_secs()
+                    );
+                }
+                return Ok(());
+            }
+        }
         let key = self.events.key(uid, event_type, reason);
         let api: Api<CoreEvent> = Api::namespaced(self.client.clone(), &namespace);
         let now = Time(k8s_openapi::jiff::Timestamp::now());
@@ -229,5 +355,65 @@ mod tests {
         assert_eq!(recorder.series.lock().unwrap().len(), MAX_SERIES);
         recorder.forget(key);
         assert!(recorder.recent(key).is_none());
+    }
+
+    /// How many of `n` occurrences on `uid` the filter lets through now.
+    fn admitted(recorder: &EventRecorder, uid: &str, n: usize) -> usize {
+        (0..n)
+            .filter(|_| recorder.admit(uid) == Spam::Admitted)
+            .count()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_spam_filter_lets_a_burst_through_then_one_per_five_minutes() {
+        let recorder = EventRecorder::new(Counter::default());
+        assert_eq!(admitted(&recorder, "uid-1", 500), 25);
+        assert_eq!(recorder.dropped(), 475);
+        // Another object has a bucket of its own.
+        assert_eq!(admitted(&recorder, "uid-2", 30), 25);
+        // Said once per dry spell: the first drop only.
+        assert_eq!(recorder.admit("uid-1"), Spam::Dropped(false));
+        tokio::time::sleep(SPAM_REFILL - Duration::from_secs(1)).await;
+        assert_eq!(admitted(&recorder, "uid-1", 10), 0);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(recorder.admit("uid-1"), Spam::Admitted, "one per 5 minutes");
+        assert_eq!(
+            recorder.admit("uid-1"),
+            Spam::Dropped(true),
+            "dry again: said"
+        );
+        assert_eq!(recorder.admit("uid-1"), Spam::Dropped(false));
+        // An hour of quiet refills 12, not more than the burst after long enough.
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        assert_eq!(admitted(&recorder, "uid-1", 100), 12);
+        tokio::time::sleep(Duration::from_secs(86_400)).await;
+        assert_eq!(admitted(&recorder, "uid-1", 100), 25);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flood_over_ten_seconds_writes_at_most_the_burst() {
+        // 500 Events per reconcile, a reconcile every 100 ms for 10 s: 25 written.
+        let recorder = EventRecorder::new(Counter::default());
+        let mut written = 0;
+        for _ in 0..100 {
+            written += admitted(&recorder, "uid", 500);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(written, 25);
+        assert_eq!(recorder.dropped(), 50_000 - 25);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_spam_filter_remembers_a_bounded_number_of_objects() {
+        let recorder = EventRecorder::new(Counter::default());
+        // Objects that took one Event each: their buckets are not full for 5 minutes.
+        for i in 0..MAX_SPAM_OBJECTS * 3 {
+            assert_eq!(admitted(&recorder, &format!("uid-{i}"), 1), 1);
+        }
+        assert_eq!(recorder.spam.lock().unwrap().len(), MAX_SPAM_OBJECTS);
+        // Full again after 5 minutes: forgotten first, for free.
+        tokio::time::sleep(SPAM_REFILL).await;
+        assert_eq!(admitted(&recorder, "uid-new", 1), 1);
+        assert_eq!(recorder.spam.lock().unwrap().len(), 1);
     }
 }

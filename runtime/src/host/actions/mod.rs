@@ -129,6 +129,36 @@ pub struct Outcome {
     /// An owned child was created, replaced or updated: its watch event brings the parent
     /// back, and the guest sees the child as it is now.
     pub wrote_child: bool,
+    /// An object was written (applied, its status set, deleted): a watch may bring this key
+    /// back for it. Events and saved state are not objects anyone watches for it.
+    pub wrote: bool,
+    /// The resourceVersions those writes left, the latest [`MAX_WRITTEN_VERSIONS`]: a watch
+    /// event carrying one of them is this controller's own doing, not a change of its inputs.
+    pub written_versions: Vec<String>,
+    /// The resourceVersion the last write of the parent (its status, or itself) left.
+    pub parent_version: Option<String>,
+}
+
+/// Most resourceVersions an [`Outcome`] keeps of the objects it wrote besides the parent.
+pub const MAX_WRITTEN_VERSIONS: usize = 16;
+
+impl Outcome {
+    /// An object was written (`change`, in words), leaving `version` if the API server said;
+    /// `parent`: the object is the parent.
+    fn written(&mut self, change: String, version: Option<String>, parent: bool) {
+        self.changes.push(change);
+        self.wrote = true;
+        match version {
+            Some(v) if parent => self.parent_version = Some(v),
+            Some(v) => {
+                if self.written_versions.len() >= MAX_WRITTEN_VERSIONS {
+                    self.written_versions.remove(0);
+                }
+                self.written_versions.push(v);
+            }
+            None => {}
+        }
+    }
 }
 
 fn str_at<'v>(v: &'v Value, ptr: &str) -> Option<&'v str> {
@@ -259,13 +289,15 @@ impl Executor<'_> {
         let api = kind.api(self.client.clone(), r.namespace.as_deref());
         let params = PatchParams::apply(&self.field_manager).force();
         self.may_write().await?;
-        api.patch(&r.name, &params, &Patch::Apply(object))
+        let applied = api
+            .patch(&r.name, &params, &Patch::Apply(object))
             .await
             .map_err(|source| ActionError::Api {
                 what: format!("apply {r}"),
                 source,
             })?;
-        outcome.changes.push(format!("applied {r}"));
+        let version = applied.metadata.resource_version;
+        outcome.written(format!("applied {r}"), version, self.is_parent(r));
         Ok(())
     }
 
@@ -358,7 +390,7 @@ impl Executor<'_> {
         self.may_write().await?;
         match api.delete(name, &params).await {
             Ok(either) => {
-                outcome.changes.push(format!("deleted {what}"));
+                outcome.written(format!("deleted {what}"), None, false);
                 Ok(either.is_right())
             }
             Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(true),

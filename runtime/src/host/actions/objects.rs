@@ -34,7 +34,7 @@ impl Executor<'_> {
         };
         self.may_write().await?;
         match api.delete(&r.name, &DeleteParams::background()).await {
-            Ok(_) => outcome.changes.push(format!("deleted {what}")),
+            Ok(_) => outcome.written(format!("deleted {what}"), None, false),
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(source) => {
                 return Err(ActionError::Api {
@@ -101,7 +101,9 @@ impl Executor<'_> {
             .collect()
             .await;
         for changes in deleted {
-            outcome.changes.extend(changes?);
+            let changes = changes?;
+            outcome.wrote |= !changes.is_empty();
+            outcome.changes.extend(changes);
         }
         Ok(())
     }

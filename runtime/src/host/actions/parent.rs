@@ -87,9 +87,8 @@ impl Executor<'_> {
                 self.target, self.target.kind, self.target.api_version
             )));
         }
-        outcome
-            .changes
-            .push(format!("set status of {}", self.target));
+        let version = written.metadata.resource_version;
+        outcome.written(format!("set status of {}", self.target), version, true);
         Ok(())
     }
 }

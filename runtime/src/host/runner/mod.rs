@@ -5,6 +5,7 @@
 
 mod failing;
 mod pipeline;
+mod spins;
 mod writes;
 
 pub use failing::Failing;
@@ -122,6 +123,8 @@ pub struct Runner {
     guest: RwLock<Arc<GuestPre>>,
     queue: WorkQueue<ObjectKey>,
     backoff: Backoff<ObjectKey>,
+    /// Keys that bring themselves back, backing off ([`spins`]).
+    spins: spins::Spins<ObjectKey>,
     stats: Stats,
     synced: std::sync::atomic::AtomicBool,
     events: EventRecorder,
@@ -137,14 +140,16 @@ pub struct Runner {
 impl Runner {
     /// A controller running `guest`; call [`Runner::run`] to start it.
     pub fn new(setup: ControllerSetup, guest: Arc<GuestPre>) -> Arc<Runner> {
+        let events = EventRecorder::new(setup.metrics.events_dropped(&setup.id));
         Arc::new(Runner {
             setup,
             guest: RwLock::new(guest),
             queue: WorkQueue::default(),
             backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(300)),
+            spins: spins::Spins::default(),
             stats: Stats::default(),
             synced: std::sync::atomic::AtomicBool::new(false),
-            events: EventRecorder::default(),
+            events,
             held: HeldStatuses::default(),
             reconciled: Mutex::default(),
             permanent: Mutex::default(),
@@ -190,6 +195,18 @@ impl Runner {
     /// Stops handing out work; running reconciles finish.
     pub fn stop(&self) {
         self.queue.close();
+    }
+
+    /// What a reconcile of `key` would run on now: the parent as cached, and the module.
+    fn inputs(&self, key: &ObjectKey) -> spins::Inputs {
+        spins::Inputs {
+            version: self
+                .setup
+                .parent
+                .get(key)
+                .and_then(|p| p.metadata.resource_version.clone()),
+            module: self.guest().digest(),
+        }
     }
 
     /// Whether a key is one this controller reconciles: in its namespace (a WasmController),
@@ -331,6 +348,14 @@ impl Runner {
             if why == crate::controller::Withheld::Relisting {
                 self.queue.add_after(key.clone(), WITHHELD_RETRY);
             }
+            return;
+        }
+        // A key that brought itself back (a write it watches, a requeue under 1 s) with
+        // nothing changed from outside waits out its backoff, whatever brought it now.
+        if let Some(wait) = self.spins.hold(key, &self.inputs(key)) {
+            self.setup.metrics.damped(&self.setup.id);
+            tracing::debug!(controller = self.setup.id.as_str(), object = %key, wait_ms = wait.as_millis(), "held back: its last reconcile brought it back by itself (a write it watches, or a requeue-after under 1 s) and nothing changed since");
+            self.queue.add_after(key.clone(), wait);
             return;
         }
         // A permanent error of the guest's stands until the parent or the module changes (the

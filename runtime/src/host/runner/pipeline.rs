@@ -16,6 +16,7 @@ use super::super::actions::{self, ChildKind, Executor};
 use super::super::finalizer::{Finalizer, Phase};
 use super::super::reads::GrantedReads;
 use super::Runner;
+use super::spins::Inputs;
 use crate::sync::Locks as _;
 
 /// How soon a parent whose clean-up the guest has not finished is looked at again, when the
@@ -124,7 +125,7 @@ impl Runner {
                 return Err(problem.into());
             }
         };
-        Ok(self.settle(*prepared, applied).await?)
+        Ok(self.settle(*prepared, applied, attempt.module).await?)
     }
 
     /// A failed reconcile, told where its author looks: a Warning Event on the parent (reason
@@ -314,11 +315,12 @@ impl Runner {
 
     /// Step 4: what the controller remembers of the key (its state when gone, the parent as
     /// reconciled, whether it waits for clean-up), the finalizer removed once the clean-up is
-    /// done, and when to look again.
+    /// done, and when to look again (a key that brings itself back backs off: [`super::spins`]).
     async fn settle(
         &self,
         prepared: Prepared,
         applied: Applied,
+        module: crate::sandbox::Digest,
     ) -> Result<Option<Duration>, Problem> {
         let Prepared {
             key,
@@ -345,6 +347,12 @@ impl Runner {
                 }
             }
         }
+        let inputs = Inputs {
+            version: parent
+                .as_ref()
+                .and_then(|p| p.metadata.resource_version.clone()),
+            module,
+        };
         if parent.is_none() {
             // The object is gone: so is what the controller kept about it.
             self.forget_state(&key.to_string()).await?;
@@ -377,15 +385,19 @@ impl Runner {
             actions = outcome.response.actions.len(),
             "reconciled"
         );
-        let after = [
+        let asked = [
             requeue_delay(&outcome.response),
             done.requeue_after,
             finalize_retry,
         ]
         .into_iter()
         .flatten()
-        .min()
-        .map(|after| after.max(self.setup.requeue_floor));
+        .min();
+        self.spins
+            .wrote(done.parent_version.iter().chain(&done.written_versions));
+        let after = self
+            .spins
+            .settled(&key, inputs, done.wrote, asked, self.setup.requeue_floor);
         Ok(after)
     }
 
