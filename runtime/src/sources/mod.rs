@@ -10,6 +10,7 @@
 //! a method to `Origin` and an arm to `fetch`: the compiler names every origin that lacks it.
 
 mod bytes;
+mod capped;
 mod cluster;
 pub mod cosign;
 mod module_cache;

@@ -13,8 +13,8 @@
 //!   hand blobs to storage services) follow the same rule, at most [`MAX_REDIRECTS`] of them,
 //!   never from HTTPS down to plain HTTP. No proxy from the environment is used: the check is
 //!   on the address actually connected to.
-//! - **How much**: every body is read through one capped reader ([`read_at_most`],
-//!   [`read_capped`]): a token response at most [`MAX_TOKEN_BYTES`], a manifest
+//! - **How much**: every body is read through one capped reader
+//!   ([`capped`](super::capped)): a token response at most [`MAX_TOKEN_BYTES`], a manifest
 //!   `oci::MAX_MANIFEST_BYTES`, a blob its declared size. An error response's body is never
 //!   read, and nothing a registry sends is put into a status: errors say the method, the URL
 //!   and the status code.
@@ -28,10 +28,10 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
-use futures::StreamExt;
 use oci_client::secrets::RegistryAuth;
 use reqwest::{Method, StatusCode, Url};
 
+pub use super::capped::{read_at_most, read_body, read_capped};
 use super::oci::{CONNECT_TIMEOUT, PullError, READ_TIMEOUT};
 use crate::sandbox::guest_text;
 
@@ -490,67 +490,6 @@ fn chain(error: &(dyn std::error::Error + 'static)) -> String {
         source = cause.source();
     }
     text
-}
-
-/// A response's body, at most `max` bytes: refused at once when its length says more.
-pub async fn read_body(
-    response: reqwest::Response,
-    max: u64,
-    what: &'static str,
-) -> Result<Vec<u8>, PullError> {
-    if response.content_length().is_some_and(|length| length > max) {
-        return Err(PullError::TooBig { what, max });
-    }
-    let stream = response
-        .bytes_stream()
-        .map(|chunk| chunk.map_err(std::io::Error::other));
-    read_at_most(stream, max, what).await
-}
-
-/// Reads `stream` to its end, refusing it the moment it passes `declared` bytes or ends short.
-pub async fn read_capped(
-    mut stream: impl futures::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Unpin,
-    declared: u64,
-    what: &'static str,
-) -> Result<Vec<u8>, PullError> {
-    let corrupt = |why: String| PullError::Corrupt { what, why };
-    let mut bytes = Vec::with_capacity(usize::try_from(declared.min(1 << 20)).unwrap_or(0));
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| corrupt(e.to_string()))?;
-        if bytes.len() as u64 + chunk.len() as u64 > declared {
-            return Err(corrupt(format!(
-                "it goes on past the {declared} bytes its descriptor says (the rest was not read)"
-            )));
-        }
-        bytes.extend_from_slice(&chunk);
-    }
-    if bytes.len() as u64 != declared {
-        return Err(corrupt(format!(
-            "it ended after {} of the {declared} bytes its descriptor says",
-            bytes.len()
-        )));
-    }
-    Ok(bytes)
-}
-
-/// Reads `stream` to its end, refusing it the moment it passes `max` bytes.
-pub async fn read_at_most(
-    mut stream: impl futures::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Unpin,
-    max: u64,
-    what: &'static str,
-) -> Result<Vec<u8>, PullError> {
-    let mut bytes = Vec::new();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| PullError::Corrupt {
-            what,
-            why: e.to_string(),
-        })?;
-        if bytes.len() as u64 + chunk.len() as u64 > max {
-            return Err(PullError::TooBig { what, max });
-        }
-        bytes.extend_from_slice(&chunk);
-    }
-    Ok(bytes)
 }
 
 #[cfg(test)]
