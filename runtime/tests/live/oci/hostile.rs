@@ -114,29 +114,7 @@ async fn hostile_registry(
         unnamed.connections()
     );
     // Meanwhile a controller whose module is in a ConfigMap starts and works.
-    apply(
-        client,
-        &crate::cluster::module_config_map(ns, "local", "controller.wasm", &guest("hostile")),
-    )
-    .await?;
-    let mut local = controller(ns, "local", "unused", None, "local");
-    local["spec"]["module"] = json!({"configMap": {"name": "local", "key": "controller.wasm"}});
-    apply(client, &local).await?;
-    apply(client, &probe(ns, "probe-local", "local")).await?;
-    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-    eventually(
-        "the ConfigMap module reconciles beside the attacks",
-        WAIT,
-        || async {
-            let data = config_maps
-                .get("probe-local")
-                .await?
-                .data
-                .unwrap_or_default();
-            Ok((data.get("mode").map(String::as_str) == Some("ok")).then_some(()))
-        },
-    )
-    .await?;
+    local_controller_reconciles(client, ns, "the attacks").await?;
     // The attacks go on (each failed pull is retried) until ATTACK has passed.
     if let Some(rest) = ATTACK.checked_sub(started.elapsed()) {
         tokio::time::sleep(rest).await;

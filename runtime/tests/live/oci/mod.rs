@@ -66,6 +66,38 @@ pub(crate) fn probe(ns: &str, name: &str, selector: &str) -> Value {
         "data": {"value": "1"}})
 }
 
+/// A controller whose module is in a ConfigMap (`local`), started now beside whatever else
+/// the test does: waits until it reconciled its probe (`beside` says what it ran beside).
+pub(crate) async fn local_controller_reconciles(
+    client: &Client,
+    ns: &str,
+    beside: &str,
+) -> Result<()> {
+    apply(
+        client,
+        &crate::cluster::module_config_map(ns, "local", "controller.wasm", &guest("hostile")),
+    )
+    .await?;
+    let mut local = controller(ns, "local", "unused", None, "local");
+    local["spec"]["module"] = json!({"configMap": {"name": "local", "key": "controller.wasm"}});
+    apply(client, &local).await?;
+    apply(client, &probe(ns, "probe-local", "local")).await?;
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    eventually(
+        &format!("the ConfigMap module reconciles beside {beside}"),
+        WAIT,
+        || async {
+            let data = config_maps
+                .get("probe-local")
+                .await?
+                .data
+                .unwrap_or_default();
+            Ok((data.get("mode").map(String::as_str) == Some("ok")).then_some(()))
+        },
+    )
+    .await
+}
+
 /// The ServiceAccount `reloader` with its Role (the reload fixture, without its controller).
 pub(crate) async fn install_account(client: &Client, ns: &str) -> Result<()> {
     let docs: Vec<Value> = fixture("reload.yaml", ns)?

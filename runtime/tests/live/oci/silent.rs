@@ -52,29 +52,7 @@ async fn silent_registry(client: &Client, ns: &str, addr: &str) -> Result<()> {
     .await?;
     // Meanwhile a controller whose module is in a ConfigMap starts and works at once.
     let started = Instant::now();
-    apply(
-        client,
-        &crate::cluster::module_config_map(ns, "local", "controller.wasm", &guest("hostile")),
-    )
-    .await?;
-    let mut local = controller(ns, "local", "unused", None, "local");
-    local["spec"]["module"] = json!({"configMap": {"name": "local", "key": "controller.wasm"}});
-    apply(client, &local).await?;
-    apply(client, &probe(ns, "probe-local", "local")).await?;
-    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-    eventually(
-        "the ConfigMap module reconciles beside the silent pulls",
-        WAIT,
-        || async {
-            let data = config_maps
-                .get("probe-local")
-                .await?
-                .data
-                .unwrap_or_default();
-            Ok((data.get("mode").map(String::as_str) == Some("ok")).then_some(()))
-        },
-    )
-    .await?;
+    local_controller_reconciles(client, ns, "the silent pulls").await?;
     eprintln!(
         "a ConfigMap controller beside 6 silent pulls reconciled in {:.2?}",
         started.elapsed()
