@@ -11,6 +11,7 @@
 
 pub mod api;
 pub mod controller;
+mod disk;
 pub mod host;
 pub mod manager;
 pub mod metrics;

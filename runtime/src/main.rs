@@ -35,10 +35,42 @@ enum Command {
     Sign(cli::sign::Args),
     /// Print the CustomResourceDefinitions of the kubewasm.dev API.
     Crds,
+    /// Compile one module read on stdin into FILE: the process `kubewasm run` starts for each
+    /// new module, under limits (not for use by hand).
+    #[command(hide = true)]
+    CompileModule {
+        /// The file to create with the compiled module.
+        #[arg(long, value_name = "FILE")]
+        out: std::path::PathBuf,
+        /// Compile in the epoch deadline checks (the runtime's setting).
+        #[arg(long, action = clap::ArgAction::Set, default_value_t = true)]
+        epoch_interruption: bool,
+        /// The memory the compile may use (RLIMIT_DATA), in bytes.
+        #[arg(long)]
+        max_memory_bytes: u64,
+        /// The CPU time the compile may use (RLIMIT_CPU), in seconds.
+        #[arg(long)]
+        max_cpu_seconds: u64,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The compiler process logs nothing: its stderr is its message to the runtime.
+    if let Command::CompileModule {
+        out,
+        epoch_interruption,
+        max_memory_bytes,
+        max_cpu_seconds,
+    } = &cli.command
+    {
+        return kubewasm::sandbox::child_main(
+            out,
+            *epoch_interruption,
+            *max_memory_bytes,
+            *max_cpu_seconds,
+        );
+    }
     cli::init_logging(cli.log_format);
     let result = match cli.command {
         Command::Reconcile(args) => cli::reconcile::run(args),
@@ -47,6 +79,7 @@ fn main() -> ExitCode {
         Command::Run(args) => cli::run::run(*args),
         Command::Push(args) => cli::push::run(args),
         Command::Sign(args) => cli::sign::run(args),
+        Command::CompileModule { .. } => Ok(()),
         Command::Crds => {
             print!("{}", kubewasm::api::crds_yaml());
             Ok(())

@@ -3,6 +3,8 @@
 //! and calls running side by side.
 
 use kubewasm_test_support::guests as common;
+#[path = "sandbox/compiler.rs"]
+mod compiler;
 #[path = "sandbox/no_wasi.rs"]
 mod no_wasi;
 

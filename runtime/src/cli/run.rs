@@ -6,7 +6,7 @@ use anyhow::Context;
 use kubewasm::api::Unit;
 use kubewasm::controller::{CacheCaps, DEFAULT_SHARDS, ShardHolder, ShardSettings};
 use kubewasm::manager::{Manager, ManagerConfig};
-use kubewasm::sandbox::{CompiledCache, SandboxConfig};
+use kubewasm::sandbox::{ChildCompiler, CompiledCache, SandboxConfig};
 use kubewasm::sources::ModuleCache;
 
 /// A duration as whole milliseconds (the flags' unit).
@@ -129,9 +129,19 @@ pub struct Args {
     /// compiling each again. Unset: every start compiles.
     #[arg(long, value_name = "DIR")]
     compiled_cache_dir: Option<std::path::PathBuf>,
-    /// The most bytes of compiled modules kept there (least recently used go first).
+    /// The most bytes of compiled modules kept there (least recently used go first, after
+    /// every compile): the volume holds this and the one module being compiled.
     #[arg(long, default_value_t = CompiledCache::DEFAULT_MAX_BYTES)]
     compiled_cache_bytes: u64,
+    /// The most memory one compile may use, a quantity: each new module is compiled in a child
+    /// process (of this executable) limited to it; a module whose compile needs more is
+    /// quarantined. The container's memory limit must hold it beside the runtime's own.
+    #[arg(long, default_value_t = Unit::Bytes.show(ChildCompiler::DEFAULT_MAX_MEMORY_BYTES))]
+    compile_memory: String,
+    /// The most CPU time one compile may use, all its threads together, in seconds (and twice
+    /// that, plus 10 s, of wall time); a module whose compile needs more is quarantined.
+    #[arg(long, default_value_t = ChildCompiler::DEFAULT_MAX_CPU.as_secs())]
+    compile_cpu_seconds: u64,
     /// Keep pulled modules (images' layers) in this directory by digest (the runtime's own,
     /// e.g. an `emptyDir`), so that a restart or a new leader reads them from disk instead of
     /// pulling each again; the manifest and config are still read from the registry every
@@ -193,6 +203,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config.sandbox.compiled_cache = args.compiled_cache_dir.map(|dir| CompiledCache {
             dir,
             max_bytes: args.compiled_cache_bytes,
+        });
+        config.sandbox.compiler = Some(ChildCompiler {
+            program: std::env::current_exe()
+                .context("cannot find this executable, which compiles modules in a child process")?,
+            max_memory_bytes: match kubewasm::api::parse_bytes(&args.compile_memory) {
+                Ok(0) | Err(_) => anyhow::bail!(
+                    "--compile-memory {}: give a quantity above 0, e.g. 640Mi",
+                    args.compile_memory
+                ),
+                Ok(bytes) => bytes as u64,
+            },
+            max_cpu: Duration::from_secs(args.compile_cpu_seconds.max(1)),
         });
         config.namespace = args.namespace;
         config.module_poll = Duration::from_secs(args.module_poll_seconds.max(1));

@@ -1,6 +1,7 @@
 //! One Engine for the process, a cache of compiled guests by digest, and the epoch ticker.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -11,6 +12,7 @@ use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAlloc
 use super::bindings::ControllerPre;
 use super::call::{self, CallOutcome, CallState};
 use super::compiled::{self, Compilations, CompiledCache};
+use super::compiler::{ChildCompiler, codegen_config};
 use super::error::{CallError, LoadError};
 use super::limits::Limits;
 use super::output::SharedLines;
@@ -44,6 +46,9 @@ pub struct SandboxConfig {
     pub log_line_burst: u32,
     /// Compiled modules kept on disk across restarts; `None`: every start compiles.
     pub compiled_cache: Option<CompiledCache>,
+    /// Compiles in a child process under limits (the runtime's way); `None`: in this process
+    /// (tools, tests, benches: the module is the user's own).
+    pub compiler: Option<ChildCompiler>,
 }
 
 impl Default for SandboxConfig {
@@ -59,6 +64,7 @@ impl Default for SandboxConfig {
             log_lines_per_second: 100.0,
             log_line_burst: 1000,
             compiled_cache: None,
+            compiler: None,
         }
     }
 }
@@ -195,6 +201,8 @@ struct Inner {
     /// Held while compiling: modules are loaded side by side (beside the manager loop), and
     /// a thousand controllers of one module must compile it once, not once per thread.
     compiling: Mutex<()>,
+    /// This engine's directory of the compiled-module cache, when there is one.
+    compiled_dir: Option<PathBuf>,
     /// How the modules loaded so far were had: compiled, or from the compiled cache.
     compilations: Compilations,
     slots: FairSlots,
@@ -226,17 +234,16 @@ impl Sandbox {
                 "this machine has swap: freed guest memory is reset without PAGEMAP_SCAN, which could skip a swapped-out page (slower resets, never a page of another call)"
             );
         }
-        let mut engine_config = engine_config(&config, swap);
-        if let Some(cache) = &config.compiled_cache {
-            let opened = cache.open().map_err(|e| {
-                LoadError::Engine(e.context(format!(
-                    "the compiled-module cache in {}",
+        let engine = Engine::new(&engine_config(&config, swap)).map_err(LoadError::Engine)?;
+        let compiled_dir = match &config.compiled_cache {
+            None => None,
+            Some(cache) => Some(cache.open(&engine).map_err(|e| {
+                LoadError::Engine(wasmtime::Error::msg(format!(
+                    "the compiled-module cache in {}: {e}",
                     cache.dir.display()
                 )))
-            })?;
-            engine_config.cache(Some(opened));
-        }
-        let engine = Engine::new(&engine_config).map_err(LoadError::Engine)?;
+            })?),
+        };
         let mut linker = Linker::new(&engine);
         call::add_to_linker(&mut linker).map_err(LoadError::Engine)?;
         if config.epoch_interruption {
@@ -252,6 +259,7 @@ impl Sandbox {
                 linker,
                 modules: Mutex::new(HashMap::new()),
                 compiling: Mutex::new(()),
+                compiled_dir,
                 compilations: Compilations::default(),
                 slots: FairSlots::new(config.max_instances as usize),
                 log_rate: Arc::new(TenantRate::new(
@@ -337,11 +345,7 @@ impl Sandbox {
             _ => return Err(LoadError::NotWasm),
         }
         utf8_strings_only(bytes)?;
-        let cache_dir = self.inner.config.compiled_cache.as_ref().map(|c| &c.dir);
-        let before = cache_dir.map(|dir| compiled::entries(dir));
-        let component = Component::new(&self.inner.engine, bytes).map_err(LoadError::Compile)?;
-        let after = cache_dir.map(|dir| compiled::entries(dir));
-        self.inner.compilations.count(before, after);
+        let component = self.component(bytes, &digest)?;
         let instance_pre = self
             .inner
             .linker
@@ -355,6 +359,61 @@ impl Sandbox {
             engine: self.inner.engine.clone(),
             epoch_tick: self.inner.config.epoch_tick,
         })
+    }
+
+    /// The module compiled: from the compiled cache, or compiled (in the compiler process when
+    /// there is one) into a file that is then mapped, and kept when there is a cache.
+    fn component(&self, bytes: &[u8], digest: &Digest) -> Result<Component, LoadError> {
+        let inner = &self.inner;
+        let engine = &inner.engine;
+        let cache = inner.compiled_dir.as_deref();
+        let found = cache.and_then(|dir| compiled::load(engine, &compiled::entry(dir, digest)));
+        inner.compilations.count(found.is_none());
+        if let Some(found) = found {
+            return Ok(found);
+        }
+        let compiler = inner.config.compiler.as_ref();
+        let dir = match (cache, compiler) {
+            (Some(dir), _) => dir.to_owned(),
+            (None, Some(_)) => std::env::temp_dir(),
+            // In this process, kept nowhere.
+            (None, None) => return Component::new(engine, bytes).map_err(LoadError::Compile),
+        };
+        let temp = dir.join(format!(
+            "{}{}-{}",
+            compiled::TEMP,
+            digest.hex(),
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&temp);
+        let io = |e: std::io::Error| {
+            LoadError::Engine(wasmtime::Error::msg(format!(
+                "writing the compiled module {}: {e}",
+                temp.display()
+            )))
+        };
+        let written = match compiler {
+            Some(compiler) => compiler.compile(bytes, &temp, inner.config.epoch_interruption),
+            None => engine
+                .precompile_component(bytes)
+                .map_err(LoadError::Compile)
+                .and_then(|code| std::fs::write(&temp, code).map_err(io)),
+        };
+        let path = match (written, cache) {
+            (Ok(()), Some(dir)) => {
+                let entry = compiled::entry(dir, digest);
+                std::fs::rename(&temp, &entry).map(|()| entry).map_err(io)
+            }
+            (Ok(()), None) => Ok(temp.clone()),
+            (Err(e), _) => Err(e),
+        };
+        let mapped = path.and_then(|path| compiled::map(engine, &path));
+        if let (Some(dir), Some(c)) = (cache, &inner.config.compiled_cache) {
+            compiled::evict(dir, c.max_bytes);
+        }
+        // Renamed into the cache, or mapped (the mapping outlives the name): not needed.
+        let _ = std::fs::remove_file(&temp);
+        mapped
     }
 
     fn lock_modules(&self) -> std::sync::MutexGuard<'_, HashMap<Digest, Arc<GuestPre>>> {
@@ -418,10 +477,8 @@ fn engine_config(config: &SandboxConfig, swap: bool) -> Config {
         .linear_memory_keep_resident(KEEP_RESIDENT_MEMORY_BYTES)
         .table_keep_resident(KEEP_RESIDENT_TABLE_BYTES)
         .pagemap_scan(pagemap_scan(swap));
-    let mut cfg = Config::new();
-    cfg.wasm_component_model(true)
-        .epoch_interruption(config.epoch_interruption)
-        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    let mut cfg = codegen_config(config.epoch_interruption);
+    cfg.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     cfg
 }
 

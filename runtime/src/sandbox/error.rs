@@ -35,6 +35,13 @@ pub enum LoadError {
     /// wasmtime could not compile the component.
     #[error("the component does not compile: {0:#}")]
     Compile(#[source] wasmtime::Error),
+    /// The compiler process crashed or met one of its limits on this module: the module's
+    /// doing, every time it is compiled.
+    #[error("compiling the module {why}")]
+    CompileCrashed {
+        /// How the compile ended, and the limit it met.
+        why: String,
+    },
     /// The component is valid but is not a kubewasm controller.
     #[error(
         "not a kubewasm controller (world `kubewasm:controller/controller@0.3.0`): {0:#}; build it against the current kubewasm-guest-sdk (a module built for an earlier contract, 0.1.0 or 0.2.0, must be rebuilt) and export a reconciler"

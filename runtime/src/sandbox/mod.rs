@@ -5,6 +5,7 @@
 mod bindings;
 mod call;
 mod compiled;
+mod compiler;
 mod engine;
 mod error;
 mod limits;
@@ -16,6 +17,7 @@ mod types;
 
 pub use call::{CallOutcome, Phases};
 pub use compiled::{Compilations, CompiledCache};
+pub use compiler::{ChildCompiler, child_main};
 pub use engine::{Digest, GuestPre, Sandbox, SandboxConfig};
 pub use error::{CallError, LoadError};
 pub use limits::{Limits, MAX_GUEST_STATE_BYTES};

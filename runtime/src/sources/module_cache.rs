@@ -270,47 +270,17 @@ fn write_entry(temp: &Path, path: &Path, bytes: &[u8]) -> Result<(), CacheError>
     })
 }
 
-/// Removes the least recently used entries of `dir` (oldest mtime first) until the entries
-/// take at most `max_bytes`.
+/// Removes the least recently used entries of `dir` until they take at most `max_bytes`.
 fn evict(dir: &Path, max_bytes: u64) -> Result<(), CacheError> {
-    let io = |what, source| CacheError::Io {
-        what,
-        path: dir.to_owned(),
-        source,
+    let is_entry = |name: &str| {
+        name.strip_prefix("sha256-")
+            .is_some_and(|h| hex_of(&format!("sha256:{h}")).is_some())
     };
-    let mut entries = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(|e| io("listing", e))? {
-        let entry = entry.map_err(|e| io("listing", e))?;
-        let is_entry = entry.file_name().to_str().is_some_and(|n| {
-            n.strip_prefix("sha256-")
-                .is_some_and(|h| hex_of(&format!("sha256:{h}")).is_some())
-        });
-        // Another process's temporary file, or a file that is no entry: not ours to count.
-        let Ok(meta) = entry.metadata() else { continue };
-        if is_entry && meta.is_file() {
-            let used = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-            entries.push((used, meta.len(), entry.path()));
-        }
-    }
-    let mut total: u64 = entries.iter().map(|(_, len, _)| len).sum();
-    entries.sort();
-    for (_, len, path) in entries {
-        if total <= max_bytes {
-            break;
-        }
-        match std::fs::remove_file(&path) {
-            Ok(()) => total = total.saturating_sub(len),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => total = total.saturating_sub(len),
-            Err(e) => {
-                return Err(CacheError::Io {
-                    what: "evicting",
-                    path,
-                    source: e,
-                });
-            }
-        }
-    }
-    Ok(())
+    crate::disk::evict(dir, max_bytes, is_entry).map_err(|e| CacheError::Io {
+        what: e.what,
+        path: e.path,
+        source: e.source,
+    })
 }
 
 impl std::fmt::Debug for ModuleCache {
