@@ -151,6 +151,7 @@ impl Manager {
             access: None,
             written: None,
             retry: lifecycle::Retry::default(),
+            compiling: None,
         };
         self.controllers.insert(id.clone(), managed);
         Some(id)

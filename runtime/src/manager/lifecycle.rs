@@ -164,7 +164,7 @@ impl Manager {
     }
 
     /// Sets up and runs these controllers (their modules loaded), [`PARALLEL_STARTS`] at once.
-    async fn set_up_all(&mut self, ids: &[ControllerId]) {
+    pub(super) async fn set_up_all(&mut self, ids: &[ControllerId]) {
         let loaded: Vec<_> = ids
             .iter()
             .filter_map(|id| {

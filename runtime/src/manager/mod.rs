@@ -16,6 +16,7 @@
 //! access-review period so that a controller granted its RBAC later still starts within one period).
 
 mod compile_budget;
+mod compiles;
 mod declared;
 mod lifecycle;
 mod modules;
@@ -232,6 +233,9 @@ struct Managed {
     written: Option<crate::api::WasmControllerStatus>,
     /// Failed starts in a row, and when to try again.
     retry: lifecycle::Retry,
+    /// The module its last read found being compiled: the compile's end applies to it only
+    /// while this is still the module (a later read decides otherwise).
+    compiling: Option<crate::sandbox::Digest>,
 }
 
 /// Keys of ConfigMaps that changed since the manager last took them.
@@ -270,8 +274,10 @@ pub struct Manager {
     /// The replica's API writes, shared fairly between tenants.
     writes: crate::controller::WriteScheduler,
     controllers: HashMap<ControllerId, Managed>,
-    /// Modules that took a runtime down while compiling, and the journal of the one compiling.
+    /// Modules whose compile ended the compiler: not compiled again.
     quarantine: quarantine::Quarantine,
+    /// Compiles under way, beside the loop.
+    compiles: compiles::Compiles,
     compile_budget: compile_budget::CompileBudget,
     /// Metadata of the ConfigMaps modules may come from (see [`modules`]).
     module_config_maps: Option<reflector::Store<PartialObjectMeta<ConfigMap>>>,
@@ -351,6 +357,7 @@ impl Manager {
             metrics: Arc::default(),
             controllers: HashMap::new(),
             quarantine: quarantine::Quarantine::off(),
+            compiles: compiles::Compiles::new(),
             compile_budget,
             module_config_maps: None,
             sharding: None,
@@ -462,6 +469,7 @@ impl Manager {
         );
         let fence = self.fence.clone();
         let pulls = self.pulls.clone();
+        let mut compiled = self.compiles.ended();
         // Marked changed: the shards taken before this loop started are taken up at once.
         let mut shard_changes = self.sharding.as_ref().map(|s| {
             let mut rx = s.holder.subscribe();
@@ -508,6 +516,7 @@ impl Manager {
                 _ = access_tick.tick() => self.recheck_access().await,
                 _ = poll_tick.tick() => self.reload_polled().await,
                 pulled = pulls.notified() => self.on_pulled(&pulled).await,
+                Some(done) = async { compiled.as_mut()?.recv().await } => self.on_compiled(done).await,
                 () = sharding::shards_changed(&mut shard_changes) => {
                     self.on_shards().await;
                     if soon.is_none() {

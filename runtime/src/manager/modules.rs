@@ -22,9 +22,10 @@ use futures::StreamExt;
 
 use crate::api::{Reason, Source, WasmControllerSpec};
 use crate::controller::ObjectKey;
-use crate::sandbox::{Digest, GuestPre};
+use crate::sandbox::{Digest, GuestPre, LoadError};
 use crate::sources::{self, ClusterOrigin, ImagePuller, Version};
 
+use super::compiles::{Compiled, Waiter};
 use super::shared_images::{Known, pin_allows, shareable};
 use super::{ControllerId, Manager, PARALLEL_STARTS, Problem};
 
@@ -37,6 +38,8 @@ enum Fetched {
     Unchanged,
     /// Nothing new yet (a pull under way).
     Pending,
+    /// Its module is being compiled, beside the loop ([`Manager::on_compiled`]).
+    Compiling(Digest),
     /// These bytes, compiled (or why not), from this version of the source.
     Compiled(Result<Arc<GuestPre>, String>, Version),
 }
@@ -86,9 +89,16 @@ impl Manager {
 
     /// Validates (compiles once per digest) and swaps in what [`Manager::read_module`] found.
     fn load_module(&mut self, id: &ControllerId, fetched: Result<Fetched, Problem>) {
+        // The last read decides: a compile it did not start applies no more.
+        if let Some(m) = self.controllers.get_mut(id) {
+            m.compiling = match &fetched {
+                Ok(Fetched::Compiling(digest)) => Some(*digest),
+                _ => None,
+            };
+        }
         let mut image = None;
         let loaded = match fetched {
-            Ok(Fetched::Pending) => return,
+            Ok(Fetched::Pending | Fetched::Compiling(_)) => return,
             Ok(Fetched::Unchanged) => {
                 // The source answers again, at the version loaded: what was wrong before it
                 // stopped answering is what is wrong now.
@@ -265,30 +275,30 @@ impl Manager {
             sources::Fetched::Pending => return Ok(Fetched::Pending),
             sources::Fetched::Module { bytes, version } => (bytes, version),
         };
-        // Compiled beside the manager loop (a compile takes as long as the tenant's module
-        // makes it, up to the size bound), once per digest, and journaled while it runs: a
-        // module whose compile ended a runtime is not compiled again (see `quarantine`).
+        // Compiled beside the manager loop, in a child process, once per digest (a compile
+        // takes as long as the tenant's module makes it, up to its CPU limit): the loop is
+        // handed the result (`on_compiled`). A module whose compile ended the compiler is not
+        // compiled again (see `quarantine`).
         let digest = Digest::of(&bytes);
-        let record = |compiled: Result<Arc<GuestPre>, String>| {
-            if let Some((reference, _)) = &shared {
-                let known = Known {
-                    digest,
-                    compiled: compiled.as_ref().map(|_| ()).map_err(Clone::clone),
-                };
-                self.shared_images.record(reference, known);
-            }
-            Ok(Fetched::Compiled(compiled, version))
-        };
+        let shared = shared.map(|(reference, _)| reference);
         if let Some(guest) = self.sandbox.loaded(&digest) {
-            return record(Ok(guest));
+            return Ok(self.recorded(shared.as_deref(), digest, Ok(guest), version));
         }
         let hex = digest.hex();
         if let Some(why) = self.quarantine.why(&hex) {
             return Err(Problem::new(Reason::Quarantined, why.to_owned()));
         }
         // Before the compile: the namespace's module cap (checked again when it is swapped
-        // in), and its compile budget.
+        // in), and its compile budget (not charged to join a compile under way).
         self.module_cap(id, digest)?;
+        let waiter = Waiter {
+            id: id.clone(),
+            version,
+            shared,
+        };
+        let Err(waiter) = self.compiles.join(digest, waiter) else {
+            return Ok(Fetched::Compiling(digest));
+        };
         if let Err(wait) = self.compile_budget.take(id.namespace.as_deref()) {
             let tenant = id.namespace.as_ref().map_or_else(
                 || "the cluster's controllers".to_owned(),
@@ -304,14 +314,76 @@ impl Manager {
                 ),
             ));
         }
-        let sandbox = self.sandbox.clone();
-        let compile = move || tokio::task::spawn_blocking(move || sandbox.load(&bytes));
-        let compiled = self
-            .quarantine
-            .compiling(&hex, compile)
-            .await
-            .map_err(|e| Problem::new(Reason::ModuleInvalid, e.to_string()))?;
-        record(compiled.map_err(|e| e.to_string()))
+        self.compiles
+            .start(self.sandbox.clone(), bytes, digest, waiter);
+        Ok(Fetched::Compiling(digest))
+    }
+
+    /// `compiled`, from `version` of a controller's source, recorded for the anonymous pinned
+    /// image it shares (if it does) so that its other controllers find it without a pull.
+    fn recorded(
+        &self,
+        shared: Option<&str>,
+        digest: Digest,
+        compiled: Result<Arc<GuestPre>, String>,
+        version: Version,
+    ) -> Fetched {
+        if let Some(reference) = shared {
+            let known = Known {
+                digest,
+                compiled: compiled.as_ref().map(|_| ()).map_err(Clone::clone),
+            };
+            self.shared_images.record(reference, known);
+        }
+        Fetched::Compiled(compiled, version)
+    }
+
+    /// A compile ended: the controllers that waited for it (and still run that module) load
+    /// it, or say why not, and those not running yet start. A module whose compile ended the
+    /// compiler (a crash, a limit) is quarantined.
+    pub(super) async fn on_compiled(&mut self, done: Compiled) {
+        let Compiled {
+            digest,
+            result,
+            waiters,
+        } = done;
+        let result = match result {
+            Ok(guest) => Ok(Ok(guest)),
+            Err(crashed @ LoadError::CompileCrashed { .. }) => {
+                let why = self
+                    .quarantine
+                    .record(&digest.hex(), &crashed.to_string())
+                    .await;
+                Err(Problem::new(Reason::Quarantined, why))
+            }
+            Err(invalid) => Ok(Err(invalid.to_string())),
+        };
+        let mut reads = Vec::new();
+        for Waiter {
+            id,
+            version,
+            shared,
+        } in waiters
+        {
+            if self.controllers.get(&id).and_then(|m| m.compiling) != Some(digest) {
+                continue;
+            }
+            let fetched = match &result {
+                Ok(compiled) => {
+                    Ok(self.recorded(shared.as_deref(), digest, compiled.clone(), version))
+                }
+                Err(problem) => Err(problem.clone()),
+            };
+            reads.push(ModuleRead(id, fetched));
+        }
+        let ids: Vec<ControllerId> = reads.iter().map(|ModuleRead(id, _)| id.clone()).collect();
+        self.load_fetched(reads);
+        self.retain_modules();
+        let stopped: Vec<ControllerId> = ids
+            .into_iter()
+            .filter(|id| self.controllers.get(id).is_some_and(|m| m.runner.is_none()))
+            .collect();
+        self.set_up_all(&stopped).await;
     }
 
     /// These module ConfigMaps changed (or were listed again): the controllers whose module

@@ -1,128 +1,210 @@
-//! A module whose compile ended a runtime is quarantined by the next start: the journal a
-//! replica that died compiling leaves (ConfigMap `kubewasm-quarantine`,
-//! `compiling.<replica>: <digest> <since>`, the replica long gone) is written here as it would
-//! be left, beside the entry of a replica compiling another module right now, the runtime
-//! started with `--quarantine-namespace`, and the controller of that module is
-//! `ModuleReady=False`, `Quarantined`, without its guest ever running, while the other
-//! replica's compile is left alone (a replica started beside another one that compiles — a
-//! scale-up — once quarantined that healthy module); another module (a spec change) runs, and
-//! its compile leaves the journal clean.
+//! A module whose compile ends the compiler is quarantined, alone, and the runtime goes on.
+//!
+//! The runtime (`--compile-memory=64Mi`, `--quarantine-namespace`) compiles each new module in
+//! a child process. A tenant's module `heavy` — one function of 100,000 multiplications, 12 KiB
+//! gzipped in a ConfigMap — needs about 90 MiB to compile, so its child ends at the limit; it is
+//! declared together with a bystander's controller (another module, compiled beside it). The
+//! heavy controller is `ModuleReady=False`, `Quarantined`, naming its digest and the limit; the
+//! quarantine ConfigMap holds its digest and no other; the bystander reconciles; the runtime is
+//! the same process throughout. A restarted runtime reads the quarantine and compiles nothing
+//! for it (its compile counter stays at the bystander's one module).
+
+use std::io::Write as _;
 
 use anyhow::{Result, ensure};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::DeleteParams;
 use kube::{Api, Client};
 use serde_json::json;
 
-use crate::cluster::{apply, condition, guest, module_config_map, prepare, sha256, wait_status};
+use crate::cluster::{WAIT, apply, condition, module_config_map, prepare, sha256, wait_status};
 use crate::isolation::{controller, install_probe_crd, install_tenant, probe, probes};
 use crate::runtime::{RuntimeProcess, finish};
-use crate::support::{ControlPlane, RUNTIME_NAMESPACE};
+use crate::support::{ControlPlane, RUNTIME_NAMESPACE, eventually};
 
-const JOURNAL: &str = "kubewasm-quarantine";
+const QUARANTINE: &str = "kubewasm-quarantine";
 
 #[tokio::test]
-async fn a_module_that_ended_a_runtime_is_not_compiled_again() {
+async fn a_module_whose_compile_ends_the_compiler_is_quarantined_alone() {
     let control_plane = ControlPlane::shared();
     let (client, ns) = prepare(control_plane, "quarantine").await;
     let kubeconfig = control_plane.runtime_kubeconfig();
-    let journals: Api<ConfigMap> = Api::namespaced(client.clone(), RUNTIME_NAMESPACE);
-    let result = async {
-        install_probe_crd(&client).await?;
-        install_tenant(&client, &ns, "secret", "config").await?;
-        // What a runtime that died compiling the intruder guest leaves behind.
-        let digest = sha256(&guest("intruder"));
-        let hex = digest.trim_start_matches("sha256:").to_owned();
-        let _ = journals.delete(JOURNAL, &DeleteParams::default()).await;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)?
-            .as_secs();
-        let left: ConfigMap = serde_json::from_value(json!({
-            "metadata": {"name": JOURNAL}, "data": {
-                "compiling.kubewasm-gone": format!("{hex} {}", now - 3600),
-                BUSY_KEY: format!("{BUSY_HEX} {now}")}}))?;
-        journals.create(&PostParams::default(), &left).await?;
-        let mut runtime = RuntimeProcess::start_with_args(
-            &kubeconfig,
-            &ns,
-            &["--quarantine-namespace", RUNTIME_NAMESPACE],
-        );
-        let checked = quarantined(&client, &ns, &journals, &hex).await;
-        finish(checked, &mut [&mut runtime]);
-        anyhow::Ok(())
-    }
-    .await;
-    let _ = journals.delete(JOURNAL, &DeleteParams::default()).await;
+    let quarantine: Api<ConfigMap> = Api::namespaced(client.clone(), RUNTIME_NAMESPACE);
+    let _ = quarantine
+        .delete(QUARANTINE, &DeleteParams::default())
+        .await;
+    let mut runtime = RuntimeProcess::start_with_args(
+        &kubeconfig,
+        &ns,
+        &[
+            "--quarantine-namespace",
+            RUNTIME_NAMESPACE,
+            "--compile-memory=64Mi",
+        ],
+    );
+    let result = quarantined(&client, &ns, &quarantine, &mut runtime).await;
+    finish(result, &mut [&mut runtime]);
+    let _ = quarantine
+        .delete(QUARANTINE, &DeleteParams::default())
+        .await;
     let _ = control_plane.delete_namespace(&ns).await;
-    result.expect("the quarantine");
 }
-
-/// Another replica's compile going on while the runtime starts.
-const BUSY_KEY: &str = "compiling.kubewasm-busy";
-const BUSY_HEX: &str = "abababababababababababababababababababababababababababababababab";
 
 async fn quarantined(
     client: &Client,
     ns: &str,
-    journals: &Api<ConfigMap>,
-    hex: &str,
+    quarantine: &Api<ConfigMap>,
+    runtime: &mut RuntimeProcess,
 ) -> Result<()> {
+    install_probe_crd(client).await?;
+    install_tenant(client, ns, "secret", "config").await?;
+    let heavy = heavy_component(100_000);
+    let hex = sha256(&heavy).trim_start_matches("sha256:").to_owned();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gz.write_all(&heavy)?;
+    let gzipped = gz.finish()?;
+    println!(
+        "heavy module: {} bytes, {} gzipped",
+        heavy.len(),
+        gzipped.len()
+    );
+    apply(
+        client,
+        &module_config_map(ns, "heavy", "heavy.wasm", &gzipped),
+    )
+    .await?;
+    let heavy_spec = json!({"module": {"configMap": {"name": "heavy", "key": "heavy.wasm"}}});
+    apply(client, &controller(ns, "heavy", heavy_spec)).await?;
     apply(client, &controller(ns, "steady", json!({}))).await?;
     apply(client, &probe(ns, "steady", "steady", json!({"echo": "1"}))).await?;
-    wait_status(client, ns, "steady", "the module quarantined", |s| {
+
+    let is_quarantined = |s: &kubewasm::api::WasmControllerStatus| {
         let module = condition(s, "ModuleReady")?;
         ensure!(
             module.status == "False"
                 && module.reason == "Quarantined"
-                && module.message.contains(hex)
+                && module.message.contains(&hex)
+                && module.message.contains("64 MiB")
+                && module.message.contains("--compile-memory")
                 && module.message.contains("change the module"),
             "ModuleReady is {}: {}",
             module.reason,
             module.message
         );
         Ok(())
-    })
-    .await?;
-    let journal = journals.get(JOURNAL).await?.data.unwrap_or_default();
-    ensure!(
-        !journal.contains_key("compiling.kubewasm-gone")
-            && journal.contains_key(&format!("quarantined.{hex}"))
-            && journal.contains_key(BUSY_KEY)
-            && !journal.contains_key(&format!("quarantined.{BUSY_HEX}")),
-        "the journal after the start: {journal:?}"
-    );
-    let probe_now = probes(client, ns).get("steady").await?;
-    ensure!(
-        probe_now.data.pointer("/status/echo").is_none(),
-        "the quarantined module ran: {:?}",
-        probe_now.data.get("status")
-    );
-
-    // A spec naming another module lifts it: that one is compiled (journaled, then cleared).
-    apply(
+    };
+    wait_status(
         client,
-        &module_config_map(ns, "hello", "hello_world.wasm", &guest("hello_world")),
+        ns,
+        "heavy",
+        "the module quarantined",
+        is_quarantined,
     )
     .await?;
-    let hello = json!({"module": {"configMap": {"name": "hello", "key": "hello_world.wasm"}}});
-    apply(client, &controller(ns, "steady", hello)).await?;
-    wait_status(client, ns, "steady", "another module loaded", |s| {
-        let module = condition(s, "ModuleReady")?;
+    // The bystander's module, compiled in the same runtime, runs.
+    eventually("the bystander reconciles", WAIT, || async {
+        let p = probes(client, ns).get("steady").await?;
         ensure!(
-            module.status == "True",
-            "ModuleReady is {}: {}",
-            module.reason,
-            module.message
+            p.data.pointer("/status/echo") == Some(&json!("1")),
+            "status: {:?}",
+            p.data.get("status")
         );
-        Ok(())
+        Ok(Some(()))
     })
     .await?;
-    let journal = journals.get(JOURNAL).await?.data.unwrap_or_default();
+    runtime.ensure_running()?;
+    let kept = quarantine.get(QUARANTINE).await?.data.unwrap_or_default();
+    let bystander = sha256(&crate::cluster::guest("intruder"));
     ensure!(
-        !journal
-            .keys()
-            .any(|k| k.starts_with("compiling") && k != BUSY_KEY),
-        "a finished compile left the journal saying `compiling`: {journal:?}"
+        kept.len() == 1
+            && kept.contains_key(&format!("quarantined.{hex}"))
+            && !kept
+                .keys()
+                .any(|k| k.contains(bystander.trim_start_matches("sha256:"))),
+        "the quarantine names the heavy module and no other: {kept:?}"
     );
-    Ok(())
+
+    // A restart reads the quarantine: the heavy module is not compiled again.
+    runtime.stop()?;
+    runtime.start_again();
+    wait_status(client, ns, "heavy", "still quarantined", is_quarantined).await?;
+    eventually(
+        "the restarted runtime compiled the bystander only",
+        WAIT,
+        || async {
+            let (_, metrics) = runtime.http_get("/metrics").await?;
+            ensure!(
+                metrics.lines().any(|l| l == "kubewasm_modules_compiled 1"),
+                "{}",
+                metrics
+                    .lines()
+                    .filter(|l| l.contains("compiled"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+            Ok(Some(()))
+        },
+    )
+    .await
+}
+
+/// A component whose one core function is `ops` multiplications of its 500 parameters (all
+/// live: nothing folds away), exported and instantiated: the compiler's memory grows with
+/// `ops` (about 90 MiB at 100,000), the bytes compress to almost nothing.
+fn heavy_component(ops: usize) -> Vec<u8> {
+    const PARAMS: u32 = 500;
+    fn leb(mut n: usize, out: &mut Vec<u8>) {
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    fn section(id: u8, body: &[u8], out: &mut Vec<u8>) {
+        out.push(id);
+        leb(body.len(), out);
+        out.extend_from_slice(body);
+    }
+    // A block of 1,000 `c = a * b` over pseudo-random parameters, repeated.
+    let mut block = Vec::new();
+    let mut seed: u32 = 1;
+    let mut next = || {
+        seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        ((seed >> 16) % PARAMS) as usize
+    };
+    for _ in 0..1000 {
+        let (a, b, c) = (next(), next(), next());
+        block.push(0x20);
+        leb(a, &mut block);
+        block.push(0x20);
+        leb(b, &mut block);
+        block.push(0x6c);
+        block.push(0x21);
+        leb(c, &mut block);
+    }
+    let mut body = vec![0]; // no locals
+    for _ in 0..ops / 1000 {
+        body.extend_from_slice(&block);
+    }
+    body.extend_from_slice(&[0x20, 0, 0x0b]); // local.get 0, end
+    let mut types = vec![1, 0x60];
+    leb(PARAMS as usize, &mut types);
+    types.extend(std::iter::repeat_n(0x7f, PARAMS as usize));
+    types.extend_from_slice(&[1, 0x7f]);
+    let mut code = vec![1];
+    leb(body.len(), &mut code);
+    code.extend_from_slice(&body);
+    let mut core = b"\0asm\x01\0\0\0".to_vec();
+    section(1, &types, &mut core);
+    section(3, &[1, 0], &mut core);
+    section(7, &[1, 1, b'f', 0, 0], &mut core);
+    section(10, &code, &mut core);
+    let mut component = b"\0asm\x0d\0\x01\0".to_vec();
+    section(1, &core, &mut component);
+    section(2, &[1, 0, 0, 0], &mut component);
+    component
 }
