@@ -95,10 +95,10 @@ pub struct Args {
     /// WasmControllerState objects, 16 shards per controller of at most 1 MiB each.
     #[arg(long, default_value_t = Unit::Bytes.show(ManagerConfig::default().max_state_bytes_per_controller as u64))]
     max_state_bytes_per_controller: String,
-    /// Keep a journal of the module being compiled in ConfigMap `kubewasm-quarantine` of this
-    /// namespace (the runtime's own): a module whose compile ended a runtime (a crash, an OOM
-    /// kill) is not compiled again by the next start, of this replica or another. Unset: no
-    /// journal.
+    /// Keep the quarantined modules in ConfigMap `kubewasm-quarantine` of this namespace (the
+    /// runtime's own): a module whose compile ended the compiler (a crash, `--compile-memory`,
+    /// `--compile-cpu-seconds`) is not compiled again by any replica, nor by a later start.
+    /// Unset: a replica remembers them until it restarts.
     #[arg(long, env = "KUBEWASM_QUARANTINE_NAMESPACE")]
     quarantine_namespace: Option<String>,
     /// The most bytes a module may have, a quantity: a module file, a ConfigMap's module after

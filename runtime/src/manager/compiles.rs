@@ -60,10 +60,13 @@ impl Compiles {
         self.ended.locked().take()
     }
 
-    /// Adds `waiter` to the compile of `digest` if one is under way; else gives it back.
+    /// Adds `waiter` to the compile of `digest` if one is under way (once per controller: a
+    /// controller that reads its module again while it compiles waits once, with its latest
+    /// read); else gives it back.
     pub(super) fn join(&self, digest: Digest, waiter: Waiter) -> Result<(), Waiter> {
         match self.waiting.locked().get_mut(&digest) {
             Some(waiters) => {
+                waiters.retain(|w| w.id != waiter.id);
                 waiters.push(waiter);
                 Ok(())
             }
@@ -152,5 +155,17 @@ mod tests {
             compiles.join(digest, waiter("third")).is_err(),
             "ended: none under way"
         );
+        // A controller that reads again while its module compiles waits once.
+        compiles
+            .waiting
+            .locked()
+            .insert(digest, vec![waiter("again")]);
+        assert!(compiles.join(digest, waiter("again")).is_ok());
+        assert!(compiles.join(digest, waiter("other")).is_ok());
+        let names: Vec<String> = compiles.waiting.locked()[&digest]
+            .iter()
+            .map(|w| w.id.name.clone())
+            .collect();
+        assert_eq!(names, ["again", "other"]);
     }
 }

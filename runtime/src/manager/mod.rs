@@ -102,8 +102,8 @@ pub struct ManagerConfig {
     pub verify_keys: Vec<crate::sources::cosign::TrustedKey>,
     /// Layers pulled before, kept on disk by digest; [`ModuleCache::off`](crate::sources::ModuleCache::off): none.
     pub module_cache: crate::sources::ModuleCache,
-    /// The namespace of the journal of modules being compiled (see [`quarantine`]); `None`:
-    /// no journal, and nothing quarantined.
+    /// The namespace of the ConfigMap of quarantined modules (see [`quarantine`]); `None`:
+    /// this replica remembers them until it restarts.
     pub quarantine_namespace: Option<String>,
     /// The most bytes of objects the caches hold for one namespace, and in all (see
     /// [`crate::controller::CacheAccounts`]).
@@ -516,7 +516,14 @@ impl Manager {
                 _ = access_tick.tick() => self.recheck_access().await,
                 _ = poll_tick.tick() => self.reload_polled().await,
                 pulled = pulls.notified() => self.on_pulled(&pulled).await,
-                Some(done) = async { compiled.as_mut()?.recv().await } => self.on_compiled(done).await,
+                Some(done) = async { compiled.as_mut()?.recv().await } => {
+                    // Statuses of the controllers it concerns are written soon.
+                    self.on_compiled(done).await;
+                    if soon.is_none() {
+                        status_soon.as_mut().reset(tokio::time::Instant::now() + STATUS_SOON);
+                        soon = Some(usize::MAX);
+                    }
+                }
                 () = sharding::shards_changed(&mut shard_changes) => {
                     self.on_shards().await;
                     if soon.is_none() {

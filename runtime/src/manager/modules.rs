@@ -89,10 +89,12 @@ impl Manager {
 
     /// Validates (compiles once per digest) and swaps in what [`Manager::read_module`] found.
     fn load_module(&mut self, id: &ControllerId, fetched: Result<Fetched, Problem>) {
-        // The last read decides: a compile it did not start applies no more.
+        // The last read that found something decides: a compile it did not start applies no
+        // more (a pull under way found nothing yet).
         if let Some(m) = self.controllers.get_mut(id) {
             m.compiling = match &fetched {
                 Ok(Fetched::Compiling(digest)) => Some(*digest),
+                Ok(Fetched::Pending) => m.compiling,
                 _ => None,
             };
         }

@@ -55,7 +55,7 @@ async fn least_privilege(control_plane: &ControlPlane, admin: &Client, ns: &str)
         // Shards: the set's Leases listed every round, a gone replica's member Lease deleted.
         ("list", "coordination.k8s.io", "leases", RUNTIME_NAMESPACE),
         ("delete", "coordination.k8s.io", "leases", RUNTIME_NAMESPACE),
-        // The journal of the module being compiled (ConfigMap kubewasm-quarantine).
+        // The quarantined modules (ConfigMap kubewasm-quarantine).
         ("create", "", "configmaps", RUNTIME_NAMESPACE),
         // Aggregated into kubewasm-runtime-watch: kinds controllers may make it watch.
         ("list", "", "pods", ""),

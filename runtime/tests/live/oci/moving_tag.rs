@@ -51,9 +51,10 @@ async fn moving_tag(client: &Client, ns: &str, registry: &Registry) -> Result<()
         Ok(wasm)
     };
     // The burst: two compiles.
-    let first = push_variant(0)?;
     apply(client, &controller(ns, "moving", &tag, None, "moving")).await?;
-    for (n, wasm) in [(0, first), (1, push_variant(1)?)] {
+    // One after the other: the tag moves once the status shows the module before.
+    for n in 0..2 {
+        let wasm = push_variant(n)?;
         wait_module(
             client,
             ns,
