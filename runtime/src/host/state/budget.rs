@@ -155,3 +155,35 @@ impl Drop for StateBook {
         self.set(0);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_book_s_sum_replaces_the_last_and_a_dropped_book_credits_it() {
+        let accounts = StateAccounts::new(100);
+        let (a, b) = (accounts.open(Some("ns")), accounts.open(Some("ns")));
+        let cluster = accounts.open(None);
+        a.grow(60).unwrap();
+        a.grow(70).unwrap();
+        assert_eq!(accounts.used(Some("ns")), 70, "replaced, not added");
+        assert_eq!(b.grow(31), Err(70), "refused past the cap");
+        assert_eq!(accounts.used(Some("ns")), 70, "a refusal changes nothing");
+        b.grow(30).unwrap();
+        // Told what is stored (a load), past the cap: only shrinking passes then.
+        a.set(200);
+        assert_eq!(a.grow(201), Err(230));
+        a.grow(150).unwrap();
+        assert_eq!(accounts.used(Some("ns")), 180);
+        // The ClusterWasmControllers are a tenant of their own, capped alike.
+        cluster.grow(100).unwrap();
+        assert_eq!(cluster.grow(101), Err(100));
+        assert!(cluster.whose().contains("ClusterWasmControllers"));
+        assert_eq!(a.whose(), "namespace ns's controllers");
+        drop(a);
+        assert_eq!(accounts.used(Some("ns")), 30);
+        drop((b, cluster));
+        assert_eq!(accounts.tenants(), 0, "every book credited, no tenant left");
+    }
+}
