@@ -651,6 +651,7 @@ fn run_help_shows_the_library_defaults() {
         ("--max-response-bytes", "4Mi"),
         ("--max-cached-bytes-per-namespace", "64Mi"),
         ("--max-cached-bytes", "1Gi"),
+        ("--max-state-bytes-per-namespace", "32Mi"),
         ("--max-writes-per-second", "1000"),
         ("--max-instances", "32"),
         ("--max-log-lines-per-second", "100"),

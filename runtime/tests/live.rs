@@ -51,6 +51,8 @@ mod reload;
 mod restarter;
 #[path = "live/state.rs"]
 mod state;
+#[path = "live/state_budget.rs"]
+mod state_budget;
 use kubewasm_test_support::runtime;
 #[path = "live/signatures.rs"]
 mod signatures;

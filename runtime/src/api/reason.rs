@@ -56,6 +56,10 @@ pub enum Reason {
     CacheBudgetExceeded,
     /// The controller's saved states (WasmControllerState) could not be read.
     StateUnavailable,
+    /// A save of state would take the controller's states past its quota
+    /// (`--max-state-bytes-per-controller`) or its namespace's past the operator's cap
+    /// (`--max-state-bytes-per-namespace`).
+    StateBudgetExceeded,
     // `Degraded`
     /// The last reconciles succeeded.
     ReconcilesSucceeding,
@@ -108,6 +112,7 @@ impl Reason {
             Reason::TooManyControllers => "TooManyControllers",
             Reason::CacheBudgetExceeded => "CacheBudgetExceeded",
             Reason::StateUnavailable => "StateUnavailable",
+            Reason::StateBudgetExceeded => "StateBudgetExceeded",
             Reason::ReconcilesSucceeding => "ReconcilesSucceeding",
             Reason::Timeout => "Timeout",
             Reason::MemoryLimitExceeded => "MemoryLimitExceeded",

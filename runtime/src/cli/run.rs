@@ -95,6 +95,13 @@ pub struct Args {
     /// WasmControllerState objects, 16 shards per controller of at most 1 MiB each.
     #[arg(long, default_value_t = Unit::Bytes.show(ManagerConfig::default().max_state_bytes_per_controller as u64))]
     max_state_bytes_per_controller: String,
+    /// The most bytes of saved states the controllers of one namespace keep together (the
+    /// ClusterWasmControllers together count as one namespace), a quantity: what bounds a
+    /// namespace's WasmControllerState objects in etcd however many controllers it runs; a
+    /// save past it fails that reconcile, and the controller's status says so
+    /// (`StateBudgetExceeded`). Each replica counts the controllers it runs. `0`: no cap.
+    #[arg(long, default_value_t = Unit::Bytes.show(ManagerConfig::default().max_state_bytes_per_namespace as u64))]
+    max_state_bytes_per_namespace: String,
     /// Keep the quarantined modules in ConfigMap `kubewasm-quarantine` of this namespace (the
     /// runtime's own): a module whose compile ended the compiler (a crash, `--compile-memory`,
     /// `--compile-cpu-seconds`) is not compiled again by any replica, nor by a later start.
@@ -264,6 +271,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config.max_state_bytes_per_controller = usize::try_from(cap(
             "max-state-bytes-per-controller",
             &args.max_state_bytes_per_controller,
+        )?)
+        .unwrap_or(usize::MAX);
+        config.max_state_bytes_per_namespace = usize::try_from(cap(
+            "max-state-bytes-per-namespace",
+            &args.max_state_bytes_per_namespace,
         )?)
         .unwrap_or(usize::MAX);
         config.runtime_namespace = args.leader_election_namespace.clone();

@@ -23,5 +23,6 @@ pub use kinds::DeclaredKinds;
 pub use reads::{GrantedReads, ObjectSet, ObjectSource};
 pub use runner::{ControllerSetup, Failing, MAX_LISTED_FINALIZING, Runner, Stats};
 pub use state::{
-    GuestState, LINGER, MAX_SHARD_BYTES, STATE_SHARDS, StateError, StateOwner, shard_of_key,
+    DEFAULT_MAX_STATE_BYTES_PER_NAMESPACE, GuestState, LINGER, MAX_SHARD_BYTES, STATE_SHARDS,
+    StateAccounts, StateBook, StateError, StateOwner, shard_of_key,
 };

@@ -133,6 +133,7 @@ impl Manager {
                     &self.config.runtime_namespace,
                 ),
                 self.config.max_state_bytes_per_controller,
+                self.state_accounts.open(id.namespace.as_deref()),
                 guest_state,
             )),
         };

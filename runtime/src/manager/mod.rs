@@ -111,6 +111,9 @@ pub struct ManagerConfig {
     /// The most bytes (keys and values) of saved states one controller keeps
     /// ([`crate::host::GuestState`]).
     pub max_state_bytes_per_controller: usize,
+    /// The most bytes of saved states one namespace's controllers keep together
+    /// ([`crate::host::StateAccounts`]).
+    pub max_state_bytes_per_namespace: usize,
     /// The runtime's own namespace: where ClusterWasmControllers' saved states are kept.
     pub runtime_namespace: String,
 }
@@ -142,6 +145,7 @@ impl Default for ManagerConfig {
             quarantine_namespace: None,
             cache_caps: crate::controller::CacheCaps::default(),
             max_state_bytes_per_controller: 8 << 20,
+            max_state_bytes_per_namespace: crate::host::DEFAULT_MAX_STATE_BYTES_PER_NAMESPACE,
             runtime_namespace: "default".into(),
         }
     }
@@ -279,6 +283,8 @@ pub struct Manager {
     /// Compiles under way, beside the loop.
     compiles: compiles::Compiles,
     compile_budget: compile_budget::CompileBudget,
+    /// What each namespace's controllers' saved states take, against its cap.
+    state_accounts: Arc<crate::host::StateAccounts>,
     /// Metadata of the ConfigMaps modules may come from (see [`modules`]).
     module_config_maps: Option<reflector::Store<PartialObjectMeta<ConfigMap>>>,
     /// Registry pulls, beside the loop.
@@ -334,6 +340,7 @@ impl Manager {
         let pulls = crate::sources::Pulls::new(registries, config.module_poll);
         let compile_budget =
             compile_budget::CompileBudget::new(config.compiles_per_hour, config.compile_burst);
+        let state_accounts = crate::host::StateAccounts::new(config.max_state_bytes_per_namespace);
         Ok(Manager {
             pulls,
             shared_images: shared_images::SharedImages::default(),
@@ -359,6 +366,7 @@ impl Manager {
             quarantine: quarantine::Quarantine::off(),
             compiles: compiles::Compiles::new(),
             compile_budget,
+            state_accounts,
             module_config_maps: None,
             sharding: None,
             declared: HashMap::new(),

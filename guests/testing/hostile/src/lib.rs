@@ -26,6 +26,7 @@
 //! | `requeue-write` | sets status `{"requeues": <status.requeues + 1>}` (a new status, so a write, every time) and asks to be reconciled again at once: a spin both ways, its own write's watch event and the requeue |
 //! | `event-flood` | records [`EVENT_FLOOD`] Events on the parent, each with a reason of its own (`Flood000`, …), and asks to be reconciled again at once |
 //! | `churn` | sets status `{"seen": <the parent's resourceVersion>}`, which changes the parent and so calls for another reconcile: a hot loop of writes, as a buggy controller makes |
+//! | `hoard-state` | saves the most state an object may have ([`MAX_STATE_BYTES`] bytes, the target's name over and over), every time: a controller keeping as much as it can in etcd |
 //! | `compute` | computes [`compute`] for `spec.rounds` rounds (default [`COMPUTE_ROUNDS`]), no host calls, and sets status `{"computed": <result>}` |
 //! | `remember` | looks through its whole linear memory for what an earlier call left (`spec.lookFor`, hidden as [`hidden`] makes it) and in its statics, then leaves `spec.secret` there itself: a static, and [`REMEMBER_BYTES`] of heap; sets status `{"callsBefore", "staticHeld", "found", "foundOwn"}` ([`remember`]) |
 //!
@@ -46,7 +47,9 @@
 use std::hint::black_box;
 use std::io::Write as _;
 
-use kubewasm_guest_sdk::{Cluster, Error, EventType, LogLevel, Request, Response, object};
+use kubewasm_guest_sdk::{
+    Cluster, Error, EventType, LogLevel, MAX_STATE_BYTES, Request, Response, object,
+};
 use serde_json::json;
 
 /// Where a parent without a spec (a ConfigMap) names its mode.
@@ -183,6 +186,7 @@ pub fn reconcile(req: &Request, cluster: &dyn Cluster) -> Result<Response, Error
             Ok(Response::new().set_status(json!({ "computed": compute(rounds).to_string() })))
         }
         "remember" => Ok(remember(req)),
+        "hoard-state" => Ok(Response::new().set_state(hoarded(&req.target.name))),
         other => Err(Error::permanent(format!("unknown hostile mode {other:?}"))),
     }
 }
@@ -273,6 +277,12 @@ fn occurrences(secret: &[u8]) -> usize {
 #[cfg(not(target_arch = "wasm32"))]
 fn occurrences(_secret: &[u8]) -> usize {
     0
+}
+
+/// What `hoard-state` saves for object `name`: [`MAX_STATE_BYTES`] bytes of it, repeated.
+pub fn hoarded(name: &str) -> String {
+    let seed = if name.is_empty() { "x" } else { name };
+    seed.chars().cycle().take(MAX_STATE_BYTES).collect()
 }
 
 fn well_behaved(req: &Request) -> Response {

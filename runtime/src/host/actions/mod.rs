@@ -55,6 +55,19 @@ pub enum ActionError {
     /// The guest asked for something malformed.
     #[error("{0}")]
     Invalid(String),
+    /// A state could not be saved.
+    #[error(transparent)]
+    State(#[from] super::state::StateError),
+}
+
+impl ActionError {
+    /// The reason a reconcile that failed with it shows.
+    pub fn reason(&self) -> crate::api::Reason {
+        match self {
+            ActionError::State(e) => e.reason(),
+            _ => crate::api::Reason::ActionFailed,
+        }
+    }
 }
 
 /// The API server's own words for an error (`403 Forbidden: pods "x" is forbidden: ...`),
@@ -223,8 +236,7 @@ impl Executor<'_> {
                             state.set_behind(key, value.as_deref(), self.writes.fence())
                         } else {
                             state.set(key, value.as_deref()).await
-                        }
-                        .map_err(|e| ActionError::Invalid(e.to_string()))?;
+                        }?;
                         outcome
                             .changes
                             .push(format!("saved state for {}", self.target));

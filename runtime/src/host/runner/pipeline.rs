@@ -90,7 +90,7 @@ impl Runner {
             .state
             .settled(&key.to_string())
             .await
-            .map_err(|e| Problem::new(Reason::ActionFailed, e.to_string()))?;
+            .map_err(|e| Problem::new(e.reason(), e.to_string()))?;
         let prepared = match self.prepare(key) {
             Prepare::Skip => return Ok(None),
             Prepare::Finalizer(add, parent) => {
@@ -277,7 +277,7 @@ impl Runner {
         let done = executor
             .execute(&actions)
             .await
-            .map_err(|e| Problem::new(Reason::ActionFailed, e.to_string()))?;
+            .map_err(|e| Problem::new(e.reason(), e.to_string()))?;
         drop(actions);
         Ok(Applied {
             outcome,

@@ -71,7 +71,7 @@ impl Runner {
         self.setup
             .state
             .set_behind(key, None, self.setup.writes.fence())
-            .map_err(|e| Problem::new(Reason::ActionFailed, e.to_string()))
+            .map_err(|e| Problem::new(e.reason(), e.to_string()))
     }
 
     /// Removes this controller's finalizer from every parent that carries it, without
