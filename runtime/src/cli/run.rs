@@ -106,6 +106,13 @@ pub struct Args {
     /// a registry sends more than it said).
     #[arg(long, default_value_t = Unit::Bytes.show(ManagerConfig::default().max_module_bytes))]
     max_module_bytes: String,
+    /// The most bytes all module reads in flight may hold at once, a quantity: ConfigMaps
+    /// read, layers pulled and modules gunzipped, each charged what it may come to before it
+    /// is read, until the last controller waiting for it has compiled it. A read that does
+    /// not fit waits, then is retried. At least twice --max-module-bytes (a gzipped layer at
+    /// the cap and what it inflates to).
+    #[arg(long, default_value_t = Unit::Bytes.show(ManagerConfig::default().module_read_bytes))]
+    module_read_bytes: String,
     /// A registry (`HOST:PORT`, as image references name it) spoken to over plain HTTP instead
     /// of HTTPS; repeatable. Every other registry is HTTPS only.
     #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
@@ -217,6 +224,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 args.max_module_bytes
             ),
             Ok(bytes) => bytes as u64,
+        };
+        config.module_read_bytes = match kubewasm::api::parse_bytes(&args.module_read_bytes) {
+            Ok(bytes) if bytes as u64 >= config.max_module_bytes.saturating_mul(2) => bytes as u64,
+            _ => anyhow::bail!(
+                "--module-read-bytes {}: give a quantity of at least twice --max-module-bytes ({}), e.g. 128Mi: a gzipped layer at the cap and what it inflates to are held at once",
+                args.module_read_bytes,
+                Unit::Bytes.show(config.max_module_bytes.saturating_mul(2))
+            ),
         };
         // One cap for a module's bytes, fetched and compiled alike.
         config.sandbox.max_module_bytes =

@@ -39,6 +39,9 @@ enum Fetched {
     Pending,
     /// These bytes, compiled (or why not), from this version of the source.
     Compiled(Result<Arc<GuestPre>, String>, Version),
+    /// Not read: the runtime may not act as the controller's ServiceAccount (why: the
+    /// problem its setup would have).
+    Refused(Problem),
 }
 
 impl Manager {
@@ -82,6 +85,7 @@ impl Manager {
             .set_compilations(compilations.compiled(), compilations.cached());
         let layers = &self.config.module_cache;
         self.metrics.set_pulls(layers.pulled(), layers.hits());
+        self.metrics.set_module_reads(&self.reads);
     }
 
     /// Validates (compiles once per digest) and swaps in what [`Manager::read_module`] found.
@@ -89,6 +93,18 @@ impl Manager {
         let mut image = None;
         let loaded = match fetched {
             Ok(Fetched::Pending) => return,
+            Ok(Fetched::Refused(problem)) => {
+                // A running one is stopped by `recheck_access`; one not running says why.
+                if let Some(m) = self.controllers.get_mut(id)
+                    && m.runner.is_none()
+                {
+                    if m.setup_problem.as_ref() != Some(&problem) {
+                        tracing::warn!(controller = %id, reason = %problem.reason, "module not read: {}", problem.message);
+                    }
+                    m.setup_problem = Some(problem);
+                }
+                return;
+            }
             Ok(Fetched::Unchanged) => {
                 // The source answers again, at the version loaded: what was wrong before it
                 // stopped answering is what is wrong now.
@@ -208,6 +224,17 @@ impl Manager {
         loaded: Option<&Version>,
     ) -> Result<Fetched, Problem> {
         let source = source.map_err(|e| Problem::new(Reason::InvalidSpec, e))?;
+        // Nothing of a controller's module is read (nor shared with it) before the runtime
+        // knows it may act as the controller's ServiceAccount: its namespace and the account
+        // opted in. A tenant that did not opt in costs no read.
+        let acting = match super::setup::service_account(id, spec) {
+            Ok(account) => self.check_acting(&account).await.map(|()| account),
+            Err(problem) => Err(problem),
+        };
+        let account = match acting {
+            Ok(account) => account,
+            Err(problem) => return Ok(Fetched::Refused(problem)),
+        };
         let pin = spec.module.sha256.as_deref();
         // An image another controller already runs by the same anonymous pinned reference:
         // its module, compiled, without a pull (one reader per reference at a time).
@@ -236,15 +263,13 @@ impl Manager {
             self.module_config_maps.clone(),
             self.config.module_dir.clone(),
             self.config.max_module_bytes,
+            self.reads.clone(),
         );
         if let Source::Oci { pull_secret, .. } = &source {
-            // A pull secret is read as the controller's ServiceAccount, once the runtime may
-            // act as it at all.
+            // A pull secret is read as the controller's ServiceAccount (checked above).
             let account = match pull_secret {
                 None => None,
                 Some(_) => {
-                    let account = super::setup::service_account(id, spec)?;
-                    self.check_acting(&account).await?;
                     let client = self
                         .impersonating(&account.namespace, &account.name)
                         .map_err(|e| Problem::new(Reason::ClientError, e.to_string()))?;

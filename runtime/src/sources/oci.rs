@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use super::cosign::{self, TrustedKey};
 use super::module_cache::{CacheScope, ModuleCache};
+use super::reads::{BudgetExhausted, ModuleBytes, ReadBudget};
 pub use super::registry_http::{RegistryAccess, read_at_most, read_capped};
 use super::registry_http::{Session, read_body};
 use crate::api::{ImageRef, Reason};
@@ -67,6 +68,8 @@ pub struct RegistryConfig {
     pub verify_keys: Vec<TrustedKey>,
     /// Layers pulled before, kept on disk by digest (`kubewasm run --module-cache-dir`).
     pub module_cache: ModuleCache,
+    /// What a layer is charged to while it is read and held (`kubewasm run --module-read-bytes`).
+    pub read_budget: ReadBudget,
 }
 
 impl RegistryConfig {
@@ -80,6 +83,7 @@ impl RegistryConfig {
             pull_timeout: PULL_TIMEOUT,
             verify_keys: Vec::new(),
             module_cache: ModuleCache::off(),
+            read_budget: ReadBudget::unbounded(),
         }
     }
 
@@ -334,6 +338,9 @@ pub enum PullError {
         /// Why no signature is good.
         why: String,
     },
+    /// No room in the runtime's module read budget for the layer.
+    #[error(transparent)]
+    Budget(#[from] BudgetExhausted),
     /// The pull secret could not be used.
     #[error("{message}")]
     PullSecret {
@@ -354,7 +361,7 @@ impl PullError {
                 Reason::ModuleInvalid
             }
             PullError::Corrupt { .. } => Reason::DigestMismatch,
-            PullError::Pulling { .. } => Reason::ModuleNotLoaded,
+            PullError::Pulling { .. } | PullError::Budget(_) => Reason::ModuleNotLoaded,
             PullError::PullSecret { reason, .. } => *reason,
             PullError::Signature { .. } => Reason::SignatureInvalid,
         }
@@ -370,8 +377,8 @@ pub enum Pulled {
     Module {
         /// The manifest's digest (`sha256:…`): what the image resolved to.
         digest: String,
-        /// The component.
-        bytes: Vec<u8>,
+        /// The component, shared by every controller the pull serves.
+        bytes: ModuleBytes,
     },
 }
 
@@ -450,14 +457,27 @@ async fn pull_within(
     let cache = &config.module_cache;
     let scope = CacheScope::of(reference.registry(), auth);
     let size = u64::try_from(layer.size).unwrap_or(u64::MAX);
-    if size <= config.max_module_bytes
+    // Charged before it is read: the size the manifest says, within the cap (a layer larger
+    // is refused as it streams, past either).
+    let max = config.max_module_bytes;
+    let charge = config.read_budget.charge(size.min(max)).await?;
+    if size <= max
         && let Some(bytes) = cache.get(&layer.digest, size, &scope).await
     {
+        let bytes = held(bytes, charge).await?;
         return Ok(Pulled::Module { digest, bytes });
     }
-    let bytes = read_blob(&mut session, layer, config.max_module_bytes, "module").await?;
+    let bytes = read_blob(&mut session, layer, max, "module").await?;
     cache.put(&layer.digest, &bytes, &scope).await;
+    let bytes = held(bytes, charge).await?;
     Ok(Pulled::Module { digest, bytes })
+}
+
+/// A layer's bytes held under their charge (hashed off the async workers).
+async fn held(bytes: Vec<u8>, charge: super::reads::Charge) -> Result<ModuleBytes, PullError> {
+    tokio::task::spawn_blocking(move || ModuleBytes::new(bytes, charge))
+        .await
+        .map_err(|e| PullError::Client(format!("hashing a layer failed: {e}")))
 }
 
 /// The digest `tag` names now: from the `Docker-Content-Digest` of a `HEAD` (no body), or,

@@ -772,7 +772,7 @@ mod tests {
         let permit = pulls.permits.clone().acquire_owned().await.unwrap();
         let module = Pulled::Module {
             digest: digest.clone(),
-            bytes: vec![0; 1 << 10],
+            bytes: crate::sources::ModuleBytes::uncharged(vec![0; 1 << 10]),
         };
         pulls.finish_shared(reference, Ok(module), Some(permit));
         let free = || pulls.permits.available_permits();
