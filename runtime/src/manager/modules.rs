@@ -282,9 +282,14 @@ impl Manager {
                 account,
             });
         }
-        let fetched = sources::fetch(&origin, &source, pin, loaded)
-            .await
-            .map_err(|e| Problem::new(e.reason(), e.to_string()))?;
+        let fetched = match sources::fetch(&origin, &source, pin, loaded).await {
+            Ok(fetched) => fetched,
+            // Bytes that are no module fail the same way: read again only once they change.
+            Err(e) => match e.invalid_at() {
+                Some(version) => return Ok(Fetched::Compiled(Err(e.to_string()), version.clone())),
+                None => return Err(Problem::new(e.reason(), e.to_string())),
+            },
+        };
         let (bytes, version) = match fetched {
             sources::Fetched::Unchanged => return Ok(Fetched::Unchanged),
             sources::Fetched::Pending => return Ok(Fetched::Pending),

@@ -39,6 +39,15 @@ pub enum ModuleError {
     /// No room in the runtime's module read budget.
     #[error(transparent)]
     Budget(#[from] super::reads::BudgetExhausted),
+    /// The bytes of this version of the source are no module: they fail the same way until
+    /// the source changes, so they are not read again before ([`ModuleError::invalid_at`]).
+    #[error("{error}")]
+    Invalid {
+        /// Why.
+        error: Box<ModuleError>,
+        /// The version read.
+        version: super::Version,
+    },
     /// The read this one waited for failed (every controller naming that version of the
     /// module is told the same).
     #[error(transparent)]
@@ -125,6 +134,7 @@ impl ModuleError {
             }
             ModuleError::Budget(_) => Reason::ModuleNotLoaded,
             ModuleError::Shared(e) => e.reason(),
+            ModuleError::Invalid { error, .. } => error.reason(),
             ModuleError::Registry(e) => e.reason(),
             ModuleError::Unreachable(_) => Reason::ClientError,
             ModuleError::InvalidSpec(_) => Reason::InvalidSpec,
@@ -133,6 +143,28 @@ impl ModuleError {
             | ModuleError::OutsideModuleDir { .. }
             | ModuleError::File { .. }
             | ModuleError::NoConfigMap { .. } => Reason::ModuleNotFound,
+        }
+    }
+}
+
+impl ModuleError {
+    /// The version of the source whose bytes are no module, when that is the error.
+    pub fn invalid_at(&self) -> Option<&super::Version> {
+        match self {
+            ModuleError::Invalid { version, .. } => Some(version),
+            ModuleError::Shared(e) => e.invalid_at(),
+            _ => None,
+        }
+    }
+
+    /// This error, said to be about the bytes of `version` when they are no module.
+    pub(super) fn at(self, version: &super::Version) -> ModuleError {
+        match self.reason() {
+            crate::api::Reason::ModuleInvalid => ModuleError::Invalid {
+                error: Box::new(self),
+                version: version.clone(),
+            },
+            _ => self,
         }
     }
 }

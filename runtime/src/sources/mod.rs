@@ -195,8 +195,10 @@ pub async fn fetch(
                 Found::At(layer, version) if is_gzip(&layer) => {
                     let key = ReadKey::Image(format!("{version:?}"));
                     let inflate = || async {
-                        let module = inflated(layer, reads.budget(), max).await?;
-                        Ok((module, version))
+                        match inflated(layer, reads.budget(), max).await {
+                            Ok(module) => Ok((module, version)),
+                            Err(e) => Err(e.at(&version)),
+                        }
                     };
                     let (module, version) = reads.shared(key, inflate).await?;
                     (module, version, true)
@@ -236,7 +238,9 @@ async fn read_config_map(
         }
     };
     let raw = take_key(config_map, key)?;
-    let module = unpacked(raw, charge, origin.max_module_bytes()).await?;
+    let module = unpacked(raw, charge, origin.max_module_bytes())
+        .await
+        .map_err(|e| e.at(&version))?;
     Ok((module, version))
 }
 
