@@ -26,9 +26,8 @@ pub enum ModuleError {
     Gzip(#[source] std::io::Error),
     /// The gzip stream inflates past [`MAX_GZIP_RATIO`] times its size.
     #[error(
-        "the gzipped module ({} compressed) inflates to more than {ratio}× its size ({}), the most this runtime inflates; nothing past that was inflated. A real component gzips about 3× (a gzip bomb, or a module padded with zeros, does not): store it uncompressed, or push it to a registry with `kubewasm push` and name it in spec.module.image",
-        crate::api::Unit::Bytes.show(*.compressed),
-        crate::api::Unit::Bytes.show(.compressed.saturating_mul(*.ratio))
+        "the gzipped module ({compressed} bytes) inflates to more than {ratio}× its size ({} bytes), the most this runtime inflates; nothing past that was inflated. A real component gzips about 3× (a gzip bomb, or a module padded with zeros, does not): store it uncompressed, or push it to a registry with `kubewasm push` and name it in spec.module.image",
+        .compressed.saturating_mul(*.ratio)
     )]
     Inflates {
         /// Its compressed size, in bytes.
