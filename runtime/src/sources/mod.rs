@@ -9,6 +9,7 @@
 //! ([`Pulls`]): their answer may be "nothing yet" ([`Fetched::Pending`]). A new kind of source adds a variant to `Source`,
 //! a method to `Origin` and an arm to `fetch`: the compiler names every origin that lacks it.
 
+mod artifact;
 mod bytes;
 mod capped;
 mod cluster;
