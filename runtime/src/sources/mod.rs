@@ -20,6 +20,7 @@ mod offline;
 mod pulls;
 mod reads;
 mod registry_http;
+mod signatures;
 
 use std::future::Future;
 

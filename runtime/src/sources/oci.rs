@@ -9,6 +9,8 @@
 //! moved costs one small request. Every request of a pull goes through one
 //! [`Session`](super::registry_http::Session): the addresses it may reach, its credentials and
 //! token, and one capped reader for every body (see [`registry_http`](super::registry_http)).
+//! The layout's media types and config are in [`artifact`](super::artifact), the check of a
+//! digest's signatures in [`signatures`](super::signatures).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,7 +24,7 @@ pub use super::artifact::{
     CONFIG_MEDIA_TYPE, CONTROLLER_WORLD, ComponentInfo, LAYER_MEDIA_TYPE, MANIFEST_MEDIA_TYPE,
     WasmConfig,
 };
-use super::cosign::{self, TrustedKey};
+use super::cosign::TrustedKey;
 use super::module_cache::{CacheScope, ModuleCache};
 use super::reads::{BudgetExhausted, ModuleBytes, ReadBudget};
 pub use super::registry_http::{RegistryAccess, read_at_most, read_capped};
@@ -33,7 +35,7 @@ use crate::sandbox::Digest;
 /// The most bytes an image's config may have: it names a world and some interfaces.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 /// The most bytes a manifest may have (an image's, or its signatures'): a module's is under
-/// 1 KiB, one of [`cosign::MAX_SIGNATURES`] signatures about 40 KiB.
+/// 1 KiB, one of [`super::cosign::MAX_SIGNATURES`] signatures about 40 KiB.
 pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
 /// How long connecting to a registry may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -297,7 +299,7 @@ async fn pull_within(
         return Ok(Pulled::Unchanged);
     }
     if !config.verify_keys.is_empty() {
-        verify_signature(config, &mut session, image, &digest).await?;
+        super::signatures::verify_signature(config, &mut session, image, &digest).await?;
     }
     // The manifest of that digest (a tag may move meanwhile: what is pulled is what was
     // resolved).
@@ -401,94 +403,9 @@ fn is_sha256_digest(digest: &str) -> bool {
     })
 }
 
-/// Media types a signature manifest may have: cosign writes OCI manifests, older releases
-/// Docker's (the same shape).
-const SIGNATURE_MANIFEST_MEDIA_TYPES: [&str; 2] = [
-    MANIFEST_MEDIA_TYPE,
-    "application/vnd.docker.distribution.manifest.v2+json",
-];
-
-/// Whether a cosign signature of `digest` by one of `keys` is in `image`'s repository (see
-/// [`cosign`]): at most [`cosign::MAX_SIGNATURES`] signatures of at most
-/// [`cosign::MAX_PAYLOAD_BYTES`] each are read.
-async fn verify_signature(
-    config: &RegistryConfig,
-    session: &mut Session,
-    image: &ImageRef,
-    digest: &str,
-) -> Result<(), PullError> {
-    let keys = &config.verify_keys;
-    let reference = image.reference();
-    let repository = format!("{}/{}", reference.registry(), reference.repository());
-    let refuse = |why: String| PullError::Signature {
-        image: image.to_string(),
-        repository: repository.clone(),
-        digest: digest.to_owned(),
-        why,
-    };
-    let Some(tag) = cosign::signature_tag(digest) else {
-        return Err(refuse("cosign signs sha256 digests only".into()));
-    };
-    let Some(raw) = read_manifest(session, &tag, &SIGNATURE_MANIFEST_MEDIA_TYPES).await? else {
-        return Err(refuse(format!(
-            "it has no signature (its repository has no tag {tag})"
-        )));
-    };
-    let manifest: OciImageManifest = serde_json::from_slice(&raw).map_err(|e| {
-        refuse(format!(
-            "its signatures ({tag}) are not an image manifest: {e}"
-        ))
-    })?;
-    drop(raw);
-    let mut refusals: Vec<String> = Vec::new();
-    let layers = manifest
-        .layers
-        .iter()
-        .filter(|l| l.media_type == cosign::PAYLOAD_MEDIA_TYPE)
-        .take(cosign::MAX_SIGNATURES);
-    for layer in layers {
-        let Some(signature) = layer
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(cosign::SIGNATURE_ANNOTATION))
-        else {
-            continue;
-        };
-        if layer.urls.as_ref().is_some_and(|u| !u.is_empty()) {
-            refusals.push("a signature names foreign `urls`".into());
-            continue;
-        }
-        let payload = match read_blob(session, layer, cosign::MAX_PAYLOAD_BYTES, "signature").await
-        {
-            Ok(payload) => payload,
-            Err(e) => {
-                refusals.push(format!("a signature cannot be read: {e}"));
-                continue;
-            }
-        };
-        match cosign::check(keys, &payload, signature, digest) {
-            Ok(key) => {
-                tracing::debug!(image = %image, digest, key = %key.name, "signature verified");
-                return Ok(());
-            }
-            Err(why) => refusals.push(why.to_string()),
-        }
-    }
-    refusals.dedup();
-    Err(refuse(match refusals.as_slice() {
-        [] => format!("{tag} holds no cosign signature"),
-        [one] => format!("its one signature is refused: {one}"),
-        many => format!(
-            "none of its {} signatures is good: {}",
-            many.len(),
-            many.join("; ")
-        ),
-    }))
-}
-
 /// A manifest by tag or digest: at most [`MAX_MANIFEST_BYTES`], refused as soon as the
 /// response says or sends more. `None`: the registry says there is none.
-async fn read_manifest(
+pub(super) async fn read_manifest(
     session: &mut Session,
     target: &str,
     accept: &[&str],
@@ -532,7 +449,7 @@ fn wasm_layer(manifest: &OciImageManifest) -> Result<&OciDescriptor, String> {
 
 /// A blob of at most `max` bytes (and exactly its descriptor's size), its digest checked;
 /// refused as soon as the descriptor, the response's length or the stream says more.
-async fn read_blob(
+pub(super) async fn read_blob(
     session: &mut Session,
     descriptor: &OciDescriptor,
     max: u64,
