@@ -8,6 +8,15 @@
 //! came from ([`sources::ClusterOrigin`]), so a changed module is noticed as before, and an
 //! unchanged one costs nothing.
 //!
+//! Every byte of a module is owned and capped where it is read ([`sources::ModuleReads`]):
+//! a ConfigMap's version (or a gzipped image's digest) is read and gunzipped once for all
+//! the controllers naming it, the bytes shared until the last has compiled them; every read,
+//! pull and gunzip is charged to one budget (`--module-read-bytes`) before it reads; a gzip
+//! stream inflates at most [`sources::MAX_GZIP_RATIO`] times its size. Bytes that are no
+//! module are remembered by their version and not read again until it changes. And nothing
+//! is read for a controller before the runtime knows it may act as its ServiceAccount (its
+//! namespace and the account opted in): a tenant that did not opt in costs no read.
+//!
 //! Images are pulled beside the manager loop ([`sources::Pulls`]): asking for one answers at
 //! once, and the loop is woken when a pull ends ([`Manager::on_pulled`]). A tag is resolved
 //! again every `--module-poll-seconds` with the files; a moved tag loads like a changed
