@@ -968,4 +968,14 @@ fn run_help_shows_the_module_cap_and_the_insecure_registries() {
     assert!(help.contains("[default: 64Mi]"), "{help}");
     assert!(help.contains("--insecure-registry <HOST:PORT>"), "{help}");
     assert!(help.contains("--verify-key <FILE>"), "{help}");
+    assert!(
+        help.contains("--module-read-bytes <MODULE_READ_BYTES>")
+            && help.contains("[default: 128Mi]"),
+        "{help}"
+    );
+    // Less than a gzipped layer at the cap and what it inflates to: refused before it starts.
+    kubewasm(&["run", "--module-read-bytes", "100Mi"]).failure(&[
+        "--module-read-bytes 100Mi",
+        "at least twice --max-module-bytes (128Mi)",
+    ]);
 }

@@ -190,9 +190,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .map(|path| kubewasm::sources::cosign::TrustedKey::read(path))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| anyhow::anyhow!("--verify-key {e}"))?;
-        let kube_config = kube::Config::infer().await.context(
-            "cannot find a Kubernetes configuration: set KUBECONFIG (e.g. `eval \"$(make -s cluster-up)\"`) or run inside a cluster",
-        )?;
         let mut config = ManagerConfig::default();
         config.sandbox.max_instances = args.max_instances;
         config.sandbox.log_lines_per_second = args.max_log_lines_per_second;
@@ -233,6 +230,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 Unit::Bytes.show(config.max_module_bytes.saturating_mul(2))
             ),
         };
+        let kube_config = kube::Config::infer().await.context(
+            "cannot find a Kubernetes configuration: set KUBECONFIG (e.g. `eval \"$(make -s cluster-up)\"`) or run inside a cluster",
+        )?;
         // One cap for a module's bytes, fetched and compiled alike.
         config.sandbox.max_module_bytes =
             usize::try_from(config.max_module_bytes).unwrap_or(usize::MAX);
