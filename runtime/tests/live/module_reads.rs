@@ -2,7 +2,8 @@
 //! that inflates to 64 MiB) from 32 WasmControllers while team-b's controller keeps
 //! reconciling, and team-c, whose namespace is not opted in, names a module too. Read from
 //! the runtime's `/metrics` (`kubewasm_module_config_map_reads`, `…_read_bytes_peak`) and its
-//! VmHWM: the bomb's ConfigMap is read once for the 32 (and not again while it is unchanged),
+//! VmHWM: the bomb's ConfigMap is read once for the 32 (not again while it is unchanged, once
+//! more for its next version),
 //! team-c's not at all, the runtime grows by a few MiB (before: each controller inflated its
 //! own 64 MiB, 32 at once), each of team-a's controllers says `ModuleInvalid` with the ratio,
 //! and team-b's controller still reconciles.
@@ -110,36 +111,14 @@ async fn bomb(client: &Client, [a, b, c]: [&str; 3], runtime: &RuntimeProcess) -
         )
         .await?;
     }
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-    gz.write_all(&vec![0; 64 << 20])?;
-    let bomb = gz.finish()?;
+    let bomb = gzipped_zeros(64 << 20)?;
     // Peaks are VmHWM: what the runtime reached before (its start, team-b's compile) is the
     // baseline, and the bomb would show above it.
     let (rss_before_kib, baseline_kib) = memory_kib(runtime.pid())?;
     let before = reads(runtime).await?;
     let started = Instant::now();
     apply(client, &module_config_map(a, "bomb", "bomb.wasm", &bomb)).await?;
-    for i in 0..CONTROLLERS {
-        let name = format!("bomb-{i:02}");
-        let status = wait_status(client, a, &name, "the bomb refused with its ratio", |s| {
-            let module = ensure_condition(s, "ModuleReady", "False")?;
-            ensure!(
-                module.reason == "ModuleInvalid"
-                    && module
-                        .message
-                        .contains("inflates to more than 32× its size"),
-                "ModuleReady says {}: {}",
-                module.reason,
-                module.message
-            );
-            Ok(())
-        })
-        .await?;
-        if i == 0 {
-            let said = ensure_condition(&status, "ModuleReady", "False")?;
-            eprintln!("{name}: {}", said.message);
-        }
-    }
+    refused(client, a, &bomb).await?;
     let refused_in = started.elapsed();
     let after_bomb = reads(runtime).await?;
     // team-b's controller still reconciles.
@@ -185,5 +164,54 @@ async fn bomb(client: &Client, [a, b, c]: [&str; 3], runtime: &RuntimeProcess) -
         baseline_kib >> 10,
         peak_kib >> 10
     );
+    // A new version of the ConfigMap (another bomb) is read once more, for all 32.
+    let second = gzipped_zeros(32 << 20)?;
+    apply(client, &module_config_map(a, "bomb", "bomb.wasm", &second)).await?;
+    refused(client, a, &second).await?;
+    let after_second = reads(runtime).await?;
+    eprintln!(
+        "its next version: {} more reads",
+        after_second - after_retries
+    );
+    ensure!(
+        (1..=2).contains(&(after_second - after_retries)),
+        "the bomb's next version was read {} times for {CONTROLLERS} controllers",
+        after_second - after_retries
+    );
+    Ok(())
+}
+
+/// `size` zeros, gzipped: a bomb.
+fn gzipped_zeros(size: usize) -> Result<Vec<u8>> {
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gz.write_all(&vec![0; size])?;
+    Ok(gz.finish()?)
+}
+
+/// Waits until each of team-a's controllers says `bomb` (by its size) inflates past the ratio.
+async fn refused(client: &Client, a: &str, bomb: &[u8]) -> Result<()> {
+    let size = format!("({} bytes)", bomb.len());
+    for i in 0..CONTROLLERS {
+        let name = format!("bomb-{i:02}");
+        let status = wait_status(client, a, &name, "the bomb refused with its ratio", |s| {
+            let module = ensure_condition(s, "ModuleReady", "False")?;
+            ensure!(
+                module.reason == "ModuleInvalid"
+                    && module
+                        .message
+                        .contains("inflates to more than 32× its size")
+                    && module.message.contains(&size),
+                "ModuleReady says {}: {}",
+                module.reason,
+                module.message
+            );
+            Ok(())
+        })
+        .await?;
+        if i == 0 {
+            let said = ensure_condition(&status, "ModuleReady", "False")?;
+            eprintln!("{name}: {}", said.message);
+        }
+    }
     Ok(())
 }
