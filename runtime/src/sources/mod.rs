@@ -30,10 +30,10 @@ use crate::api::{ImageRef, Source};
 use crate::sandbox::Digest;
 
 pub use bytes::{
-    DEFAULT_MAX_MODULE_BYTES, MAX_GZIP_RATIO, ModuleError, bytes_from_configmap, gunzip,
+    DEFAULT_MAX_MODULE_BYTES, MAX_GZIP_RATIO, ModuleError, bytes_from_configmap, check_pin, gunzip,
     inflate_bound, read_module_file, unpack,
 };
-use bytes::{check_pin, is_gzip, take_key};
+use bytes::{is_gzip, take_key};
 pub use cluster::{ClusterOrigin, ImagePuller};
 pub use module_cache::ModuleCache;
 pub use offline::OfflineOrigin;

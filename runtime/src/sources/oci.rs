@@ -9,8 +9,8 @@
 //! moved costs one small request. Every request of a pull goes through one
 //! [`Session`](super::registry_http::Session): the addresses it may reach, its credentials and
 //! token, and one capped reader for every body (see [`registry_http`](super::registry_http)).
-//! The layout's media types and config are in [`artifact`](super::artifact), the check of a
-//! digest's signatures in [`signatures`](super::signatures).
+//! The layout's media types and config are in `sources/artifact.rs`, the check of a digest's
+//! signatures in `sources/signatures.rs`.
 
 use std::sync::Arc;
 use std::time::Duration;
