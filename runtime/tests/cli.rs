@@ -669,23 +669,21 @@ fn run_help_shows_the_library_defaults() {
     }
 }
 
-/// A guest grown to `size` bytes by a custom section (which every loader ignores): zeros, or
-/// with `random` bytes that gzip cannot shrink.
-fn padded_guest(dir: &Path, name: &str, size: usize, random: bool) -> PathBuf {
+/// A guest grown to `size` bytes by a custom section (which every loader ignores) of random
+/// bytes masked by `mask`: `0` zeros (gzip shrinks them a thousand times), `1` one random bit a
+/// byte (about 6×), `0xff` bytes gzip cannot shrink.
+fn padded_guest(dir: &Path, name: &str, size: usize, mask: u8) -> PathBuf {
     let module = std::fs::read(common::guest("hello_world")).unwrap();
     let section_name = "padding";
     let payload_len = size - module.len() - 1 - 5 - 1 - section_name.len();
     let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
     let payload: Vec<u8> = (0..payload_len)
         .map(|_| {
-            if !random {
-                return 0;
-            }
             // xorshift64: incompressible enough for gzip.
             state ^= state << 13;
             state ^= state >> 7;
             state ^= state << 17;
-            state as u8
+            state as u8 & mask
         })
         .collect();
     let module = common::with_custom_section(module, section_name, &payload);
@@ -720,17 +718,17 @@ fn check_warns_when_a_module_does_not_fit_in_a_configmap() {
     let dir = tempfile::tempdir().unwrap();
     let limit = "more than the 1048576 bytes a ConfigMap holds";
     // The exact limit fits (the API server accepts a 1,048,576-byte value).
-    let exact = padded_guest(dir.path(), "exact.wasm", 1 << 20, true);
+    let exact = padded_guest(dir.path(), "exact.wasm", 1 << 20, 0xff);
     let run = kubewasm(&[OsStr::new("check"), exact.as_os_str()]).success();
     assert_eq!(warning(&run), None, "{}", run.stderr);
-    let over = padded_guest(dir.path(), "over.wasm", (1 << 20) + 1, true);
+    let over = padded_guest(dir.path(), "over.wasm", (1 << 20) + 1, 0xff);
     assert_warns(&over, &["over.wasm is 1048577 bytes, ", limit]);
     let small = common::guest("hello_world");
     let run = kubewasm(&[OsStr::new("check"), small.as_os_str()]).success();
     assert_eq!(warning(&run), None, "{}", run.stderr);
 
     // Too big as it is, small once gzipped: the fix is gzip.
-    let sparse = padded_guest(dir.path(), "sparse.wasm", 3 << 20, false);
+    let sparse = padded_guest(dir.path(), "sparse.wasm", 3 << 20, 1);
     assert_warns(
         &sparse,
         &[
@@ -745,9 +743,21 @@ fn check_warns_when_a_module_does_not_fit_in_a_configmap() {
     let run = kubewasm(&[OsStr::new("check"), gzip(&sparse).as_os_str()]).success();
     assert_eq!(warning(&run), None, "gzipped, it fits:\n{}", run.stderr);
 
+    // Zeros gzip a thousand times, past what the runtime inflates: gzip is not the fix, and
+    // the gzipped file is refused as the runtime would refuse it.
+    let zeros = padded_guest(dir.path(), "zeros.wasm", 3 << 20, 0);
+    assert_warns(
+        &zeros,
+        &["but it inflates more than 32×", "spec.module.image"],
+    );
+    kubewasm(&[OsStr::new("check"), gzip(&zeros).as_os_str()]).failure(&[
+        "inflates to more than 32× its size",
+        "store it uncompressed",
+    ]);
+
     // Too big either way: a smaller build, a module file, or (later) an OCI image.
     // (The guest itself shrinks to a third gzipped; the random padding does not.)
-    let dense = padded_guest(dir.path(), "dense.wasm", 3 << 19, true);
+    let dense = padded_guest(dir.path(), "dense.wasm", 3 << 19, 0xff);
     for module in [dense.clone(), gzip(&dense)] {
         assert_warns(
             &module,
@@ -959,4 +969,14 @@ fn run_help_shows_the_module_cap_and_the_insecure_registries() {
     assert!(help.contains("[default: 64Mi]"), "{help}");
     assert!(help.contains("--insecure-registry <HOST:PORT>"), "{help}");
     assert!(help.contains("--verify-key <FILE>"), "{help}");
+    assert!(
+        help.contains("--module-read-bytes <MODULE_READ_BYTES>")
+            && help.contains("[default: 128Mi]"),
+        "{help}"
+    );
+    // Less than a gzipped layer at the cap and what it inflates to: refused before it starts.
+    kubewasm(&["run", "--module-read-bytes", "100Mi"]).failure(&[
+        "--module-read-bytes 100Mi",
+        "at least twice --max-module-bytes (128Mi)",
+    ]);
 }

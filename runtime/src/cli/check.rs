@@ -70,6 +70,14 @@ fn configmap_size_warning(path: &Path, raw: &[u8]) -> Option<String> {
         return Some(format!("{too_big}. Fix: {smaller}, {elsewhere}"));
     }
     let gzipped = gzipped_len(raw);
+    let ratio = kubewasm::sources::MAX_GZIP_RATIO;
+    if gzipped <= CONFIGMAP_MAX_BYTES && raw.len() as u64 > (gzipped as u64).saturating_mul(ratio) {
+        return Some(format!(
+            "{too_big}. Gzipped it is {gzipped} bytes, but it inflates more than {ratio}× its size, \
+             the most the runtime inflates (a module this compressible is mostly padding: a \
+             large zeroed data segment or custom section). Fix: {smaller}, {elsewhere}"
+        ));
+    }
     if gzipped <= CONFIGMAP_MAX_BYTES {
         Some(format!(
             "{too_big}. Gzipped it is {gzipped} bytes, which fits: `gzip -9k {file}` and load \

@@ -193,7 +193,7 @@ fn module_bytes(args: &Args, declared: &Declared, state: &[Value]) -> anyhow::Re
         .context("cannot start the async runtime")?
         .block_on(sources::fetch(&origin, &source, pin, None))?;
     match fetched {
-        sources::Fetched::Module { bytes, .. } => Ok(bytes),
+        sources::Fetched::Module { bytes, .. } => Ok(bytes.to_vec()),
         // Nothing was loaded before, so nothing can be unchanged.
         sources::Fetched::Unchanged | sources::Fetched::Pending => {
             bail!("no module was read from {source}")

@@ -113,6 +113,13 @@ pub struct Args {
     /// a registry sends more than it said).
     #[arg(long, default_value_t = Unit::Bytes.show(ManagerConfig::default().max_module_bytes))]
     max_module_bytes: String,
+    /// The most bytes all module reads in flight may hold at once, a quantity: ConfigMaps
+    /// read, layers pulled and modules gunzipped, each charged what it may come to before it
+    /// is read, until the last controller waiting for it has compiled it. A read that does
+    /// not fit waits, then is retried. At least twice --max-module-bytes (a gzipped layer at
+    /// the cap and what it inflates to).
+    #[arg(long, default_value_t = Unit::Bytes.show(ManagerConfig::default().module_read_bytes))]
+    module_read_bytes: String,
     /// A registry (`HOST:PORT`, as image references name it) spoken to over plain HTTP instead
     /// of HTTPS; repeatable. Every other registry is HTTPS only.
     #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
@@ -200,9 +207,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .map(|path| kubewasm::sources::cosign::TrustedKey::read(path))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| anyhow::anyhow!("--verify-key {e}"))?;
-        let kube_config = kube::Config::infer().await.context(
-            "cannot find a Kubernetes configuration: set KUBECONFIG (e.g. `eval \"$(make -s cluster-up)\"`) or run inside a cluster",
-        )?;
         let mut config = ManagerConfig::default();
         config.sandbox.max_instances = args.max_instances;
         config.sandbox.log_lines_per_second = args.max_log_lines_per_second;
@@ -247,6 +251,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ),
             Ok(bytes) => bytes as u64,
         };
+        config.module_read_bytes = match kubewasm::api::parse_bytes(&args.module_read_bytes) {
+            Ok(bytes) if bytes as u64 >= config.max_module_bytes.saturating_mul(2) => bytes as u64,
+            _ => anyhow::bail!(
+                "--module-read-bytes {}: give a quantity of at least twice --max-module-bytes ({}), e.g. 128Mi: a gzipped layer at the cap and what it inflates to are held at once",
+                args.module_read_bytes,
+                Unit::Bytes.show(config.max_module_bytes.saturating_mul(2))
+            ),
+        };
+        let kube_config = kube::Config::infer().await.context(
+            "cannot find a Kubernetes configuration: set KUBECONFIG (e.g. `eval \"$(make -s cluster-up)\"`) or run inside a cluster",
+        )?;
         // One cap for a module's bytes, fetched and compiled alike.
         config.sandbox.max_module_bytes =
             usize::try_from(config.max_module_bytes).unwrap_or(usize::MAX);

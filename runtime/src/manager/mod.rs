@@ -93,6 +93,9 @@ pub struct ManagerConfig {
     pub compile_burst: u32,
     /// The most bytes a module may have (a file, a ConfigMap's after gunzip, an image's layer).
     pub max_module_bytes: u64,
+    /// The most bytes all module reads, pulls and gunzips in flight may hold at once
+    /// ([`crate::sources::ReadBudget`]).
+    pub module_read_bytes: u64,
     /// Registries (`host:port`) spoken to over plain HTTP.
     pub insecure_registries: Vec<String>,
     /// Registries (`host` or `host:port`) reached even at internal addresses
@@ -138,6 +141,7 @@ impl Default for ManagerConfig {
             compiles_per_hour: 60,
             compile_burst: 16,
             max_module_bytes: crate::sources::DEFAULT_MAX_MODULE_BYTES,
+            module_read_bytes: crate::sources::DEFAULT_MODULE_READ_BYTES,
             insecure_registries: Vec::new(),
             allowed_registries: Vec::new(),
             verify_keys: Vec::new(),
@@ -289,6 +293,8 @@ pub struct Manager {
     module_config_maps: Option<reflector::Store<PartialObjectMeta<ConfigMap>>>,
     /// Registry pulls, beside the loop.
     pulls: Arc<crate::sources::Pulls>,
+    /// Module reads in flight: one per module version, charged to `--module-read-bytes`.
+    reads: Arc<crate::sources::ModuleReads>,
     /// Compiled modules of anonymous digest-pinned images, by reference.
     shared_images: shared_images::SharedImages,
     /// The shards this replica holds, when replicas share the work (`None`: it runs all).
@@ -329,7 +335,10 @@ impl Manager {
         let base_config = request_config(base_config);
         let client = Client::try_from(base_config.clone())?;
         let sandbox = Sandbox::new(config.sandbox.clone())?;
+        let budget =
+            crate::sources::ReadBudget::new(config.module_read_bytes, crate::sources::BUDGET_WAIT);
         let registries = crate::sources::oci::RegistryConfig {
+            read_budget: budget.clone(),
             insecure: config.insecure_registries.clone(),
             allowed: config.allowed_registries.clone(),
             api_server: api_server_addresses(&base_config.cluster_url),
@@ -343,6 +352,7 @@ impl Manager {
         let state_accounts = crate::host::StateAccounts::new(config.max_state_bytes_per_namespace);
         Ok(Manager {
             pulls,
+            reads: Arc::new(crate::sources::ModuleReads::new(budget)),
             shared_images: shared_images::SharedImages::default(),
             watches: SharedWatches::new(
                 watch_client.clone(),

@@ -8,6 +8,15 @@
 //! came from ([`sources::ClusterOrigin`]), so a changed module is noticed as before, and an
 //! unchanged one costs nothing.
 //!
+//! Every byte of a module is owned and capped where it is read ([`sources::ModuleReads`]):
+//! a ConfigMap's version (or a gzipped image's digest) is read and gunzipped once for all
+//! the controllers naming it, the bytes shared until the last has compiled them; every read,
+//! pull and gunzip is charged to one budget (`--module-read-bytes`) before it reads; a gzip
+//! stream inflates at most [`sources::MAX_GZIP_RATIO`] times its size. Bytes that are no
+//! module are remembered by their version and not read again until it changes. And nothing
+//! is read for a controller before the runtime knows it may act as its ServiceAccount (its
+//! namespace and the account opted in): a tenant that did not opt in costs no read.
+//!
 //! Images are pulled beside the manager loop ([`sources::Pulls`]): asking for one answers at
 //! once, and the loop is woken when a pull ends ([`Manager::on_pulled`]). A tag is resolved
 //! again every `--module-poll-seconds` with the files; a moved tag loads like a changed
@@ -42,6 +51,9 @@ enum Fetched {
     Compiling(Digest),
     /// These bytes, compiled (or why not), from this version of the source.
     Compiled(Result<Arc<GuestPre>, String>, Version),
+    /// Not read: the runtime may not act as the controller's ServiceAccount (why: the
+    /// problem its setup would have).
+    Refused(Problem),
 }
 
 impl Manager {
@@ -85,6 +97,7 @@ impl Manager {
             .set_compilations(compilations.compiled(), compilations.cached());
         let layers = &self.config.module_cache;
         self.metrics.set_pulls(layers.pulled(), layers.hits());
+        self.metrics.set_module_reads(&self.reads);
     }
 
     /// Validates (compiles once per digest) and swaps in what [`Manager::read_module`] found.
@@ -101,6 +114,18 @@ impl Manager {
         let mut image = None;
         let loaded = match fetched {
             Ok(Fetched::Pending | Fetched::Compiling(_)) => return,
+            Ok(Fetched::Refused(problem)) => {
+                // A running one is stopped by `recheck_access`; one not running says why.
+                if let Some(m) = self.controllers.get_mut(id)
+                    && m.runner.is_none()
+                {
+                    if m.setup_problem.as_ref() != Some(&problem) {
+                        tracing::warn!(controller = %id, reason = %problem.reason, "module not read: {}", problem.message);
+                    }
+                    m.setup_problem = Some(problem);
+                }
+                return;
+            }
             Ok(Fetched::Unchanged) => {
                 // The source answers again, at the version loaded: what was wrong before it
                 // stopped answering is what is wrong now.
@@ -220,6 +245,17 @@ impl Manager {
         loaded: Option<&Version>,
     ) -> Result<Fetched, Problem> {
         let source = source.map_err(|e| Problem::new(Reason::InvalidSpec, e))?;
+        // Nothing of a controller's module is read (nor shared with it) before the runtime
+        // knows it may act as the controller's ServiceAccount: its namespace and the account
+        // opted in. A tenant that did not opt in costs no read.
+        let acting = match super::setup::service_account(id, spec) {
+            Ok(account) => self.check_acting(&account).await.map(|()| account),
+            Err(problem) => Err(problem),
+        };
+        let account = match acting {
+            Ok(account) => account,
+            Err(problem) => return Ok(Fetched::Refused(problem)),
+        };
         let pin = spec.module.sha256.as_deref();
         // An image another controller already runs by the same anonymous pinned reference:
         // its module, compiled, without a pull (one reader per reference at a time).
@@ -248,15 +284,13 @@ impl Manager {
             self.module_config_maps.clone(),
             self.config.module_dir.clone(),
             self.config.max_module_bytes,
+            self.reads.clone(),
         );
         if let Source::Oci { pull_secret, .. } = &source {
-            // A pull secret is read as the controller's ServiceAccount, once the runtime may
-            // act as it at all.
+            // A pull secret is read as the controller's ServiceAccount (checked above).
             let account = match pull_secret {
                 None => None,
                 Some(_) => {
-                    let account = super::setup::service_account(id, spec)?;
-                    self.check_acting(&account).await?;
                     let client = self
                         .impersonating(&account.namespace, &account.name)
                         .map_err(|e| Problem::new(Reason::ClientError, e.to_string()))?;
@@ -269,9 +303,14 @@ impl Manager {
                 account,
             });
         }
-        let fetched = sources::fetch(&origin, &source, pin, loaded)
-            .await
-            .map_err(|e| Problem::new(e.reason(), e.to_string()))?;
+        let fetched = match sources::fetch(&origin, &source, pin, loaded).await {
+            Ok(fetched) => fetched,
+            // Bytes that are no module fail the same way: read again only once they change.
+            Err(e) => match e.invalid_at() {
+                Some(version) => return Ok(Fetched::Compiled(Err(e.to_string()), version.clone())),
+                None => return Err(Problem::new(e.reason(), e.to_string())),
+            },
+        };
         let (bytes, version) = match fetched {
             sources::Fetched::Unchanged => return Ok(Fetched::Unchanged),
             sources::Fetched::Pending => return Ok(Fetched::Pending),
@@ -281,7 +320,7 @@ impl Manager {
         // takes as long as the tenant's module makes it, up to its CPU limit): the loop is
         // handed the result (`on_compiled`). A module whose compile ended the compiler is not
         // compiled again (see `quarantine`).
-        let digest = Digest::of(&bytes);
+        let digest = bytes.digest();
         let shared = shared.map(|(reference, _)| reference);
         if let Some(guest) = self.sandbox.loaded(&digest) {
             return Ok(self.recorded(shared.as_deref(), digest, Ok(guest), version));

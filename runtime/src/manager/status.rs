@@ -229,6 +229,7 @@ impl Manager {
         self.metrics.set_controllers(running);
         self.metrics
             .set_cache(self.watches.accounts(), self.watches.len());
+        self.metrics.set_module_reads(&self.reads);
         self.set_shard_metrics();
         // Each status is made (messages formatted) to be compared with the one written: only
         // for `only` when given (a chunk of ten thousand starting), not for every controller.

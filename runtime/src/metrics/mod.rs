@@ -71,6 +71,9 @@ pub struct Metrics {
     modules_from_cache: Gauge,
     modules_pulled: Gauge,
     modules_from_module_cache: Gauge,
+    module_read_bytes: Gauge,
+    module_read_bytes_peak: Gauge,
+    module_config_map_reads: Gauge,
     shard_controllers: Family<ShardLabels, Gauge>,
     ready: AtomicBool,
     /// When the manager loop last made progress (`None`: not running), for `/healthz`.
@@ -196,6 +199,24 @@ impl Default for Metrics {
             "Module layers read from --module-cache-dir instead of a registry since the runtime started",
             modules_from_module_cache.clone(),
         );
+        let module_read_bytes = Gauge::default();
+        registry.register(
+            "module_read_bytes",
+            "Bytes charged now to the module read budget (--module-read-bytes): modules read, pulled or gunzipped and not yet compiled",
+            module_read_bytes.clone(),
+        );
+        let module_read_bytes_peak = Gauge::default();
+        registry.register(
+            "module_read_bytes_peak",
+            "The most bytes charged to the module read budget at once since the runtime started",
+            module_read_bytes_peak.clone(),
+        );
+        let module_config_map_reads = Gauge::default();
+        registry.register(
+            "module_config_map_reads",
+            "Module ConfigMaps read since the runtime started (one read per version, shared by every controller naming it)",
+            module_config_map_reads.clone(),
+        );
         let shard_controllers = Family::<ShardLabels, Gauge>::default();
         registry.register(
             "shard_controllers_running",
@@ -209,6 +230,9 @@ impl Default for Metrics {
             modules_from_cache,
             modules_pulled,
             modules_from_module_cache,
+            module_read_bytes,
+            module_read_bytes_peak,
+            module_config_map_reads,
             reconciles,
             duration,
             module_loads,
@@ -349,6 +373,14 @@ impl Metrics {
             .set(i64::try_from(pulled).unwrap_or(i64::MAX));
         self.modules_from_module_cache
             .set(i64::try_from(from_cache).unwrap_or(i64::MAX));
+    }
+
+    /// Sets what the module reads hold now, held at most, and how many ConfigMaps they read.
+    pub fn set_module_reads(&self, reads: &crate::sources::ModuleReads) {
+        let gauge = |g: &Gauge, v: u64| g.set(i64::try_from(v).unwrap_or(i64::MAX));
+        gauge(&self.module_read_bytes, reads.budget().in_use());
+        gauge(&self.module_read_bytes_peak, reads.budget().peak());
+        gauge(&self.module_config_map_reads, reads.config_map_reads());
     }
 
     /// Sets the bytes held in the caches, each namespace's account, how many namespaces are

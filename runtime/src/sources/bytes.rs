@@ -24,6 +24,33 @@ pub enum ModuleError {
     /// The gzip stream is broken.
     #[error("module looks gzipped but does not decompress: {0}")]
     Gzip(#[source] std::io::Error),
+    /// The gzip stream inflates past [`MAX_GZIP_RATIO`] times its size.
+    #[error(
+        "the gzipped module ({compressed} bytes) inflates to more than {ratio}× its size ({} bytes), the most this runtime inflates; nothing past that was inflated. A real component gzips about 3× (a gzip bomb, or a module padded with zeros, does not): store it uncompressed, or push it to a registry with `kubewasm push` and name it in spec.module.image",
+        .compressed.saturating_mul(*.ratio)
+    )]
+    Inflates {
+        /// Its compressed size, in bytes.
+        compressed: u64,
+        /// The most it may inflate, times its size.
+        ratio: u64,
+    },
+    /// No room in the runtime's module read budget.
+    #[error(transparent)]
+    Budget(#[from] super::reads::BudgetExhausted),
+    /// The bytes of this version of the source are no module: they fail the same way until
+    /// the source changes, so they are not read again before ([`ModuleError::invalid_at`]).
+    #[error("{error}")]
+    Invalid {
+        /// Why.
+        error: Box<ModuleError>,
+        /// The version read.
+        version: super::Version,
+    },
+    /// The read this one waited for failed (every controller naming that version of the
+    /// module is told the same).
+    #[error(transparent)]
+    Shared(std::sync::Arc<ModuleError>),
     /// The bytes differ from the pinned digest.
     #[error(
         "module digest {} spec.module.sha256 pin sha256:{pinned}; update the pin or the module",
@@ -101,7 +128,12 @@ impl ModuleError {
         use crate::api::Reason;
         match self {
             ModuleError::DigestMismatch { .. } => Reason::DigestMismatch,
-            ModuleError::Gzip(_) | ModuleError::TooBig { .. } => Reason::ModuleInvalid,
+            ModuleError::Gzip(_) | ModuleError::TooBig { .. } | ModuleError::Inflates { .. } => {
+                Reason::ModuleInvalid
+            }
+            ModuleError::Budget(_) => Reason::ModuleNotLoaded,
+            ModuleError::Shared(e) => e.reason(),
+            ModuleError::Invalid { error, .. } => error.reason(),
             ModuleError::Registry(e) => e.reason(),
             ModuleError::Unreachable(_) => Reason::ClientError,
             ModuleError::InvalidSpec(_) => Reason::InvalidSpec,
@@ -114,21 +146,44 @@ impl ModuleError {
     }
 }
 
+impl ModuleError {
+    /// The version of the source whose bytes are no module, when that is the error.
+    pub fn invalid_at(&self) -> Option<&super::Version> {
+        match self {
+            ModuleError::Invalid { version, .. } => Some(version),
+            ModuleError::Shared(e) => e.invalid_at(),
+            _ => None,
+        }
+    }
+
+    /// This error, said to be about the bytes of `version` when they are no module.
+    pub(super) fn at(self, version: &super::Version) -> ModuleError {
+        match self.reason() {
+            crate::api::Reason::ModuleInvalid => ModuleError::Invalid {
+                error: Box::new(self),
+                version: version.clone(),
+            },
+            _ => self,
+        }
+    }
+}
+
 /// The raw bytes stored under `key` of a ConfigMap's `binaryData` (already base64-decoded by
 /// k8s-openapi's `ByteString`) or `data`.
 pub fn bytes_from_configmap(config_map: &ConfigMap, key: &str) -> Result<Vec<u8>, ModuleError> {
-    if let Some(bytes) = config_map.binary_data.as_ref().and_then(|d| d.get(key)) {
-        return Ok(bytes.0.clone());
+    take_key(config_map.clone(), key)
+}
+
+/// [`bytes_from_configmap`], taking the bytes out of the ConfigMap rather than copying them.
+pub fn take_key(config_map: ConfigMap, key: &str) -> Result<Vec<u8>, ModuleError> {
+    if let Some(bytes) = config_map.binary_data.and_then(|mut d| d.remove(key)) {
+        return Ok(bytes.0);
     }
-    if let Some(text) = config_map.data.as_ref().and_then(|d| d.get(key)) {
-        return Ok(text.as_bytes().to_vec());
+    if let Some(text) = config_map.data.and_then(|mut d| d.remove(key)) {
+        return Ok(text.into_bytes());
     }
     Err(ModuleError::MissingKey {
-        name: config_map
-            .metadata
-            .name
-            .clone()
-            .unwrap_or_else(|| "?".into()),
+        name: config_map.metadata.name.unwrap_or_else(|| "?".into()),
         key: key.to_owned(),
     })
 }
@@ -172,40 +227,85 @@ pub fn read_module_file(dir: &Path, path: &str, max: u64) -> Result<Vec<u8>, Mod
     Ok(bytes)
 }
 
-/// Gunzips when the bytes are gzip (to at most `max` bytes), then checks the optional sha256
-/// pin. `show_digest`: the error may name the digest found (not for files of the runtime).
+/// How many times its compressed size a gzipped module may inflate to. Real components gzip
+/// 2.4–2.9× (the project's Rust guests, and the 18 MB Python ones); a gzip bomb inflates a
+/// thousand times. At 32×, a 64 KiB bomb stops at 2 MiB instead of 64 MiB, and the largest
+/// ConfigMap (1 MiB) holds at most 32 MiB of module.
+pub const MAX_GZIP_RATIO: u64 = 32;
+
+/// Whether `bytes` are gzip (its magic number).
+pub fn is_gzip(bytes: &[u8]) -> bool {
+    bytes.starts_with(&[0x1f, 0x8b])
+}
+
+/// The most bytes `compressed` bytes of gzip may inflate to: [`MAX_GZIP_RATIO`] times, and
+/// never past `max`.
+pub fn inflate_bound(compressed: usize, max: u64) -> u64 {
+    (compressed as u64).saturating_mul(MAX_GZIP_RATIO).min(max)
+}
+
+/// Gunzips `compressed` into at most [`inflate_bound`] bytes, allocated once: the inflate
+/// stops at the bound, and more is refused (the ratio, or `max`).
+pub fn gunzip(compressed: &[u8], max: u64) -> Result<Vec<u8>, ModuleError> {
+    let bound = inflate_bound(compressed.len(), max);
+    let mut out = Vec::with_capacity(usize::try_from(bound).unwrap_or(0));
+    let mut decoder = flate2::read::GzDecoder::new(compressed);
+    (&mut decoder)
+        .take(bound)
+        .read_to_end(&mut out)
+        .map_err(ModuleError::Gzip)?;
+    let mut one_more = [0u8; 1];
+    if decoder.read(&mut one_more).map_err(ModuleError::Gzip)? > 0 {
+        return Err(if bound < max {
+            ModuleError::Inflates {
+                compressed: compressed.len() as u64,
+                ratio: MAX_GZIP_RATIO,
+            }
+        } else {
+            ModuleError::TooBig { max }
+        });
+    }
+    out.shrink_to_fit();
+    Ok(out)
+}
+
+/// Checks the optional sha256 pin against `actual`, the digest of the module's bytes.
+/// `show_digest`: the error may name the digest found (not for files of the runtime).
+pub fn check_pin(
+    actual: Digest,
+    pinned_sha256: Option<&str>,
+    show_digest: bool,
+) -> Result<(), ModuleError> {
+    let Some(pinned) = pinned_sha256 else {
+        return Ok(());
+    };
+    let pinned = pinned
+        .trim()
+        .trim_start_matches("sha256:")
+        .to_ascii_lowercase();
+    if actual.hex() != pinned {
+        return Err(ModuleError::DigestMismatch {
+            actual: show_digest.then_some(actual),
+            pinned,
+        });
+    }
+    Ok(())
+}
+
+/// Gunzips when the bytes are gzip ([`gunzip`]: at most `max` bytes and [`MAX_GZIP_RATIO`]
+/// times their size), then checks the optional sha256 pin ([`check_pin`]).
 pub fn unpack(
     bytes: Vec<u8>,
     pinned_sha256: Option<&str>,
     show_digest: bool,
     max: u64,
 ) -> Result<Vec<u8>, ModuleError> {
-    let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
-        let mut out = Vec::new();
-        flate2::read::GzDecoder::new(bytes.as_slice())
-            .take(max.saturating_add(1))
-            .read_to_end(&mut out)
-            .map_err(ModuleError::Gzip)?;
-        if out.len() as u64 > max {
-            return Err(ModuleError::TooBig { max });
-        }
-        out
+    let bytes = if is_gzip(&bytes) {
+        gunzip(&bytes, max)?
     } else {
         bytes
     };
-    if let Some(pinned) = pinned_sha256 {
-        let pinned = pinned
-            .trim()
-            .trim_start_matches("sha256:")
-            .to_ascii_lowercase();
-        let actual = Digest::of(&bytes);
-        if actual.hex() != pinned {
-            return Err(ModuleError::DigestMismatch {
-                actual: show_digest.then_some(actual),
-                pinned,
-            });
-        }
-    }
+    check_pin(Digest::of(&bytes), pinned_sha256, show_digest)?;
     Ok(bytes)
 }
 

@@ -16,7 +16,7 @@ use kube::{Api, Client};
 
 use super::oci::{PullError, Pulled};
 use super::pulls::{Credentials, Polled, Pulls};
-use super::{Found, ModuleError, Origin, Version, read_module_file};
+use super::{Found, ModuleBytes, ModuleError, ModuleReads, Origin, Version, read_module_file};
 use crate::api::ImageRef;
 
 /// Module sources as the runtime reads them.
@@ -27,6 +27,7 @@ pub struct ClusterOrigin {
     module_dir: Option<PathBuf>,
     max_module_bytes: u64,
     puller: Option<ImagePuller>,
+    reads: Arc<ModuleReads>,
 }
 
 /// Pulls for one controller.
@@ -41,12 +42,13 @@ pub struct ImagePuller {
 
 impl ClusterOrigin {
     /// Reads ConfigMaps with `client`, knowing them from `config_maps`; files only under
-    /// `module_dir`.
+    /// `module_dir`; every read charged to and shared through `reads`.
     pub fn new(
         client: Client,
         config_maps: Option<Store<PartialObjectMeta<ConfigMap>>>,
         module_dir: Option<PathBuf>,
         max_module_bytes: u64,
+        reads: Arc<ModuleReads>,
     ) -> Self {
         ClusterOrigin {
             client,
@@ -54,7 +56,26 @@ impl ClusterOrigin {
             module_dir,
             max_module_bytes,
             puller: None,
+            reads,
         }
+    }
+
+    /// The metadata the watch saw of ConfigMap `namespace/name`.
+    fn seen(
+        &self,
+        namespace: &str,
+        name: &str,
+        key: &str,
+    ) -> Result<Arc<PartialObjectMeta<ConfigMap>>, ModuleError> {
+        self.config_maps
+            .as_ref()
+            .ok_or_else(|| ModuleError::Unreachable("no ConfigMap cache".into()))?
+            .get(&ObjectRef::new(name).within(namespace))
+            .ok_or_else(|| ModuleError::NoConfigMap {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                key: key.to_owned(),
+            })
     }
 
     /// Pulls images with `puller`.
@@ -75,6 +96,7 @@ impl ClusterOrigin {
         seen: Option<&str>,
     ) -> Result<Option<ConfigMap>, ModuleError> {
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
+        self.reads.count_config_map_read();
         let mut by_name = ListParams::default().fields(&format!("metadata.name={name}"));
         if let Some(version) = seen {
             by_name = by_name.at(version).matching(VersionMatch::NotOlderThan);
@@ -106,12 +128,7 @@ impl Origin for ClusterOrigin {
             name: name.to_owned(),
             key: key.to_owned(),
         };
-        let seen = self
-            .config_maps
-            .as_ref()
-            .ok_or_else(|| ModuleError::Unreachable("no ConfigMap cache".into()))?
-            .get(&ObjectRef::new(name).within(namespace))
-            .ok_or_else(missing)?;
+        let seen = self.seen(namespace, name, key)?;
         if known == Some(&Version::of(&seen.metadata)) {
             return Ok(Found::Unchanged);
         }
@@ -121,6 +138,21 @@ impl Origin for ClusterOrigin {
             .ok_or_else(missing)?;
         let version = Version::of(&config_map.metadata);
         Ok(Found::At(config_map, version))
+    }
+
+    fn config_map_seen(
+        &self,
+        namespace: &str,
+        name: &str,
+        key: &str,
+    ) -> Result<Option<Version>, ModuleError> {
+        Ok(Some(Version::of(
+            &self.seen(namespace, name, key)?.metadata,
+        )))
+    }
+
+    fn reads(&self) -> &ModuleReads {
+        &self.reads
     }
 
     async fn file(&self, path: &str) -> Result<Vec<u8>, ModuleError> {
@@ -146,7 +178,7 @@ impl Origin for ClusterOrigin {
         image: &ImageRef,
         pull_secret: Option<&str>,
         known: Option<&Version>,
-    ) -> Result<Found<Vec<u8>>, ModuleError> {
+    ) -> Result<Found<ModuleBytes>, ModuleError> {
         let Some(puller) = &self.puller else {
             return Err(ModuleError::Unreachable("no registry client".into()));
         };

@@ -9,6 +9,7 @@
 //! ([`Pulls`]): their answer may be "nothing yet" ([`Fetched::Pending`]). A new kind of source adds a variant to `Source`,
 //! a method to `Origin` and an arm to `fetch`: the compiler names every origin that lacks it.
 
+mod artifact;
 mod bytes;
 mod capped;
 mod cluster;
@@ -17,7 +18,9 @@ mod module_cache;
 pub mod oci;
 mod offline;
 mod pulls;
+mod reads;
 mod registry_http;
+mod signatures;
 
 use std::future::Future;
 
@@ -27,12 +30,23 @@ use crate::api::{ImageRef, Source};
 use crate::sandbox::Digest;
 
 pub use bytes::{
-    DEFAULT_MAX_MODULE_BYTES, ModuleError, bytes_from_configmap, read_module_file, unpack,
+    DEFAULT_MAX_MODULE_BYTES, MAX_GZIP_RATIO, ModuleError, bytes_from_configmap, check_pin, gunzip,
+    inflate_bound, read_module_file, unpack,
 };
+use bytes::{is_gzip, take_key};
 pub use cluster::{ClusterOrigin, ImagePuller};
 pub use module_cache::ModuleCache;
 pub use offline::OfflineOrigin;
 pub use pulls::{Credentials, PARALLEL_PULLS, Pulls};
+pub use reads::{
+    BUDGET_WAIT, BudgetExhausted, Charge, DEFAULT_MODULE_READ_BYTES, ModuleBytes, ModuleReads,
+    ReadBudget, ReadKey,
+};
+
+/// What reading a module ConfigMap is charged before the request is sent: its response
+/// decoded, at most the API server's 1.5 MiB object (etcd's limit) as JSON and the 1 MiB of
+/// values decoded from it.
+pub const CONFIG_MAP_READ_BYTES: u64 = 3 << 20;
 
 /// Which version of its source a module came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,8 +85,8 @@ pub enum Fetched {
     Pending,
     /// The module's bytes (gunzipped, pin checked) and their version.
     Module {
-        /// The component.
-        bytes: Vec<u8>,
+        /// The component, shared with every controller reading the same version of it.
+        bytes: ModuleBytes,
         /// Where they came from.
         version: Version,
     },
@@ -101,6 +115,18 @@ pub trait Origin: Sync {
         known: Option<&Version>,
     ) -> impl Future<Output = Result<Found<ConfigMap>, ModuleError>> + Send;
 
+    /// The version ConfigMap `namespace/name` is at as far as the origin knows without
+    /// reading it (the runtime's metadata watch), to share one read of it; `None`: unknown.
+    fn config_map_seen(
+        &self,
+        namespace: &str,
+        name: &str,
+        key: &str,
+    ) -> Result<Option<Version>, ModuleError>;
+
+    /// The reads in flight: the budget they are charged to, the reads shared.
+    fn reads(&self) -> &ModuleReads;
+
     /// The raw bytes of a module file.
     fn file(&self, path: &str) -> impl Future<Output = Result<Vec<u8>, ModuleError>> + Send;
 
@@ -115,7 +141,7 @@ pub trait Origin: Sync {
         image: &ImageRef,
         pull_secret: Option<&str>,
         known: Option<&Version>,
-    ) -> impl Future<Output = Result<Found<Vec<u8>>, ModuleError>> + Send;
+    ) -> impl Future<Output = Result<Found<ModuleBytes>, ModuleError>> + Send;
 
     /// The most bytes a module may have.
     fn max_module_bytes(&self) -> u64;
@@ -123,42 +149,141 @@ pub trait Origin: Sync {
 
 /// The module `source` names, through `origin`: its bytes (gunzipped off the async workers,
 /// checked against `pin`) and their version, or [`Fetched::Unchanged`] when the source is
-/// still at `known`.
+/// still at `known`. Every byte is charged to the origin's read budget, and a ConfigMap's
+/// version (or a gzipped image's digest) is read once for all the controllers naming it
+/// ([`ModuleReads::shared`]).
 pub async fn fetch(
     origin: &impl Origin,
     source: &Source,
     pin: Option<&str>,
     known: Option<&Version>,
 ) -> Result<Fetched, ModuleError> {
-    let (raw, version, show_digest) = match source {
+    let max = origin.max_module_bytes();
+    let reads = origin.reads();
+    let (module, version, show_digest) = match source {
         Source::ConfigMap {
             namespace,
             name,
             key,
-        } => match origin.config_map(namespace, name, key, known).await? {
-            Found::Unchanged => return Ok(Fetched::Unchanged),
-            Found::Pending => return Ok(Fetched::Pending),
-            Found::At(config_map, version) => {
-                (bytes_from_configmap(&config_map, key)?, Some(version), true)
+        } => {
+            let seen = origin.config_map_seen(namespace, name, key)?;
+            if seen.is_some() && seen.as_ref() == known {
+                return Ok(Fetched::Unchanged);
             }
-        },
-        Source::File { path } => (origin.file(path).await?, None, origin.shows_file_digests()),
+            let read = || read_config_map(origin, namespace, name, key);
+            let (module, version) = match seen {
+                Some(seen) => {
+                    let key = ReadKey::ConfigMap {
+                        config_map: format!("{namespace}/{name}"),
+                        key: key.clone(),
+                        version: format!("{seen:?}"),
+                    };
+                    reads.shared(key, read).await?
+                }
+                None => read().await?,
+            };
+            (module, version, true)
+        }
+        Source::File { path } => {
+            let raw = origin.file(path).await?;
+            let module = unpacked(raw, reads.budget().empty(), max).await?;
+            let version = Version::Digest(module.digest());
+            (module, version, origin.shows_file_digests())
+        }
         Source::Oci { image, pull_secret } => {
             match origin.image(image, pull_secret.as_deref(), known).await? {
                 Found::Unchanged => return Ok(Fetched::Unchanged),
                 Found::Pending => return Ok(Fetched::Pending),
-                Found::At(bytes, version) => (bytes, Some(version), true),
+                Found::At(layer, version) if is_gzip(&layer) => {
+                    let key = ReadKey::Image(format!("{version:?}"));
+                    let inflate = || async {
+                        match inflated(layer, reads.budget(), max).await {
+                            Ok(module) => Ok((module, version)),
+                            Err(e) => Err(e.at(&version)),
+                        }
+                    };
+                    let (module, version) = reads.shared(key, inflate).await?;
+                    (module, version, true)
+                }
+                Found::At(layer, version) => (layer, version, true),
             }
         }
     };
-    let pin = pin.map(str::to_owned);
-    let max = origin.max_module_bytes();
-    let bytes = tokio::task::spawn_blocking(move || unpack(raw, pin.as_deref(), show_digest, max))
-        .await
-        .map_err(|e| ModuleError::Unreachable(format!("unpacking the module failed: {e}")))??;
-    let version = version.unwrap_or_else(|| Version::Digest(Digest::of(&bytes)));
+    check_pin(module.digest(), pin, show_digest)?;
     if known == Some(&version) {
         return Ok(Fetched::Unchanged);
     }
-    Ok(Fetched::Module { bytes, version })
+    Ok(Fetched::Module {
+        bytes: module,
+        version,
+    })
+}
+
+/// The module under `key` of ConfigMap `namespace/name`, read now, and the version read.
+async fn read_config_map(
+    origin: &impl Origin,
+    namespace: &str,
+    name: &str,
+    key: &str,
+) -> Result<(ModuleBytes, Version), ModuleError> {
+    let charge = origin
+        .reads()
+        .budget()
+        .charge(CONFIG_MAP_READ_BYTES)
+        .await?;
+    let (config_map, version) = match origin.config_map(namespace, name, key, None).await? {
+        Found::At(config_map, version) => (config_map, version),
+        Found::Unchanged | Found::Pending => {
+            return Err(ModuleError::Unreachable(format!(
+                "ConfigMap {namespace}/{name} was not read; retrying"
+            )));
+        }
+    };
+    let raw = take_key(config_map, key)?;
+    let module = unpacked(raw, charge, origin.max_module_bytes())
+        .await
+        .map_err(|e| e.at(&version))?;
+    Ok((module, version))
+}
+
+/// `raw`, gunzipped when it is gzip, as shared bytes under `charge`: resized first to all
+/// they may come to (`raw` and the bound of what it inflates to), settled after to what they
+/// came to.
+async fn unpacked(raw: Vec<u8>, mut charge: Charge, max: u64) -> Result<ModuleBytes, ModuleError> {
+    let size = raw.len() as u64;
+    if !is_gzip(&raw) {
+        charge.resize(size).await?;
+        return blocking(move || Ok(ModuleBytes::new(raw, charge))).await;
+    }
+    charge
+        .resize(size.saturating_add(inflate_bound(raw.len(), max)))
+        .await?;
+    blocking(move || {
+        let out = gunzip(&raw, max)?;
+        drop(raw);
+        Ok(ModuleBytes::new(out, charge))
+    })
+    .await
+}
+
+/// A pulled layer (charged by its pull), gunzipped when it is gzip.
+async fn inflated(
+    layer: ModuleBytes,
+    budget: &ReadBudget,
+    max: u64,
+) -> Result<ModuleBytes, ModuleError> {
+    if !is_gzip(&layer) {
+        return Ok(layer);
+    }
+    let charge = budget.charge(inflate_bound(layer.len(), max)).await?;
+    blocking(move || Ok(ModuleBytes::new(gunzip(&layer, max)?, charge))).await
+}
+
+/// `work` off the async workers (it hashes or inflates up to a module's size).
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ModuleError> + Send + 'static,
+) -> Result<T, ModuleError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ModuleError::Unreachable(format!("unpacking the module failed: {e}")))?
 }

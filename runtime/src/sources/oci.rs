@@ -9,6 +9,8 @@
 //! moved costs one small request. Every request of a pull goes through one
 //! [`Session`](super::registry_http::Session): the addresses it may reach, its credentials and
 //! token, and one capped reader for every body (see [`registry_http`](super::registry_http)).
+//! The layout's media types and config are in `sources/artifact.rs`, the check of a digest's
+//! signatures in `sources/signatures.rs`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,29 +18,24 @@ use std::time::Duration;
 use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::manifest::{OciDescriptor, OciImageManifest};
 use oci_client::secrets::RegistryAuth;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
-use super::cosign::{self, TrustedKey};
+pub use super::artifact::{
+    CONFIG_MEDIA_TYPE, CONTROLLER_WORLD, ComponentInfo, LAYER_MEDIA_TYPE, MANIFEST_MEDIA_TYPE,
+    WasmConfig,
+};
+use super::cosign::TrustedKey;
 use super::module_cache::{CacheScope, ModuleCache};
+use super::reads::{BudgetExhausted, ModuleBytes, ReadBudget};
 pub use super::registry_http::{RegistryAccess, read_at_most, read_capped};
 use super::registry_http::{Session, read_body};
 use crate::api::{ImageRef, Reason};
 use crate::sandbox::Digest;
 
-/// The manifest media type of the layout.
-pub const MANIFEST_MEDIA_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
-/// The config media type of the layout.
-pub const CONFIG_MEDIA_TYPE: &str = "application/vnd.wasm.config.v0+json";
-/// The layer media type of the layout.
-pub const LAYER_MEDIA_TYPE: &str = "application/wasm";
-/// The world every kubewasm controller targets (`component.target` in the config, with or
-/// without `@version`; the sandbox checks the exact version when it loads the component).
-pub const CONTROLLER_WORLD: &str = "kubewasm:controller/controller";
-
 /// The most bytes an image's config may have: it names a world and some interfaces.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 /// The most bytes a manifest may have (an image's, or its signatures'): a module's is under
-/// 1 KiB, one of [`cosign::MAX_SIGNATURES`] signatures about 40 KiB.
+/// 1 KiB, one of [`super::cosign::MAX_SIGNATURES`] signatures about 40 KiB.
 pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
 /// How long connecting to a registry may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -67,6 +64,8 @@ pub struct RegistryConfig {
     pub verify_keys: Vec<TrustedKey>,
     /// Layers pulled before, kept on disk by digest (`kubewasm run --module-cache-dir`).
     pub module_cache: ModuleCache,
+    /// What a layer is charged to while it is read and held (`kubewasm run --module-read-bytes`).
+    pub read_budget: ReadBudget,
 }
 
 impl RegistryConfig {
@@ -80,6 +79,7 @@ impl RegistryConfig {
             pull_timeout: PULL_TIMEOUT,
             verify_keys: Vec::new(),
             module_cache: ModuleCache::off(),
+            read_budget: ReadBudget::unbounded(),
         }
     }
 
@@ -132,125 +132,6 @@ fn install_crypto_provider() {
         // Err: another part of the process installed one first; that one is used.
         let _ = rustls::crypto::ring::default_provider().install_default();
     });
-}
-
-/// The config of the CNCF wasm OCI artifact (`application/vnd.wasm.config.v0+json`), as the
-/// `oci-wasm` crate and `wkg` write it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct WasmConfig {
-    /// When it was made (RFC 3339).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub created: Option<String>,
-    /// Who made it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub author: Option<String>,
-    /// Always `wasm`.
-    pub architecture: String,
-    /// `wasip2` for a component.
-    pub os: String,
-    /// The digests of the manifest's layers, in order.
-    #[serde(default)]
-    pub layer_digests: Vec<String>,
-    /// What the component imports and exports, and the world it targets.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub component: Option<ComponentInfo>,
-}
-
-/// The `component` part of a [`WasmConfig`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ComponentInfo {
-    /// Exported names.
-    #[serde(default)]
-    pub exports: Vec<String>,
-    /// Imported names.
-    #[serde(default)]
-    pub imports: Vec<String>,
-    /// The world, e.g. `kubewasm:controller/controller@0.3.0`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub target: Option<String>,
-}
-
-impl WasmConfig {
-    /// The world the config says its component targets, when it is a kubewasm controller's;
-    /// otherwise why not.
-    pub fn controller_world(&self) -> Result<&str, PullError> {
-        let target = self.component.as_ref().and_then(|c| c.target.as_deref());
-        match target {
-            Some(t) if t == CONTROLLER_WORLD || t.starts_with(&format!("{CONTROLLER_WORLD}@")) => {
-                Ok(t)
-            }
-            other => Err(PullError::WrongWorld {
-                world: other.map(|t| crate::sandbox::guest_text(t, 200).into_owned()),
-            }),
-        }
-    }
-}
-
-impl ComponentInfo {
-    /// What a component's top level imports and exports, and the world it targets when it is
-    /// a kubewasm controller's (it imports `kubewasm:controller/host@V` and exports
-    /// `reconcile`: [`CONTROLLER_WORLD`]`@V`); `None` for any other world (a component binary
-    /// does not name its world). An error for bytes that are no component.
-    pub fn of(bytes: &[u8]) -> Result<ComponentInfo, String> {
-        use wasmparser::{Parser, Payload};
-        if !Parser::is_component(bytes) {
-            return Err("not a WebAssembly component (a core module or no wasm at all)".into());
-        }
-        let (mut imports, mut exports) = (Vec::new(), Vec::new());
-        // Nested modules and components are parsed inline: only depth 0 is the component's.
-        let mut depth = 0usize;
-        for payload in Parser::new(0).parse_all(bytes) {
-            match payload.map_err(|e| format!("not a valid component: {e}"))? {
-                Payload::ModuleSection { .. } | Payload::ComponentSection { .. } => depth += 1,
-                Payload::End(_) => depth = depth.saturating_sub(1),
-                Payload::ComponentImportSection(section) if depth == 0 => {
-                    for import in section {
-                        let import = import.map_err(|e| format!("not a valid component: {e}"))?;
-                        imports.push(import.name.name.to_owned());
-                    }
-                }
-                Payload::ComponentExportSection(section) if depth == 0 => {
-                    for export in section {
-                        let export = export.map_err(|e| format!("not a valid component: {e}"))?;
-                        exports.push(export.name.name.to_owned());
-                    }
-                }
-                _ => {}
-            }
-        }
-        let host = format!(
-            "{}/host@",
-            CONTROLLER_WORLD.split('/').next().unwrap_or_default()
-        );
-        let version = imports.iter().find_map(|i| i.strip_prefix(&host));
-        let target = match version {
-            Some(v) if exports.iter().any(|e| e == "reconcile") => {
-                Some(format!("{CONTROLLER_WORLD}@{v}"))
-            }
-            _ => None,
-        };
-        Ok(ComponentInfo {
-            exports,
-            imports,
-            target,
-        })
-    }
-}
-
-impl WasmConfig {
-    /// The config of a component with `info`, made now, whose one layer has `layer_digest`.
-    pub fn for_component(info: ComponentInfo, layer_digest: String) -> WasmConfig {
-        WasmConfig {
-            created: Some(k8s_openapi::jiff::Timestamp::now().to_string()),
-            author: None,
-            architecture: "wasm".into(),
-            os: "wasip2".into(),
-            layer_digests: vec![layer_digest],
-            component: Some(info),
-        }
-    }
 }
 
 /// Why a module could not be pulled from a registry.
@@ -334,6 +215,9 @@ pub enum PullError {
         /// Why no signature is good.
         why: String,
     },
+    /// No room in the runtime's module read budget for the layer.
+    #[error(transparent)]
+    Budget(#[from] BudgetExhausted),
     /// The pull secret could not be used.
     #[error("{message}")]
     PullSecret {
@@ -354,7 +238,7 @@ impl PullError {
                 Reason::ModuleInvalid
             }
             PullError::Corrupt { .. } => Reason::DigestMismatch,
-            PullError::Pulling { .. } => Reason::ModuleNotLoaded,
+            PullError::Pulling { .. } | PullError::Budget(_) => Reason::ModuleNotLoaded,
             PullError::PullSecret { reason, .. } => *reason,
             PullError::Signature { .. } => Reason::SignatureInvalid,
         }
@@ -370,8 +254,8 @@ pub enum Pulled {
     Module {
         /// The manifest's digest (`sha256:…`): what the image resolved to.
         digest: String,
-        /// The component.
-        bytes: Vec<u8>,
+        /// The component, shared by every controller the pull serves.
+        bytes: ModuleBytes,
     },
 }
 
@@ -415,7 +299,7 @@ async fn pull_within(
         return Ok(Pulled::Unchanged);
     }
     if !config.verify_keys.is_empty() {
-        verify_signature(config, &mut session, image, &digest).await?;
+        super::signatures::verify_signature(config, &mut session, image, &digest).await?;
     }
     // The manifest of that digest (a tag may move meanwhile: what is pulled is what was
     // resolved).
@@ -450,14 +334,27 @@ async fn pull_within(
     let cache = &config.module_cache;
     let scope = CacheScope::of(reference.registry(), auth);
     let size = u64::try_from(layer.size).unwrap_or(u64::MAX);
-    if size <= config.max_module_bytes
+    // Charged before it is read: the size the manifest says, within the cap (a layer larger
+    // is refused as it streams, past either).
+    let max = config.max_module_bytes;
+    let charge = config.read_budget.charge(size.min(max)).await?;
+    if size <= max
         && let Some(bytes) = cache.get(&layer.digest, size, &scope).await
     {
+        let bytes = held(bytes, charge).await?;
         return Ok(Pulled::Module { digest, bytes });
     }
-    let bytes = read_blob(&mut session, layer, config.max_module_bytes, "module").await?;
+    let bytes = read_blob(&mut session, layer, max, "module").await?;
     cache.put(&layer.digest, &bytes, &scope).await;
+    let bytes = held(bytes, charge).await?;
     Ok(Pulled::Module { digest, bytes })
+}
+
+/// A layer's bytes held under their charge (hashed off the async workers).
+async fn held(bytes: Vec<u8>, charge: super::reads::Charge) -> Result<ModuleBytes, PullError> {
+    tokio::task::spawn_blocking(move || ModuleBytes::new(bytes, charge))
+        .await
+        .map_err(|e| PullError::Client(format!("hashing a layer failed: {e}")))
 }
 
 /// The digest `tag` names now: from the `Docker-Content-Digest` of a `HEAD` (no body), or,
@@ -506,94 +403,9 @@ fn is_sha256_digest(digest: &str) -> bool {
     })
 }
 
-/// Media types a signature manifest may have: cosign writes OCI manifests, older releases
-/// Docker's (the same shape).
-const SIGNATURE_MANIFEST_MEDIA_TYPES: [&str; 2] = [
-    MANIFEST_MEDIA_TYPE,
-    "application/vnd.docker.distribution.manifest.v2+json",
-];
-
-/// Whether a cosign signature of `digest` by one of `keys` is in `image`'s repository (see
-/// [`cosign`]): at most [`cosign::MAX_SIGNATURES`] signatures of at most
-/// [`cosign::MAX_PAYLOAD_BYTES`] each are read.
-async fn verify_signature(
-    config: &RegistryConfig,
-    session: &mut Session,
-    image: &ImageRef,
-    digest: &str,
-) -> Result<(), PullError> {
-    let keys = &config.verify_keys;
-    let reference = image.reference();
-    let repository = format!("{}/{}", reference.registry(), reference.repository());
-    let refuse = |why: String| PullError::Signature {
-        image: image.to_string(),
-        repository: repository.clone(),
-        digest: digest.to_owned(),
-        why,
-    };
-    let Some(tag) = cosign::signature_tag(digest) else {
-        return Err(refuse("cosign signs sha256 digests only".into()));
-    };
-    let Some(raw) = read_manifest(session, &tag, &SIGNATURE_MANIFEST_MEDIA_TYPES).await? else {
-        return Err(refuse(format!(
-            "it has no signature (its repository has no tag {tag})"
-        )));
-    };
-    let manifest: OciImageManifest = serde_json::from_slice(&raw).map_err(|e| {
-        refuse(format!(
-            "its signatures ({tag}) are not an image manifest: {e}"
-        ))
-    })?;
-    drop(raw);
-    let mut refusals: Vec<String> = Vec::new();
-    let layers = manifest
-        .layers
-        .iter()
-        .filter(|l| l.media_type == cosign::PAYLOAD_MEDIA_TYPE)
-        .take(cosign::MAX_SIGNATURES);
-    for layer in layers {
-        let Some(signature) = layer
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(cosign::SIGNATURE_ANNOTATION))
-        else {
-            continue;
-        };
-        if layer.urls.as_ref().is_some_and(|u| !u.is_empty()) {
-            refusals.push("a signature names foreign `urls`".into());
-            continue;
-        }
-        let payload = match read_blob(session, layer, cosign::MAX_PAYLOAD_BYTES, "signature").await
-        {
-            Ok(payload) => payload,
-            Err(e) => {
-                refusals.push(format!("a signature cannot be read: {e}"));
-                continue;
-            }
-        };
-        match cosign::check(keys, &payload, signature, digest) {
-            Ok(key) => {
-                tracing::debug!(image = %image, digest, key = %key.name, "signature verified");
-                return Ok(());
-            }
-            Err(why) => refusals.push(why.to_string()),
-        }
-    }
-    refusals.dedup();
-    Err(refuse(match refusals.as_slice() {
-        [] => format!("{tag} holds no cosign signature"),
-        [one] => format!("its one signature is refused: {one}"),
-        many => format!(
-            "none of its {} signatures is good: {}",
-            many.len(),
-            many.join("; ")
-        ),
-    }))
-}
-
 /// A manifest by tag or digest: at most [`MAX_MANIFEST_BYTES`], refused as soon as the
 /// response says or sends more. `None`: the registry says there is none.
-async fn read_manifest(
+pub(super) async fn read_manifest(
     session: &mut Session,
     target: &str,
     accept: &[&str],
@@ -637,7 +449,7 @@ fn wasm_layer(manifest: &OciImageManifest) -> Result<&OciDescriptor, String> {
 
 /// A blob of at most `max` bytes (and exactly its descriptor's size), its digest checked;
 /// refused as soon as the descriptor, the response's length or the stream says more.
-async fn read_blob(
+pub(super) async fn read_blob(
     session: &mut Session,
     descriptor: &OciDescriptor,
     max: u64,

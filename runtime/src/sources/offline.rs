@@ -3,18 +3,25 @@
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde_json::Value;
 
-use super::{DEFAULT_MAX_MODULE_BYTES, Found, ModuleError, Origin, Version};
+use super::{
+    DEFAULT_MAX_MODULE_BYTES, Found, ModuleBytes, ModuleError, ModuleReads, Origin, ReadBudget,
+    Version,
+};
 use crate::api::ImageRef;
 
 /// Module sources read on the user's machine.
 pub struct OfflineOrigin<'s> {
     state: &'s [Value],
+    reads: ModuleReads,
 }
 
 impl<'s> OfflineOrigin<'s> {
     /// ConfigMaps from `state` (the objects given with `--state`).
     pub fn new(state: &'s [Value]) -> Self {
-        OfflineOrigin { state }
+        OfflineOrigin {
+            state,
+            reads: ModuleReads::new(ReadBudget::unbounded()),
+        }
     }
 }
 
@@ -46,6 +53,19 @@ impl Origin for OfflineOrigin<'_> {
         Ok(Found::At(config_map, version))
     }
 
+    fn config_map_seen(
+        &self,
+        _namespace: &str,
+        _name: &str,
+        _key: &str,
+    ) -> Result<Option<Version>, ModuleError> {
+        Ok(None)
+    }
+
+    fn reads(&self) -> &ModuleReads {
+        &self.reads
+    }
+
     async fn file(&self, path: &str) -> Result<Vec<u8>, ModuleError> {
         std::fs::read(path).map_err(|source| ModuleError::File {
             path: path.to_owned(),
@@ -62,7 +82,7 @@ impl Origin for OfflineOrigin<'_> {
         image: &ImageRef,
         _pull_secret: Option<&str>,
         _known: Option<&Version>,
-    ) -> Result<Found<Vec<u8>>, ModuleError> {
+    ) -> Result<Found<ModuleBytes>, ModuleError> {
         // Offline means offline: no registry is asked.
         Err(ModuleError::Unreachable(format!(
             "the controller's module is image {image}; pass the built module with --module"

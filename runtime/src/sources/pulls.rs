@@ -11,7 +11,9 @@
 //! Memory: a pull's bytes are at most `--max-module-bytes`; a pull keeps its permit until
 //! the manager has taken its module for every controller waiting for it (or [`UNTAKEN_TTL`]
 //! has passed: a module nobody takes must not hold a permit), so at most [`PARALLEL_PULLS`]
-//! pulled modules are held between the registry and the compiler at once.
+//! pulled modules are held between the registry and the compiler at once. A layer is charged
+//! to the module read budget (`--module-read-bytes`, [`super::ReadBudget`]) before it is read,
+//! and every controller a pull serves gets the same bytes, not a copy.
 //!
 //! Shared pulls: an *anonymous* pull gets the same answer for whoever asks (the registry
 //! gives it to anyone): of a digest-pinned reference, the bytes the digest names; of a tag,
@@ -347,8 +349,8 @@ impl Pulls {
         let pull = shared.pulls.entry(reference.clone()).or_default();
         if let Some(finished) = &pull.finished {
             // The permit stays with the answer until its last waiter has taken it (`leave`
-            // below drops both): a copy of the bytes is held for each waiter still to take
-            // them, so held answers count against the permits like untaken ones.
+            // below drops both). Each waiter takes the same bytes (`ModuleBytes` is shared),
+            // charged once to the read budget until the last holder drops them.
             let result = finished.result.clone();
             match &result {
                 Ok(_) => shared.last_error.remove(key),
@@ -772,7 +774,7 @@ mod tests {
         let permit = pulls.permits.clone().acquire_owned().await.unwrap();
         let module = Pulled::Module {
             digest: digest.clone(),
-            bytes: vec![0; 1 << 10],
+            bytes: crate::sources::ModuleBytes::uncharged(vec![0; 1 << 10]),
         };
         pulls.finish_shared(reference, Ok(module), Some(permit));
         let free = || pulls.permits.available_permits();
