@@ -209,7 +209,8 @@ async fn many_stopped_at_once(cluster: &NodeCluster, timings: &mut Timings) -> R
 const HOARD: usize = 120;
 const HOARD_BYTES: usize = 200 << 10;
 
-/// The Deployment's container memory limit.
+/// The runtime process's share of the Deployment's container memory limit (1408Mi: the rest,
+/// 512Mi, is the compiler process's, `--compile-memory`).
 const MEMORY_LIMIT: u64 = 896 << 20;
 
 /// A controller that may read ConfigMaps makes the runtime cache them; the tenant then stores
@@ -273,7 +274,7 @@ async fn hoarded(cluster: &NodeCluster, leader: &Pod, timings: &mut Timings) -> 
     .await?;
     let (rss, peak) = memory(pid)?;
     timings.note(format!(
-        "{} MiB of ConfigMaps stored by the tenant in {}: held back, who patched -> Succeeded in {}; leader memory {} MiB before, {} MiB after, peak {} MiB (limit {} MiB)",
+        "{} MiB of ConfigMaps stored by the tenant in {}: held back, who patched -> Succeeded in {}; leader memory {} MiB before, {} MiB after, peak {} MiB (the runtime's share of the limit: {} MiB)",
         (HOARD * HOARD_BYTES) >> 20,
         secs(hoarding.elapsed()),
         secs(patched.elapsed()),
@@ -284,7 +285,7 @@ async fn hoarded(cluster: &NodeCluster, leader: &Pod, timings: &mut Timings) -> 
     ));
     ensure!(
         peak < MEMORY_LIMIT,
-        "the leader's peak memory {peak} B is over the container's limit"
+        "the leader's peak memory {peak} B is over the runtime's share of the container's limit"
     );
     Ok(())
 }
