@@ -319,6 +319,7 @@ impl Manager {
         let discovered = connecting.elapsed();
         if let Some(ns) = &self.config.quarantine_namespace {
             self.quarantine = quarantine::Quarantine::load(self.client.clone(), ns).await;
+            self.metrics.set_quarantined(self.quarantine.len());
         }
         // ServiceAccounts' opt-ins from a watch of their metadata, so that a controller's
         // start reads none; listed beside the ConfigMaps' metadata, and waited for a while

@@ -395,6 +395,7 @@ impl Manager {
                     .quarantine
                     .record(&digest.hex(), &crashed.to_string())
                     .await;
+                self.metrics.set_quarantined(self.quarantine.len());
                 Err(Problem::new(Reason::Quarantined, why))
             }
             Err(invalid) => Ok(Err(invalid.to_string())),

@@ -64,6 +64,11 @@ impl Quarantine {
         }
     }
 
+    /// How many modules are quarantined.
+    pub(super) fn len(&self) -> usize {
+        self.quarantined.len()
+    }
+
     /// Why the module of this digest is quarantined, if it is.
     pub(super) fn why(&self, hex: &str) -> Option<&str> {
         self.quarantined.get(hex).map(String::as_str)

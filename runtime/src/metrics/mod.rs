@@ -68,6 +68,7 @@ pub struct Metrics {
     namespaces: std::sync::Mutex<std::collections::HashSet<String>>,
     watches: Gauge,
     modules_compiled: Gauge,
+    modules_quarantined: Gauge,
     modules_from_cache: Gauge,
     modules_pulled: Gauge,
     modules_from_module_cache: Gauge,
@@ -181,6 +182,12 @@ impl Default for Metrics {
             "Modules compiled since the runtime started",
             modules_compiled.clone(),
         );
+        let modules_quarantined = Gauge::default();
+        registry.register(
+            "modules_quarantined",
+            "Modules this replica knows quarantined: their compile crashed the compiler or met --compile-memory or --compile-cpu-seconds",
+            modules_quarantined.clone(),
+        );
         let modules_from_cache = Gauge::default();
         registry.register(
             "modules_from_compiled_cache",
@@ -227,6 +234,7 @@ impl Default for Metrics {
             shard_controllers,
             registry,
             modules_compiled,
+            modules_quarantined,
             modules_from_cache,
             modules_pulled,
             modules_from_module_cache,
@@ -356,6 +364,12 @@ impl Metrics {
                 })
                 .set(i64::try_from(*count).unwrap_or(i64::MAX));
         }
+    }
+
+    /// Sets how many modules are quarantined.
+    pub fn set_quarantined(&self, quarantined: usize) {
+        self.modules_quarantined
+            .set(i64::try_from(quarantined).unwrap_or(i64::MAX));
     }
 
     /// Sets how the modules loaded so far were had: compiled, or from the compiled cache.

@@ -13,7 +13,8 @@
 //!   (a child that sleeps uses no CPU);
 //! - it is the first process the kernel's OOM killer takes (`oom_score_adj` 1000): in the
 //!   container's cgroup a compile at its limit costs the compile, not the runtime;
-//! - no environment, nothing inherited but the three pipes, its stderr read to 4 KiB.
+//! - no environment, nothing inherited but the three pipes, its stderr read to 4 KiB;
+//! - it ends when the runtime does (`PR_SET_PDEATHSIG`).
 //!
 //! The child sets the two limits on itself first thing (safe calls; the runtime forbids
 //! `unsafe`, which setting them between fork and exec would take), before it reads a byte of
@@ -149,8 +150,17 @@ const EXIT_SETUP: u8 = 4;
 /// CPU seconds (`RLIMIT_CPU`; the soft limit sends SIGXCPU, the hard one a second later
 /// SIGKILL). A child that cannot set them compiles nothing.
 fn limit_self(memory: u64, cpu_seconds: u64) -> std::io::Result<()> {
-    rlimit::setrlimit(rlimit::Resource::DATA, memory, memory)?;
-    rlimit::setrlimit(rlimit::Resource::CPU, cpu_seconds, cpu_seconds + 1)
+    use rustix::process::{Resource, Rlimit, setrlimit};
+    let limit = |soft: u64, hard: u64| Rlimit {
+        current: Some(soft),
+        maximum: Some(hard),
+    };
+    setrlimit(Resource::Data, limit(memory, memory))?;
+    setrlimit(Resource::Cpu, limit(cpu_seconds, cpu_seconds + 1))?;
+    // Ended with the runtime (its thread that waits for it), instead of compiling on to its
+    // CPU limit. In a container the runtime is the namespace's init, whose end ends all.
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
+    Ok(())
 }
 
 /// Waits for the child until `deadline`; past it the child is killed and `Ok(None)`.

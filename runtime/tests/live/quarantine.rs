@@ -7,7 +7,8 @@
 //! heavy controller is `ModuleReady=False`, `Quarantined`, naming its digest and the limit; the
 //! quarantine ConfigMap holds its digest and no other; the bystander reconciles; the runtime is
 //! the same process throughout. A restarted runtime reads the quarantine and compiles nothing
-//! for it (its compile counter stays at the bystander's one module).
+//! for it (its compile counter stays at the bystander's one module, and it counts one module
+//! quarantined).
 
 use std::io::Write as _;
 
@@ -134,11 +135,14 @@ async fn quarantined(
         || async {
             let (_, metrics) = runtime.http_get("/metrics").await?;
             ensure!(
-                metrics.lines().any(|l| l == "kubewasm_modules_compiled 1"),
+                metrics.lines().any(|l| l == "kubewasm_modules_compiled 1")
+                    && metrics
+                        .lines()
+                        .any(|l| l == "kubewasm_modules_quarantined 1"),
                 "{}",
                 metrics
                     .lines()
-                    .filter(|l| l.contains("compiled"))
+                    .filter(|l| l.contains("compiled") || l.contains("quarantined"))
                     .collect::<Vec<_>>()
                     .join("\n")
             );

@@ -149,3 +149,44 @@ fn rss_kib() -> u64 {
         })
         .unwrap_or(0)
 }
+
+/// A compiler process ends with what started it: the thread that spawned it ends while the
+/// child still waits for its module (stdin kept open), and the kernel kills the child
+/// (`PR_SET_PDEATHSIG`) instead of leaving it to compile on.
+#[test]
+fn a_compiler_process_ends_with_the_thread_that_started_it() {
+    use std::os::unix::process::ExitStatusExt as _;
+    use std::process::{Command, Stdio};
+    let out = tempfile::tempdir().expect("a temp dir");
+    let path = out.path().join("never.cwasm");
+    let (mut child, stdin) = std::thread::spawn(move || {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kubewasm"))
+            .args(["compile-module", "--out"])
+            .arg(&path)
+            .args(["--max-memory-bytes=268435456", "--max-cpu-seconds=60"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting the compiler");
+        let stdin = child.stdin.take();
+        // Time for the child to set its death signal before this thread ends.
+        std::thread::sleep(Duration::from_millis(500));
+        (child, stdin)
+    })
+    .join()
+    .expect("the spawning thread");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the compiler outlived the thread that started it");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    drop(stdin);
+    assert_eq!(status.signal(), Some(9), "{status:?}");
+}
