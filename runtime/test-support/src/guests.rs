@@ -62,3 +62,81 @@ pub fn with_custom_section(mut module: Vec<u8>, name: &str, payload: &[u8]) -> V
     module.extend(payload);
     module
 }
+
+/// How the operands of [`heavy_component`]'s operations are chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operands {
+    /// Three pseudo-random parameters, multiplied: long-lived values, little compression
+    /// (gzip keeps about half).
+    Random,
+    /// Each operation takes the two parameters before it in a ring and adds or multiplies them
+    /// (one pseudo-random bit): short-lived values, gzip keeps about a sixteenth (a module may
+    /// inflate at most 32×).
+    Ring,
+}
+
+/// A component whose one core function (exported, its module instantiated) is `ops`
+/// operations `c = a op b` over its `params` i32 parameters, ending with `local.get 0`:
+/// nothing folds away, so the compiler's memory grows with `ops`. Measured with the release
+/// compiler process: 100,000 `Random` operations over 500 parameters peak near 85 MiB;
+/// 800,000 `Ring` operations over 127 parameters near 470 MiB (5.6 MB, 341 KB gzipped).
+/// `params` ≤ 127 keeps each operation 7 bytes (wasmparser takes functions ≤ 7,654,321 bytes).
+pub fn heavy_component(ops: usize, params: usize, operands: Operands) -> Vec<u8> {
+    fn leb(mut n: usize, out: &mut Vec<u8>) {
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    fn section(id: u8, body: &[u8], out: &mut Vec<u8>) {
+        out.push(id);
+        leb(body.len(), out);
+        out.extend_from_slice(body);
+    }
+    let mut seed: u32 = 1;
+    let mut next = move || {
+        seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        (seed >> 16) as usize
+    };
+    let mut body = vec![0]; // no locals
+    for i in 0..ops {
+        let (a, b, c, op) = match operands {
+            Operands::Random => (next() % params, next() % params, next() % params, 0x6c),
+            Operands::Ring => (
+                (i + params - 1) % params,
+                (i + params - 2) % params,
+                i % params,
+                if next() & 1 == 0 { 0x6a } else { 0x6c },
+            ),
+        };
+        body.push(0x20);
+        leb(a, &mut body);
+        body.push(0x20);
+        leb(b, &mut body);
+        body.push(op);
+        body.push(0x21);
+        leb(c, &mut body);
+    }
+    body.extend_from_slice(&[0x20, 0, 0x0b]); // local.get 0, end
+    let mut types = vec![1, 0x60];
+    leb(params, &mut types);
+    types.extend(std::iter::repeat_n(0x7f, params));
+    types.extend_from_slice(&[1, 0x7f]);
+    let mut code = vec![1];
+    leb(body.len(), &mut code);
+    code.extend_from_slice(&body);
+    let mut core = b"\0asm\x01\0\0\0".to_vec();
+    section(1, &types, &mut core);
+    section(3, &[1, 0], &mut core);
+    section(7, &[1, 1, b'f', 0, 0], &mut core);
+    section(10, &code, &mut core);
+    let mut component = b"\0asm\x0d\0\x01\0".to_vec();
+    section(1, &core, &mut component);
+    section(2, &[1, 0, 0, 0], &mut component);
+    component
+}

@@ -9,7 +9,12 @@
 //! deleted at once and the tutorial is served right after; then the tenant stores 24 MiB of
 //! ConfigMaps with large annotations while one of its controllers may read ConfigMaps: the
 //! namespace is held back from the caches (`CacheBudgetExceeded`), the tutorial is still
-//! served, and the leader's peak memory stays under its container's limit.
+//! served, and the leader's peak memory stays under its container's limit. Last, with its
+//! caches still at their cap, it fills the formula's other terms at once: a gzip bomb named by
+//! 16 controllers (module reads) and a module whose compile meets the Deployment's
+//! `--compile-memory` (512Mi): the bomb's controllers say `ModuleInvalid`, the heavy module is
+//! `Quarantined` naming the limit, the tutorial is served, the runtime process stays under its
+//! share of the limit and the container under the limit, and nothing restarts.
 
 use std::time::{Duration, Instant};
 
@@ -129,6 +134,7 @@ pub async fn hostile_tenant(
 
     many_stopped_at_once(cluster, timings).await?;
     hoarded(cluster, &leader_pod, timings).await?;
+    formula_filled(cluster, &leader_pod, timings).await?;
     let after = restarts(cluster).await?;
     ensure!(
         after == before,
@@ -288,6 +294,166 @@ async fn hoarded(cluster: &NodeCluster, leader: &Pod, timings: &mut Timings) -> 
         "the leader's peak memory {peak} B is over the runtime's share of the container's limit"
     );
     Ok(())
+}
+
+/// The Deployment's container memory limit: the runtime's share and one compile's.
+const CONTAINER_LIMIT: u64 = 1408 << 20;
+
+/// Controllers naming the gzip bomb.
+const BOMBED: usize = 16;
+
+/// The formula's terms at once, the tenant's caches still held at their cap (`hoarded`): a gzip
+/// bomb (64 MiB of zeros, 63 KiB gzipped) named by [`BOMBED`] controllers, and a module of one
+/// function of 800,000 operations (5.6 MB, about 341 KB gzipped in a ConfigMap) whose compile
+/// needs about 470 MiB of memory, past the Deployment's `--compile-memory=512Mi` as the kernel
+/// counts it (`RLIMIT_DATA` counts what is mapped writable, not only what is touched).
+async fn formula_filled(cluster: &NodeCluster, leader: &Pod, timings: &mut Timings) -> Result<()> {
+    use std::io::Write as _;
+    let client = &cluster.client;
+    let pid = leader_host_pid(leader)?;
+    let started = Instant::now();
+    let gzip = |bytes: &[u8]| -> Result<Vec<u8>> {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        gz.write_all(bytes)?;
+        Ok(gz.finish()?)
+    };
+    let heavy = crate::support::guests::heavy_component(
+        800_000,
+        127,
+        crate::support::guests::Operands::Ring,
+    );
+    let hex = crate::cluster::sha256(&heavy)
+        .trim_start_matches("sha256:")
+        .to_owned();
+    let heavy_gz = gzip(&heavy)?;
+    let bomb_gz = gzip(&vec![0u8; 64 << 20])?;
+    use base64::Engine as _;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let module = |name: &str, config_map: &str| {
+        let mut c = controller(name);
+        c["spec"]["module"] = json!({"configMap": {"name": config_map, "key": "module.wasm"}});
+        c["spec"]["parent"]["labelSelector"] = json!(format!("role={name}"));
+        c
+    };
+    let mut objects = vec![
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "heavy", "namespace": NS},
+            "binaryData": {"module.wasm": b64(&heavy_gz)}}),
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "bomb", "namespace": NS},
+            "binaryData": {"module.wasm": b64(&bomb_gz)}}),
+        module("heavy", "heavy"),
+    ];
+    objects.extend((0..BOMBED).map(|i| module(&format!("bomb-{i:02}"), "bomb")));
+    apply_all(client, &objects).await?;
+
+    let wcs = wasm_controllers(client);
+    let module_ready = |name: String, check: fn(&Value, &str) -> bool, hex: String| {
+        let wcs = wcs.clone();
+        async move {
+            let wc = wcs.get(&name).await?;
+            let c = wc
+                .data
+                .pointer("/status/conditions")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == "ModuleReady")
+                .cloned()
+                .unwrap_or_default();
+            match check(&c, &hex) {
+                true => Ok(Some(())),
+                false => bail!("{name}: ModuleReady is {c}"),
+            }
+        }
+    };
+    eventually(
+        "the heavy module quarantined, naming the limit",
+        WAIT,
+        || {
+            module_ready(
+                "heavy".into(),
+                |c, hex| {
+                    c["reason"] == "Quarantined"
+                        && c["message"]
+                            .as_str()
+                            .is_some_and(|m| m.contains(hex) && m.contains("512 MiB"))
+                },
+                hex.clone(),
+            )
+        },
+    )
+    .await?;
+    let quarantined = started.elapsed();
+    for i in 0..BOMBED {
+        eventually("a bomb's controller refused", WAIT, || {
+            module_ready(
+                format!("bomb-{i:02}"),
+                |c, _| {
+                    c["reason"] == "ModuleInvalid"
+                        && c["message"].as_str().is_some_and(|m| m.contains("32×"))
+                },
+                String::new(),
+            )
+        })
+        .await?;
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "hello");
+    let old = pods.get("your-name").await?.uid().unwrap_or_default();
+    let patched = Instant::now();
+    patch_who(&cluster.kubectl, "Formula").await?;
+    wait_greeting(
+        client,
+        "hello",
+        "your-name",
+        "Hello, Formula!",
+        Some(&old),
+        WAIT,
+    )
+    .await?;
+    let (rss, peak) = memory(pid)?;
+    let container = container_peak(pid);
+    timings.note(format!(
+        "heavy module ({} KiB gzipped) quarantined at the compile limit in {}, {BOMBED} controllers of a gzip bomb refused, who patched -> Succeeded in {}; runtime {} MiB now, peak {} MiB (its share {} MiB); container peak {} (limit {} MiB)",
+        heavy_gz.len() >> 10,
+        secs(quarantined),
+        secs(patched.elapsed()),
+        rss >> 20,
+        peak >> 20,
+        MEMORY_LIMIT >> 20,
+        container.map_or_else(|| "unknown (no cgroup v1 memory.max_usage_in_bytes)".to_owned(), |b| format!("{} MiB", b >> 20)),
+        CONTAINER_LIMIT >> 20
+    ));
+    ensure!(
+        peak < MEMORY_LIMIT,
+        "the runtime's peak memory {peak} B is over its share of the container's limit"
+    );
+    if let Some(container) = container {
+        ensure!(
+            container < CONTAINER_LIMIT,
+            "the container's peak memory {container} B is over its limit"
+        );
+    }
+    Ok(())
+}
+
+/// The peak memory of the cgroup of process `pid` (its container: the runtime and its compiler
+/// process), from cgroup v1's `memory.max_usage_in_bytes`.
+fn container_peak(pid: u32) -> Option<u64> {
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let path = cgroups.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        controllers
+            .split(',')
+            .any(|c| c == "memory")
+            .then_some(path)
+    })?;
+    std::fs::read_to_string(format!(
+        "/sys/fs/cgroup/memory{path}/memory.max_usage_in_bytes"
+    ))
+    .ok()?
+    .trim()
+    .parse()
+    .ok()
 }
 
 /// The tenant's WasmControllers, as plain objects (their status read by pointer).

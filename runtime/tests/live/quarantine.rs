@@ -21,6 +21,7 @@ use serde_json::json;
 use crate::cluster::{WAIT, apply, condition, module_config_map, prepare, sha256, wait_status};
 use crate::isolation::{controller, install_probe_crd, install_tenant, probe, probes};
 use crate::runtime::{RuntimeProcess, finish};
+use crate::support::guests::{Operands, heavy_component};
 use crate::support::{ControlPlane, RUNTIME_NAMESPACE, eventually};
 
 const QUARANTINE: &str = "kubewasm-quarantine";
@@ -59,7 +60,7 @@ async fn quarantined(
 ) -> Result<()> {
     install_probe_crd(client).await?;
     install_tenant(client, ns, "secret", "config").await?;
-    let heavy = heavy_component(100_000);
+    let heavy = heavy_component(100_000, 500, Operands::Random);
     let hex = sha256(&heavy).trim_start_matches("sha256:").to_owned();
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
     gz.write_all(&heavy)?;
@@ -150,62 +151,4 @@ async fn quarantined(
         },
     )
     .await
-}
-
-/// A component whose one core function is `ops` multiplications of its 500 parameters (all
-/// live: nothing folds away), exported and instantiated: the compiler's memory grows with
-/// `ops` (about 90 MiB at 100,000).
-fn heavy_component(ops: usize) -> Vec<u8> {
-    const PARAMS: u32 = 500;
-    fn leb(mut n: usize, out: &mut Vec<u8>) {
-        loop {
-            let byte = (n & 0x7f) as u8;
-            n >>= 7;
-            if n == 0 {
-                out.push(byte);
-                return;
-            }
-            out.push(byte | 0x80);
-        }
-    }
-    fn section(id: u8, body: &[u8], out: &mut Vec<u8>) {
-        out.push(id);
-        leb(body.len(), out);
-        out.extend_from_slice(body);
-    }
-    // `ops` times `c = a * b` over pseudo-random parameters (random enough that gzip keeps
-    // them near a third: a module may inflate at most 32x).
-    let mut body = vec![0]; // no locals
-    let mut seed: u32 = 1;
-    let mut next = || {
-        seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
-        ((seed >> 16) % PARAMS) as usize
-    };
-    for _ in 0..ops {
-        let (a, b, c) = (next(), next(), next());
-        body.push(0x20);
-        leb(a, &mut body);
-        body.push(0x20);
-        leb(b, &mut body);
-        body.push(0x6c);
-        body.push(0x21);
-        leb(c, &mut body);
-    }
-    body.extend_from_slice(&[0x20, 0, 0x0b]); // local.get 0, end
-    let mut types = vec![1, 0x60];
-    leb(PARAMS as usize, &mut types);
-    types.extend(std::iter::repeat_n(0x7f, PARAMS as usize));
-    types.extend_from_slice(&[1, 0x7f]);
-    let mut code = vec![1];
-    leb(body.len(), &mut code);
-    code.extend_from_slice(&body);
-    let mut core = b"\0asm\x01\0\0\0".to_vec();
-    section(1, &types, &mut core);
-    section(3, &[1, 0], &mut core);
-    section(7, &[1, 1, b'f', 0, 0], &mut core);
-    section(10, &code, &mut core);
-    let mut component = b"\0asm\x0d\0\x01\0".to_vec();
-    section(1, &core, &mut component);
-    section(2, &[1, 0, 0, 0], &mut component);
-    component
 }
