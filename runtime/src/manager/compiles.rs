@@ -5,8 +5,12 @@
 //! ([`Manager::on_compiled`](super::Manager)) with every controller that asked for that module
 //! meanwhile. One compile per digest: a controller whose module is being compiled joins it
 //! (and costs its namespace's compile budget nothing).
+//!
+//! Compiles run one at a time (each uses every core), taken round-robin between tenants (a
+//! namespace; the cluster's controllers together): a tenant that queued many compiles delays
+//! another's next one by at most one compile, not by all of its own.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
@@ -37,9 +41,41 @@ pub(super) struct Compiled {
     pub waiters: Vec<Waiter>,
 }
 
+/// A compile waiting for its turn.
+struct Job {
+    sandbox: Sandbox,
+    bytes: Box<dyn AsRef<[u8]> + Send>,
+    digest: Digest,
+}
+
+/// The compiles waiting for their turn, per tenant, and whether one runs.
+#[derive(Default)]
+struct Queue {
+    jobs: HashMap<Option<String>, VecDeque<Job>>,
+    /// Tenants with jobs, in the order they are served next.
+    turns: VecDeque<Option<String>>,
+    running: bool,
+}
+
+impl Queue {
+    /// The next job: the first of the tenant whose turn it is (that tenant goes last).
+    fn next(&mut self) -> Option<Job> {
+        let tenant = self.turns.pop_front()?;
+        let jobs = self.jobs.get_mut(&tenant)?;
+        let job = jobs.pop_front();
+        if jobs.is_empty() {
+            self.jobs.remove(&tenant);
+        } else {
+            self.turns.push_back(tenant);
+        }
+        job
+    }
+}
+
 /// The compiles under way, by digest, with their waiters.
 pub(super) struct Compiles {
     waiting: Arc<Mutex<HashMap<Digest, Vec<Waiter>>>>,
+    queue: Arc<Mutex<Queue>>,
     done: mpsc::UnboundedSender<Compiled>,
     /// Taken by the manager loop when it starts.
     ended: Mutex<Option<mpsc::UnboundedReceiver<Compiled>>>,
@@ -50,6 +86,7 @@ impl Compiles {
         let (done, ended) = mpsc::unbounded_channel();
         Compiles {
             waiting: Arc::default(),
+            queue: Arc::default(),
             done,
             ended: Mutex::new(Some(ended)),
         }
@@ -74,9 +111,9 @@ impl Compiles {
         }
     }
 
-    /// Compiles `bytes` (of `digest`) on a blocking thread for `waiter` and whoever joins; the
-    /// loop is handed the result. At most one compile per digest (callers [`Compiles::join`]
-    /// first); the sandbox compiles one module at a time.
+    /// Compiles `bytes` (of `digest`) on a blocking thread for `waiter` and whoever joins, in
+    /// the turn of `waiter`'s tenant; the loop is handed the result. At most one compile per
+    /// digest (callers [`Compiles::join`] first).
     pub(super) fn start(
         &self,
         sandbox: Sandbox,
@@ -84,24 +121,54 @@ impl Compiles {
         digest: Digest,
         waiter: Waiter,
     ) {
+        let tenant = waiter.id.namespace.clone();
         self.waiting.locked().insert(digest, vec![waiter]);
-        let waiting = self.waiting.clone();
-        let done = self.done.clone();
+        let job = Job {
+            sandbox,
+            bytes: Box::new(bytes),
+            digest,
+        };
+        let mut queue = self.queue.locked();
+        if !queue.jobs.contains_key(&tenant) {
+            queue.turns.push_back(tenant.clone());
+        }
+        queue.jobs.entry(tenant).or_default().push_back(job);
+        if queue.running {
+            return;
+        }
+        queue.running = true;
+        let (queue, waiting, done) = (self.queue.clone(), self.waiting.clone(), self.done.clone());
         tokio::spawn(async move {
-            let result = tokio::task::spawn_blocking(move || sandbox.load(bytes.as_ref()))
-                .await
-                .unwrap_or_else(|e| {
-                    Err(LoadError::Engine(wasmtime::Error::msg(format!(
-                        "the compile's thread failed: {e}"
-                    ))))
+            loop {
+                let next = {
+                    let mut queue = queue.locked();
+                    let next = queue.next();
+                    queue.running = next.is_some();
+                    next
+                };
+                let Some(Job {
+                    sandbox,
+                    bytes,
+                    digest,
+                }) = next
+                else {
+                    return;
+                };
+                let result = tokio::task::spawn_blocking(move || sandbox.load((*bytes).as_ref()))
+                    .await
+                    .unwrap_or_else(|e| {
+                        Err(LoadError::Engine(wasmtime::Error::msg(format!(
+                            "the compile's thread failed: {e}"
+                        ))))
+                    });
+                let waiters = waiting.locked().remove(&digest).unwrap_or_default();
+                // The loop is gone only when the runtime stops.
+                let _ = done.send(Compiled {
+                    digest,
+                    result,
+                    waiters,
                 });
-            let waiters = waiting.locked().remove(&digest).unwrap_or_default();
-            // The loop is gone only when the runtime stops.
-            let _ = done.send(Compiled {
-                digest,
-                result,
-                waiters,
-            });
+            }
         });
     }
 }
@@ -111,9 +178,13 @@ mod tests {
     use super::*;
 
     fn waiter(name: &str) -> Waiter {
+        waiter_in("ns", name)
+    }
+
+    fn waiter_in(namespace: &str, name: &str) -> Waiter {
         Waiter {
             id: ControllerId {
-                namespace: Some("ns".into()),
+                namespace: Some(namespace.into()),
                 name: name.into(),
             },
             version: Version::Image("sha256:00".into()),
@@ -167,5 +238,44 @@ mod tests {
             .map(|w| w.id.name.clone())
             .collect();
         assert_eq!(names, ["again", "other"]);
+    }
+
+    /// team-a queues three compiles, then team-b one: team-b's runs second, not fourth.
+    #[tokio::test]
+    async fn compiles_are_taken_round_robin_between_tenants() {
+        let compiles = Compiles::new();
+        let mut ended = compiles.ended().expect("the loop's end");
+        let sandbox = Sandbox::new(crate::sandbox::SandboxConfig {
+            max_instances: 1,
+            ..Default::default()
+        })
+        .expect("a sandbox");
+        let queued = [
+            ("team-a", "a1"),
+            ("team-a", "a2"),
+            ("team-a", "a3"),
+            ("team-b", "b1"),
+        ];
+        // Queued before the worker runs (this test's runtime runs one task at a time).
+        for (namespace, name) in queued {
+            let digest = Digest::of(name.as_bytes());
+            compiles.start(
+                sandbox.clone(),
+                name.as_bytes().to_vec(),
+                digest,
+                waiter_in(namespace, name),
+            );
+        }
+        let mut order = Vec::new();
+        for _ in queued {
+            let compiled = ended.recv().await.expect("a compile ends");
+            assert!(matches!(compiled.result, Err(LoadError::NotWasm)));
+            order.extend(compiled.waiters.into_iter().map(|w| w.id.name));
+        }
+        assert_eq!(order, ["a1", "b1", "a2", "a3"]);
+        assert!(
+            !compiles.queue.locked().running,
+            "the worker ends with the queue"
+        );
     }
 }
