@@ -24,6 +24,7 @@ mod manifest;
 pub mod registry;
 pub mod runtime;
 pub mod shards;
+mod team;
 mod wait;
 
 use std::{
@@ -56,6 +57,8 @@ pub use kubectl::Kubectl;
 pub use logs::{LogLines, json_log_lines};
 #[allow(unused_imports)]
 pub use manifest::{FIELD_MANAGER, apply, apply_all, documents};
+#[allow(unused_imports)]
+pub use team::TeamUser;
 #[allow(unused_imports)]
 pub use wait::{ensure_greeting_pod, eventually};
 
