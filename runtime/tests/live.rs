@@ -18,6 +18,8 @@ mod cache_budget;
 mod cache_churn;
 #[path = "live/children.rs"]
 mod children;
+#[path = "live/compile_cpu.rs"]
+mod compile_cpu;
 #[path = "live/damping.rs"]
 mod damping;
 use kubewasm_test_support::cluster;

@@ -79,6 +79,12 @@ pub struct Args {
     /// New modules compiled per namespace at once, after a quiet spell.
     #[arg(long, default_value_t = ManagerConfig::default().compile_burst)]
     compile_burst: u32,
+    /// CPU seconds the compiles of one namespace's new modules may take per hour (as many at
+    /// once; a compile is charged when it ends, so one may overdraw): a tenant whose modules
+    /// each take `--compile-cpu-seconds` cannot keep the one compiler busy for the hour. 0: not
+    /// limited.
+    #[arg(long, default_value_t = ManagerConfig::default().compile_cpu_seconds_per_hour)]
+    compile_cpu_seconds_per_hour: u32,
     /// The most memory one namespace's objects may take in the shared caches (estimated from
     /// each object's JSON; a guest's text of it takes as much again), a quantity: a namespace over it is held back — its objects are dropped from the caches and
     /// handed to no controller, and its WasmControllers' Ready condition says why — until it
@@ -243,6 +249,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config.max_modules_per_namespace = args.max_modules_per_namespace.max(1);
         config.compiles_per_hour = args.compiles_per_hour;
         config.compile_burst = args.compile_burst.max(1);
+        config.compile_cpu_seconds_per_hour = args.compile_cpu_seconds_per_hour;
         config.quarantine_namespace = args.quarantine_namespace;
         config.max_module_bytes = match kubewasm::api::parse_bytes(&args.max_module_bytes) {
             Ok(0) | Err(_) => anyhow::bail!(

@@ -8,14 +8,16 @@
 //!
 //! Compiles run one at a time (each uses every core), taken round-robin between tenants (a
 //! namespace; the cluster's controllers together): a tenant that queued many compiles delays
-//! another's next one by at most one compile, not by all of its own.
+//! another's next one by at most one compile, not by all of its own. Each is handed back with
+//! the compiler's CPU time, which the manager charges to the tenant's compile budget.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use crate::sandbox::{Digest, GuestPre, LoadError, Sandbox};
+use crate::sandbox::{Digest, GuestPre, LoadError, Sandbox, compilers_cpu};
 use crate::sources::Version;
 use crate::sync::Locks as _;
 
@@ -35,6 +37,11 @@ pub(super) struct Waiter {
 pub(super) struct Compiled {
     /// The module's digest.
     pub digest: Digest,
+    /// The tenant whose turn it was (who started it), charged its CPU time.
+    pub tenant: Option<String>,
+    /// The compiler process's CPU time (or, compiled in the runtime's process or mapped from
+    /// the compiled cache, the time it took).
+    pub cpu: Duration,
     /// The module, or why not.
     pub result: Result<Arc<GuestPre>, LoadError>,
     /// Who asked for it while it ran.
@@ -43,6 +50,7 @@ pub(super) struct Compiled {
 
 /// A compile waiting for its turn.
 struct Job {
+    tenant: Option<String>,
     sandbox: Sandbox,
     bytes: Box<dyn AsRef<[u8]> + Send>,
     digest: Digest,
@@ -124,6 +132,7 @@ impl Compiles {
         let tenant = waiter.id.namespace.clone();
         self.waiting.locked().insert(digest, vec![waiter]);
         let job = Job {
+            tenant: tenant.clone(),
             sandbox,
             bytes: Box::new(bytes),
             digest,
@@ -147,6 +156,7 @@ impl Compiles {
                     next
                 };
                 let Some(Job {
+                    tenant,
                     sandbox,
                     bytes,
                     digest,
@@ -154,17 +164,30 @@ impl Compiles {
                 else {
                     return;
                 };
-                let result = tokio::task::spawn_blocking(move || sandbox.load((*bytes).as_ref()))
-                    .await
-                    .unwrap_or_else(|e| {
-                        Err(LoadError::Engine(wasmtime::Error::msg(format!(
-                            "the compile's thread failed: {e}"
-                        ))))
-                    });
+                let (result, cpu) = tokio::task::spawn_blocking(move || {
+                    // One compile at a time: the compilers' CPU time that grew is this one's.
+                    let (before, started) = (compilers_cpu(), Instant::now());
+                    let result = sandbox.load((*bytes).as_ref());
+                    let child = compilers_cpu()
+                        .zip(before)
+                        .map(|(after, before)| after.saturating_sub(before))
+                        .filter(|cpu| !cpu.is_zero());
+                    (result, child.unwrap_or_else(|| started.elapsed()))
+                })
+                .await
+                .unwrap_or_else(|e| {
+                    let failed = format!("the compile's thread failed: {e}");
+                    (
+                        Err(LoadError::Engine(wasmtime::Error::msg(failed))),
+                        Duration::ZERO,
+                    )
+                });
                 let waiters = waiting.locked().remove(&digest).unwrap_or_default();
                 // The loop is gone only when the runtime stops.
                 let _ = done.send(Compiled {
                     digest,
+                    tenant,
+                    cpu,
                     result,
                     waiters,
                 });

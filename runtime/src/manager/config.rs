@@ -44,6 +44,8 @@ pub struct ManagerConfig {
     pub compiles_per_hour: u32,
     /// New modules compiled per tenant at once, after a quiet spell.
     pub compile_burst: u32,
+    /// CPU seconds of compiling per tenant per hour, as many at once (0: not limited).
+    pub compile_cpu_seconds_per_hour: u32,
     /// The most bytes a module may have (a file, a ConfigMap's after gunzip, an image's layer).
     pub max_module_bytes: u64,
     /// The most bytes all module reads, pulls and gunzips in flight may hold at once
@@ -93,6 +95,7 @@ impl Default for ManagerConfig {
             max_modules_per_namespace: 8,
             compiles_per_hour: 60,
             compile_burst: 16,
+            compile_cpu_seconds_per_hour: 600,
             max_module_bytes: crate::sources::DEFAULT_MAX_MODULE_BYTES,
             module_read_bytes: crate::sources::DEFAULT_MODULE_READ_BYTES,
             insecure_registries: Vec::new(),

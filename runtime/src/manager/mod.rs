@@ -246,8 +246,11 @@ impl Manager {
             ..crate::sources::oci::RegistryConfig::new(config.max_module_bytes)
         };
         let pulls = crate::sources::Pulls::new(registries, config.module_poll);
-        let compile_budget =
-            compile_budget::CompileBudget::new(config.compiles_per_hour, config.compile_burst);
+        let compile_budget = compile_budget::CompileBudget::new(
+            config.compiles_per_hour,
+            config.compile_burst,
+            config.compile_cpu_seconds_per_hour,
+        );
         let state_accounts = crate::host::StateAccounts::new(config.max_state_bytes_per_namespace);
         Ok(Manager {
             pulls,

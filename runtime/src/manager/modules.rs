@@ -34,6 +34,7 @@ use crate::controller::ObjectKey;
 use crate::sandbox::{Digest, GuestPre, LoadError};
 use crate::sources::{self, ClusterOrigin, ImagePuller, Version};
 
+use super::compile_budget::Refused;
 use super::compiles::{Compiled, Waiter};
 use super::shared_images::{Known, pin_allows, shareable};
 use super::{ControllerId, Manager, PARALLEL_STARTS, Problem};
@@ -340,17 +341,32 @@ impl Manager {
         let Err(waiter) = self.compiles.join(digest, waiter) else {
             return Ok(Fetched::Compiling(digest));
         };
-        if let Err(wait) = self.compile_budget.take(id.namespace.as_deref()) {
+        if let Err(refused) = self.compile_budget.take(id.namespace.as_deref()) {
             let tenant = id.namespace.as_ref().map_or_else(
                 || "the cluster's controllers".to_owned(),
                 |ns| format!("namespace {ns}"),
             );
+            let (what, wait) = match refused {
+                Refused::Compiles(wait) => (
+                    format!(
+                        "had more new modules compiled than this runtime's operator allows ({} at once, then {} an hour: `kubewasm run --compile-burst`, `--compiles-per-hour`)",
+                        self.compile_budget.burst(),
+                        self.compile_budget.per_hour(),
+                    ),
+                    wait,
+                ),
+                Refused::CpuSeconds(wait) => (
+                    format!(
+                        "had its modules' compiles take the CPU time this runtime's operator allows ({} CPU seconds an hour: `kubewasm run --compile-cpu-seconds-per-hour`)",
+                        self.compile_budget.cpu_per_hour(),
+                    ),
+                    wait,
+                ),
+            };
             return Err(Problem::new(
                 Reason::CompileBudgetExceeded,
                 format!(
-                    "{tenant} had more new modules compiled than this runtime's operator allows ({} at once, then {} an hour: `kubewasm run --compile-burst`, `--compiles-per-hour`); module sha256:{hex} is compiled in about {}s. Modules already compiled cost nothing: pin a digest rather than following a tag that moves often",
-                    self.compile_budget.burst(),
-                    self.compile_budget.per_hour(),
+                    "{tenant} {what}; module sha256:{hex} is compiled in about {}s. Modules already compiled cost nothing: pin a digest rather than following a tag that moves often",
                     wait.as_secs().max(1)
                 ),
             ));
@@ -385,9 +401,13 @@ impl Manager {
     pub(super) async fn on_compiled(&mut self, done: Compiled) {
         let Compiled {
             digest,
+            tenant,
+            cpu,
             result,
             waiters,
         } = done;
+        self.compile_budget.charge_cpu(tenant.as_deref(), cpu);
+        tracing::debug!(digest = %digest.hex(), ?tenant, ?cpu, "compile ended");
         let result = match result {
             Ok(guest) => Ok(Ok(guest)),
             Err(crashed @ LoadError::CompileCrashed { .. }) => {

@@ -136,6 +136,29 @@ impl ChildCompiler {
     }
 }
 
+/// The CPU time (user and system) of the compiler processes that ended so far: the runtime's
+/// waited-for children (`cutime` + `cstime` of `/proc/self/stat`, what
+/// `getrusage(RUSAGE_CHILDREN)` answers), which are its compilers alone. Compiles run one at
+/// a time, so the difference around one is that compile's. `None` where `/proc` cannot say.
+pub fn compilers_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    children_cpu_of(&stat, rustix::param::clock_ticks_per_second())
+}
+
+/// `cutime` + `cstime` (fields 16 and 17) of a `/proc/<pid>/stat` line, in seconds. The
+/// fields are counted after the command name, which is in parentheses and may hold spaces.
+fn children_cpu_of(stat: &str, ticks_per_second: u64) -> Option<Duration> {
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    // Field 3 (the state) is the first after the name: fields 16 and 17 are the 14th and 15th.
+    let mut fields = after_name.split_whitespace().skip(13);
+    let user: u64 = fields.next()?.parse().ok()?;
+    let system: u64 = fields.next()?.parse().ok()?;
+    let ticks = user.checked_add(system)?;
+    Some(Duration::from_secs_f64(
+        ticks as f64 / ticks_per_second.max(1) as f64,
+    ))
+}
+
 /// Bytes of the child's stderr kept (the compiler's error message).
 const MAX_STDERR_BYTES: u64 = 4096;
 
@@ -326,6 +349,18 @@ mod tests {
 
     fn exited(code: i32) -> ExitStatus {
         ExitStatus::from_raw(code << 8)
+    }
+
+    #[test]
+    fn the_children_cpu_time_is_read_after_the_command_name() {
+        // pid (comm) state ppid ... utime(14) stime(15) cutime(16) cstime(17) ...
+        let stat = "42 (kube wasm) S 1 42 42 0 -1 4194560 100 0 0 0 7 3 250 130 20 0 9 0";
+        assert_eq!(
+            children_cpu_of(stat, 100),
+            Some(Duration::from_millis(3800))
+        );
+        assert_eq!(children_cpu_of("42 (x", 100), None);
+        assert!(compilers_cpu().is_some(), "this process's /proc/self/stat");
     }
 
     #[test]

@@ -17,7 +17,7 @@ mod types;
 
 pub use call::{CallOutcome, Phases};
 pub use compiled::{Compilations, CompiledCache};
-pub use compiler::{ChildCompiler, child_main};
+pub use compiler::{ChildCompiler, child_main, compilers_cpu};
 pub use engine::{Digest, GuestPre, Sandbox, SandboxConfig};
 pub use error::{CallError, LoadError};
 pub use limits::{Limits, MAX_GUEST_STATE_BYTES};
