@@ -230,6 +230,7 @@ impl Manager {
         self.metrics
             .set_cache(self.watches.accounts(), self.watches.len());
         self.metrics.set_module_reads(&self.reads);
+        self.metrics.set_state_bytes(self.state_accounts.total());
         self.set_shard_metrics();
         // Each status is made (messages formatted) to be compared with the one written: only
         // for `only` when given (a chunk of ten thousand starting), not for every controller.

@@ -74,6 +74,7 @@ pub struct Metrics {
     modules_from_module_cache: Gauge,
     module_read_bytes: Gauge,
     module_read_bytes_peak: Gauge,
+    state_bytes: Gauge,
     module_config_map_reads: Gauge,
     shard_controllers: Family<ShardLabels, Gauge>,
     ready: AtomicBool,
@@ -218,6 +219,12 @@ impl Default for Metrics {
             "The most bytes charged to the module read budget at once since the runtime started",
             module_read_bytes_peak.clone(),
         );
+        let state_bytes = Gauge::default();
+        registry.register(
+            "state_bytes",
+            "Bytes of saved state (setState keys and values) the controllers this replica runs hold, saves being written included; each namespace's at most --max-state-bytes-per-namespace",
+            state_bytes.clone(),
+        );
         let module_config_map_reads = Gauge::default();
         registry.register(
             "module_config_map_reads",
@@ -240,6 +247,7 @@ impl Default for Metrics {
             modules_from_module_cache,
             module_read_bytes,
             module_read_bytes_peak,
+            state_bytes,
             module_config_map_reads,
             reconciles,
             duration,
@@ -395,6 +403,12 @@ impl Metrics {
         gauge(&self.module_read_bytes, reads.budget().in_use());
         gauge(&self.module_read_bytes_peak, reads.budget().peak());
         gauge(&self.module_config_map_reads, reads.config_map_reads());
+    }
+
+    /// Sets the bytes of saved state the controllers of this replica hold.
+    pub fn set_state_bytes(&self, bytes: usize) {
+        self.state_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
     /// Sets the bytes held in the caches, each namespace's account, how many namespaces are

@@ -48,7 +48,7 @@ async fn a_namespace_s_controllers_keep_no_more_state_than_its_cap() {
         &["--max-state-bytes-per-namespace", &cap],
     );
     let collects = control_plane.0.has_controller_manager();
-    let result = bounded(&client, &team_a, &team_b, collects).await;
+    let result = bounded(&client, &team_a, &team_b, collects, &runtime).await;
     finish(result, &mut [&mut runtime]);
 }
 
@@ -110,7 +110,13 @@ async fn degraded(client: &Client, ns: &str, name: &str) -> Result<Option<(Strin
         .map(|c| (c.reason.clone(), c.message.clone())))
 }
 
-async fn bounded(client: &Client, a: &str, b: &str, collects: bool) -> Result<()> {
+async fn bounded(
+    client: &Client,
+    a: &str,
+    b: &str,
+    collects: bool,
+    runtime: &RuntimeProcess,
+) -> Result<()> {
     install_probe_crd(client).await?;
     let hostile = json!({"module": {"configMap": {"name": "hostile", "key": "hostile.wasm"}}});
     for ns in [a, b] {
@@ -231,7 +237,27 @@ async fn bounded(client: &Client, a: &str, b: &str, collects: bool) -> Result<()
         degraded(client, b, "keeper").await?.is_none(),
         "team-b's controller is degraded"
     );
-    Stored::read(client, b).await?.print("team-b");
+    let kept = Stored::read(client, b).await?;
+    kept.print("team-b");
+    // What the replica holds of them, on /metrics: the two namespaces' states, no more.
+    let held = full.bytes() + kept.bytes();
+    eventually(
+        "kubewasm_state_bytes counts the states both namespaces saved",
+        crate::cluster::WAIT,
+        || async {
+            let (_, metrics) = runtime.http_get("/metrics").await?;
+            let line = metrics
+                .lines()
+                .find(|l| l.starts_with("kubewasm_state_bytes "))
+                .unwrap_or("kubewasm_state_bytes missing");
+            ensure!(
+                line == format!("kubewasm_state_bytes {held}"),
+                "{line}, want {held}"
+            );
+            Ok(Some(()))
+        },
+    )
+    .await?;
 
     // One of team-a's controllers deleted: its bytes are given back, and the other two, their
     // Probes changed so that each is reconciled at once, save all their states.

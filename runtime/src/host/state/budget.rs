@@ -79,6 +79,12 @@ impl StateAccounts {
             .map_or(0, |t| t.total)
     }
 
+    /// Bytes charged to every tenant together: what the saved states of this replica's
+    /// controllers take.
+    pub fn total(&self) -> usize {
+        self.tenants.locked().values().map(|t| t.total).sum()
+    }
+
     /// Tenants charged anything.
     pub fn tenants(&self) -> usize {
         self.tenants.locked().len()
@@ -181,9 +187,11 @@ mod tests {
         assert_eq!(cluster.grow(101), Err(100));
         assert!(cluster.whose().contains("ClusterWasmControllers"));
         assert_eq!(a.whose(), "namespace ns's controllers");
+        assert_eq!(accounts.total(), 280, "every tenant's states together");
         drop(a);
         assert_eq!(accounts.used(Some("ns")), 30);
         drop((b, cluster));
         assert_eq!(accounts.tenants(), 0, "every book credited, no tenant left");
+        assert_eq!(accounts.total(), 0);
     }
 }
