@@ -247,20 +247,10 @@ async fn hoarded(cluster: &NodeCluster, leader: &Pod, timings: &mut Timings) -> 
         "the hoarder held back: Ready=False, CacheBudgetExceeded",
         WAIT,
         || async {
-            let wc = wcs.get("hoarder").await?;
-            let ready = wc
-                .data
-                .pointer("/status/conditions")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .find(|c| c["type"] == "Ready")
-                .cloned();
-            match ready {
-                Some(c) if c["reason"] == "CacheBudgetExceeded" && c["status"] == "False" => {
-                    Ok(Some(()))
-                }
-                other => bail!("Ready is {other:?}"),
+            let ready = condition(&wcs.get("hoarder").await?, "Ready");
+            match ready["reason"] == "CacheBudgetExceeded" && ready["status"] == "False" {
+                true => Ok(Some(())),
+                false => bail!("Ready is {ready}"),
             }
         },
     )
@@ -349,16 +339,7 @@ async fn formula_filled(cluster: &NodeCluster, leader: &Pod, timings: &mut Timin
     let module_ready = |name: String, check: fn(&Value, &str) -> bool, hex: String| {
         let wcs = wcs.clone();
         async move {
-            let wc = wcs.get(&name).await?;
-            let c = wc
-                .data
-                .pointer("/status/conditions")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .find(|c| c["type"] == "ModuleReady")
-                .cloned()
-                .unwrap_or_default();
+            let c = condition(&wcs.get(&name).await?, "ModuleReady");
             match check(&c, &hex) {
                 true => Ok(Some(())),
                 false => bail!("{name}: ModuleReady is {c}"),
@@ -454,6 +435,18 @@ fn container_peak(pid: u32) -> Option<u64> {
     .trim()
     .parse()
     .ok()
+}
+
+/// Condition `type_` of a WasmController read as a plain object (`null` when it has none).
+fn condition(wc: &DynamicObject, type_: &str) -> Value {
+    wc.data
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == type_)
+        .cloned()
+        .unwrap_or_default()
 }
 
 /// The tenant's WasmControllers, as plain objects (their status read by pointer).
