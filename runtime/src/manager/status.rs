@@ -231,6 +231,7 @@ impl Manager {
             .set_cache(self.watches.accounts(), self.watches.len());
         self.metrics.set_module_reads(&self.reads);
         self.metrics.set_state_bytes(self.state_accounts.total());
+        self.metrics.set_modules_loaded(self.sandbox.loaded_count());
         self.set_shard_metrics();
         // Each status is made (messages formatted) to be compared with the one written: only
         // for `only` when given (a chunk of ten thousand starting), not for every controller.

@@ -69,6 +69,7 @@ pub struct Metrics {
     watches: Gauge,
     modules_compiled: Gauge,
     modules_quarantined: Gauge,
+    modules_loaded: Gauge,
     modules_from_cache: Gauge,
     modules_pulled: Gauge,
     modules_from_module_cache: Gauge,
@@ -189,6 +190,12 @@ impl Default for Metrics {
             "Modules this replica knows quarantined: their compile crashed the compiler or met --compile-memory or --compile-cpu-seconds",
             modules_quarantined.clone(),
         );
+        let modules_loaded = Gauge::default();
+        registry.register(
+            "modules_loaded",
+            "Compiled modules loaded now (each kept while a controller of this replica runs it)",
+            modules_loaded.clone(),
+        );
         let modules_from_cache = Gauge::default();
         registry.register(
             "modules_from_compiled_cache",
@@ -242,6 +249,7 @@ impl Default for Metrics {
             registry,
             modules_compiled,
             modules_quarantined,
+            modules_loaded,
             modules_from_cache,
             modules_pulled,
             modules_from_module_cache,
@@ -378,6 +386,12 @@ impl Metrics {
     pub fn set_quarantined(&self, quarantined: usize) {
         self.modules_quarantined
             .set(i64::try_from(quarantined).unwrap_or(i64::MAX));
+    }
+
+    /// Sets how many compiled modules are loaded now.
+    pub fn set_modules_loaded(&self, loaded: usize) {
+        self.modules_loaded
+            .set(i64::try_from(loaded).unwrap_or(i64::MAX));
     }
 
     /// Sets how the modules loaded so far were had: compiled, or from the compiled cache.

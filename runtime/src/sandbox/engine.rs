@@ -297,6 +297,11 @@ impl Sandbox {
         self.lock_modules().get(digest).cloned()
     }
 
+    /// How many compiled modules are loaded now.
+    pub fn loaded_count(&self) -> usize {
+        self.lock_modules().len()
+    }
+
     /// Drops compiled modules no longer in `keep` (e.g. after a hot reload).
     pub fn retain(&self, keep: &[Digest]) {
         self.lock_modules().retain(|d, _| keep.contains(d));

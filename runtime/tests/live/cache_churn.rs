@@ -1,11 +1,14 @@
 //! The cache accounts balance: the red team's finding of issue 38, replayed. team-b stores 20
 //! ConfigMaps (about 3.6 MiB) and runs a controller of Probes; team-a creates and deletes, 25
-//! times, a controller whose parent is ConfigMap. Each start makes the runtime list every
-//! ConfigMap again and charge team-b's to team-b; each stop must credit them. Read from the
-//! runtime's `/metrics` (`kubewasm_cache_namespace_bytes`, `kubewasm_cache_watches`): after
-//! every cycle team-b's account and the watches are back at their baseline, and team-b's
-//! controller stays Ready and keeps reconciling. Before the fix, team-b was charged again on
-//! every start and held back after a few cycles (`CacheBudgetExceeded`).
+//! times, a controller whose parent is ConfigMap, each time with a module of its own (a new
+//! digest in a new ConfigMap, deleted with it). Each start makes the runtime list every
+//! ConfigMap again and charge team-b's to team-b, and compile the new module; each stop must
+//! credit them and drop the module. Read from the runtime's `/metrics`
+//! (`kubewasm_cache_namespace_bytes`, `kubewasm_cache_watches`, `kubewasm_modules_loaded`):
+//! after every cycle team-b's account, the watches and the loaded modules are back at their
+//! baseline, and team-b's controller stays Ready and keeps reconciling; the runtime's resident
+//! memory after the churn is printed beside its baseline and bounded. Before the fix, team-b
+//! was charged again on every start and held back after a few cycles (`CacheBudgetExceeded`).
 
 use std::time::Instant;
 
@@ -15,10 +18,13 @@ use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
-use crate::cluster::{WAIT, apply, apply_all, ensure_condition, prepare, wait_status};
+use crate::cluster::{
+    WAIT, apply, apply_all, ensure_condition, module_config_map, prepare, wait_status,
+};
 use crate::isolation::{controller, install_probe_crd, install_tenant, probe, probes, wait_echo};
 use crate::runtime::{RuntimeProcess, finish};
 use crate::support::eventually;
+use crate::support::guests::with_custom_section;
 use crate::{StopOnDrop, merge};
 
 /// The operator's cap: team-b's ConfigMaps charged five times over would pass it.
@@ -43,7 +49,12 @@ async fn cache_accounts_return_to_their_baseline_after_controllers_come_and_go()
     let mut runtime = RuntimeProcess::start_with_args(
         &control_plane.0.runtime_kubeconfig(),
         "",
-        &["--max-cached-bytes-per-namespace", CAP],
+        // Each cycle compiles a new module: past the default burst of 16.
+        &[
+            "--max-cached-bytes-per-namespace",
+            CAP,
+            "--compile-burst=64",
+        ],
     );
     let result = churn(&client, &team_a, &team_b, &runtime).await;
     finish(result, &mut [&mut runtime]);
@@ -56,6 +67,25 @@ struct Caches {
     namespace_bytes: u64,
     /// `kubewasm_cache_watches`.
     watches: u64,
+    /// `kubewasm_modules_loaded`.
+    modules: u64,
+}
+
+/// What the churn may leave of the runtime's resident memory: a cycle's working set (a list of
+/// team-b's 3.6 MiB decoded, a module compiled and mapped) that the allocator keeps — measured
+/// at 8–24 MiB over the baseline, level from the fifth cycle to the last — against 25 × 3.6 MiB
+/// of ConfigMaps and 25 modules if cycles kept them.
+const RSS_SLACK: u64 = 24 << 20;
+
+/// The runtime process's resident memory (`VmRSS`), in bytes.
+fn rss(runtime: &RuntimeProcess) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", runtime.pid()))?;
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .context("no VmRSS in /proc/<pid>/status")?;
+    Ok(kib << 10)
 }
 
 async fn caches(runtime: &RuntimeProcess, namespace: &str) -> Result<Caches> {
@@ -76,6 +106,8 @@ async fn caches(runtime: &RuntimeProcess, namespace: &str) -> Result<Caches> {
         .unwrap_or(0),
         watches: value("kubewasm_cache_watches")?
             .context("no `kubewasm_cache_watches` in /metrics")?,
+        modules: value("kubewasm_modules_loaded")?
+            .context("no `kubewasm_modules_loaded` in /metrics")?,
     })
 }
 
@@ -133,17 +165,28 @@ async fn churn(client: &Client, a: &str, b: &str, runtime: &RuntimeProcess) -> R
         c.namespace_bytes > 0
     })
     .await?;
+    let baseline_rss = rss(runtime)?;
     eprintln!(
-        "baseline: team-b {} bytes, {} watches",
-        baseline.namespace_bytes, baseline.watches
+        "baseline: team-b {} bytes, {} watches, {} modules loaded, runtime RSS {} KiB",
+        baseline.namespace_bytes,
+        baseline.watches,
+        baseline.modules,
+        baseline_rss >> 10
     );
+    let intruder = crate::cluster::guest("intruder");
+    let modules: Api<ConfigMap> = Api::namespaced(client.clone(), a);
 
     let wasm_controllers: Api<kubewasm::api::WasmController> = Api::namespaced(client.clone(), a);
     let started = Instant::now();
     let mut charged = Vec::new();
     for cycle in 0..CYCLES {
         let name = format!("churn-{cycle}");
-        let spec = json!({"parent": {"apiVersion": "v1", "kind": "ConfigMap", "labelSelector": "role=none"}});
+        let variant = with_custom_section(intruder.clone(), "churn", name.as_bytes());
+        apply(client, &module_config_map(a, &name, "m.wasm", &variant)).await?;
+        let spec = json!({
+            "parent": {"apiVersion": "v1", "kind": "ConfigMap", "labelSelector": "role=none"},
+            "module": {"configMap": {"name": name, "key": "m.wasm"}},
+        });
         apply(client, &controller(a, &name, spec)).await?;
         wait_status(client, a, &name, "Ready: the ConfigMap watch listed", |s| {
             ensure_condition(s, "Ready", "True").map(|_| ())
@@ -156,28 +199,47 @@ async fn churn(client: &Client, a: &str, b: &str, runtime: &RuntimeProcess) -> R
             &format!("cycle {cycle}: team-b charged for its ConfigMaps"),
             |c| {
                 c.watches == baseline.watches + 1
+                    && c.modules == baseline.modules + 1
                     && c.namespace_bytes
                         > baseline.namespace_bytes + (CONFIG_MAPS * CONFIG_MAP_BYTES) as u64
             },
         )
         .await?;
         charged.push(running.namespace_bytes);
+        if cycle % 5 == 4 {
+            eprintln!("cycle {cycle}: runtime RSS {} KiB", rss(runtime)? >> 10);
+        }
         wasm_controllers
             .delete(&name, &DeleteParams::default())
             .await?;
-        // Stopped: everything the watch charged is credited.
+        modules.delete(&name, &DeleteParams::default()).await?;
+        // Stopped: everything the watch charged is credited, its module dropped.
         wait_caches(
             runtime,
             b,
-            &format!("cycle {cycle}: team-b and the watches back at their baseline"),
+            &format!("cycle {cycle}: team-b, the watches and the modules back at their baseline"),
             |c| {
                 c.watches == baseline.watches
+                    && c.modules == baseline.modules
                     && c.namespace_bytes.abs_diff(baseline.namespace_bytes) <= SLACK
             },
         )
         .await?;
     }
     let after = caches(runtime, b).await?;
+    let after_rss = rss(runtime)?;
+    eprintln!(
+        "runtime RSS {} KiB after the churn ({} KiB at baseline), {} modules loaded",
+        after_rss >> 10,
+        baseline_rss >> 10,
+        after.modules
+    );
+    ensure!(
+        after_rss <= baseline_rss + RSS_SLACK,
+        "the runtime grew from {} to {} KiB over {CYCLES} cycles",
+        baseline_rss >> 10,
+        after_rss >> 10
+    );
     let (low, high) = (
         charged.iter().min().copied().unwrap_or(0),
         charged.iter().max().copied().unwrap_or(0),
