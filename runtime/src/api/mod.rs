@@ -319,6 +319,15 @@ pub struct WasmControllerStatus {
     /// The latest failure among the objects failing now (cleared once none is).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// How many objects are failing now (their last reconcile failed).
+    #[serde(default)]
+    pub failing: u64,
+    /// The objects failing now, the latest failure first, at most 5 (always written, so that
+    /// an emptied list replaces the last one). Their capsules replay them offline
+    /// (`kubewasm capsules`, `kubewasm reconcile --capsule`).
+    #[serde(default)]
+    #[schemars(length(max = 5))]
+    pub failing_objects: Vec<String>,
     /// Parents being deleted that wait for this controller's clean-up (`spec.finalize`), at
     /// most 16 listed (always written, so that an emptied list replaces the last one).
     #[serde(default)]

@@ -5,6 +5,7 @@ pub mod new;
 pub mod push;
 pub mod reconcile;
 mod registry;
+mod replay;
 pub mod run;
 pub mod sign;
 mod yaml;

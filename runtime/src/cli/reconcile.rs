@@ -18,7 +18,7 @@ use super::yaml::{read_object, read_objects};
 
 /// Arguments of `kubewasm reconcile`.
 #[derive(Debug, clap::Args)]
-#[command(group(clap::ArgGroup::new("source").required(true).multiple(true).args(["module", "controller"])))]
+#[command(group(clap::ArgGroup::new("source").required(true).multiple(true).args(["module", "controller", "capsule"])))]
 pub struct Args {
     /// The guest component to run; with --controller, in place of the module its spec
     /// names (the spec's sha256 pin still applies).
@@ -29,8 +29,8 @@ pub struct Args {
     #[arg(long)]
     controller: Option<PathBuf>,
     /// The parent object to reconcile (YAML).
-    #[arg(long)]
-    object: PathBuf,
+    #[arg(long, required_unless_present = "capsule")]
+    object: Option<PathBuf>,
     /// More objects the guest can read, and observed children (YAML, repeatable).
     #[arg(long)]
     state: Vec<PathBuf>,
@@ -38,6 +38,15 @@ pub struct Args {
     /// `state`, e.g. the restarter's data digest); by default nothing.
     #[arg(long, value_name = "STRING")]
     saved: Option<String>,
+    /// Replay a failed reconcile the runtime kept (`kubewasm capsules` fetches them): the same
+    /// request and read answers, the module of the capsule's digest (--module, else pulled
+    /// from the image its controller names), and says whether it fails the same way (exit 0)
+    /// or not (exit 1).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["controller", "object", "state", "saved"])]
+    capsule: Option<PathBuf>,
+    /// How to reach the registry of a capsule's image.
+    #[command(flatten)]
+    registry: super::registry::RegistryArgs,
 }
 
 struct Declared {
@@ -48,9 +57,16 @@ struct Declared {
 
 /// Runs the reconcile and prints the actions.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let parent = read_object(&args.object)?;
+    if let Some(capsule) = &args.capsule {
+        return super::replay::run(capsule, args.module.as_deref(), &args.registry);
+    }
+    let object = args
+        .object
+        .as_deref()
+        .context("--object: the parent object to reconcile")?;
+    let parent = read_object(object)?;
     let target =
-        ObjectRef::of(&parent).map_err(|e| anyhow::anyhow!("`{}`: {e}", args.object.display()))?;
+        ObjectRef::of(&parent).map_err(|e| anyhow::anyhow!("`{}`: {e}", object.display()))?;
     let mut state = Vec::new();
     for path in &args.state {
         state.extend(read_objects(path)?);

@@ -108,6 +108,12 @@ pub struct Args {
     /// (`StateBudgetExceeded`). Each replica counts the controllers it runs. `0`: no cap.
     #[arg(long, default_value_t = Unit::Bytes.show(ManagerConfig::default().max_state_bytes_per_namespace as u64))]
     max_state_bytes_per_namespace: String,
+    /// The most bytes of capsules the controllers of one namespace keep together, a quantity:
+    /// each controller keeps its last 5 failed reconciles (each at most 1 MiB: the request the
+    /// guest was handed, its reads, the error) for its team to fetch and replay; past it a
+    /// controller's oldest go first. In memory, on the replica running the controller.
+    #[arg(long, default_value_t = Unit::Bytes.show(ManagerConfig::default().max_capsule_bytes_per_namespace as u64))]
+    max_capsule_bytes_per_namespace: String,
     /// Keep the quarantined modules in ConfigMap `kubewasm-quarantine` of this namespace (the
     /// runtime's own): a module whose compile ended the compiler (a crash, `--compile-memory`,
     /// `--compile-cpu-seconds`) is not compiled again by any replica, nor by a later start.
@@ -298,6 +304,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config.max_state_bytes_per_namespace = usize::try_from(cap(
             "max-state-bytes-per-namespace",
             &args.max_state_bytes_per_namespace,
+        )?)
+        .unwrap_or(usize::MAX);
+        config.max_capsule_bytes_per_namespace = usize::try_from(cap(
+            "max-capsule-bytes-per-namespace",
+            &args.max_capsule_bytes_per_namespace,
         )?)
         .unwrap_or(usize::MAX);
         config.runtime_namespace = args.leader_election_namespace.clone();

@@ -4,6 +4,7 @@
 mod access;
 pub mod actions;
 mod cache;
+pub mod capsules;
 mod finalizer;
 mod grants;
 mod kinds;

@@ -72,6 +72,9 @@ pub struct ManagerConfig {
     /// The most bytes of saved states one namespace's controllers keep together
     /// ([`crate::host::StateAccounts`]).
     pub max_state_bytes_per_namespace: usize,
+    /// The most bytes of capsules (failed reconciles kept for replay) the controllers of one
+    /// namespace keep together (`host::capsules`).
+    pub max_capsule_bytes_per_namespace: usize,
     /// The runtime's own namespace: where ClusterWasmControllers' saved states are kept.
     pub runtime_namespace: String,
 }
@@ -106,6 +109,8 @@ impl Default for ManagerConfig {
             cache_caps: crate::controller::CacheCaps::default(),
             max_state_bytes_per_controller: 8 << 20,
             max_state_bytes_per_namespace: crate::host::DEFAULT_MAX_STATE_BYTES_PER_NAMESPACE,
+            max_capsule_bytes_per_namespace:
+                crate::host::capsules::DEFAULT_MAX_CAPSULE_BYTES_PER_NAMESPACE,
             runtime_namespace: "default".into(),
         }
     }

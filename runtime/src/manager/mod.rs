@@ -188,6 +188,8 @@ pub struct Manager {
     compile_budget: compile_budget::CompileBudget,
     /// What each namespace's controllers' saved states take, against its cap.
     state_accounts: Arc<crate::host::StateAccounts>,
+    /// Every running controller's failed reconciles, for its team (`host::capsules`).
+    capsules: Arc<crate::host::capsules::CapsuleStore>,
     /// Metadata of the ConfigMaps modules may come from (see [`modules`]).
     module_config_maps: Option<reflector::Store<PartialObjectMeta<ConfigMap>>>,
     /// Registry pulls, beside the loop.
@@ -252,6 +254,8 @@ impl Manager {
             config.compile_cpu_seconds_per_hour,
         );
         let state_accounts = crate::host::StateAccounts::new(config.max_state_bytes_per_namespace);
+        let capsules =
+            crate::host::capsules::CapsuleStore::new(config.max_capsule_bytes_per_namespace);
         Ok(Manager {
             pulls,
             reads: Arc::new(crate::sources::ModuleReads::new(budget)),
@@ -279,6 +283,7 @@ impl Manager {
             compiles: compiles::Compiles::new(),
             compile_budget,
             state_accounts,
+            capsules,
             module_config_maps: None,
             sharding: None,
             declared: HashMap::new(),

@@ -184,6 +184,12 @@ impl Manager {
             state,
             finalizer: finalizer.ok(),
             finalize: spec.finalize,
+            capsules: self.capsules.open(
+                &id.to_string(),
+                id.namespace.as_deref(),
+                spec.module.clone(),
+                limits,
+            ),
         };
         Ok((setup, access))
     }

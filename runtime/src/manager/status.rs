@@ -76,7 +76,11 @@ fn desired(m: &Managed, place: Place) -> WasmControllerStatus {
             let s = runner.stats();
             let unowned: Vec<String> = s.unowned.locked().iter().cloned().collect();
             let failing = s.failing.locked();
-            let failing = (failing.count(), failing.latest().cloned());
+            let failing = (
+                failing.count(),
+                failing.latest().cloned(),
+                failing.latest_keys(MAX_LISTED_FAILING),
+            );
             let waiting = s.finalizing.locked();
             let mut finalizing: Vec<String> = waiting
                 .iter()
@@ -97,9 +101,9 @@ fn desired(m: &Managed, place: Place) -> WasmControllerStatus {
                 unowned,
             )
         }
-        None => (0, 0, (0, None), Vec::new(), Vec::new()),
+        None => (0, 0, (0, None, Vec::new()), Vec::new(), Vec::new()),
     };
-    let (failing_count, last_error) = failing;
+    let (failing_count, last_error, failing_objects) = failing;
     let ready = match (&m.runner, &m.setup_problem, &m.module_problem) {
         (Some((runner, _)), _, _) if !runner.synced() => condition(
             "Ready",
@@ -175,10 +179,15 @@ fn desired(m: &Managed, place: Place) -> WasmControllerStatus {
         reconciles,
         failures,
         last_error: last_error.map(|p| p.message),
+        failing: u64::try_from(failing_count).unwrap_or(u64::MAX),
+        failing_objects,
         finalizing,
         guest_state: Default::default(),
     }
 }
+
+/// Most objects named in `status.failingObjects`.
+const MAX_LISTED_FAILING: usize = 5;
 
 /// What `Degraded` says while objects are failing: the latest failure, and how many fail.
 fn failing_message(count: usize, latest: &crate::api::Problem) -> String {

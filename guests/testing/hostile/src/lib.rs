@@ -17,6 +17,7 @@
 //! | `read` | lists ConfigMaps once and sets status `{"seen": <count>}` |
 //! | `sleep` | sleeps an hour in WASI (blocked in the host, not computing), then behaves like `ok` |
 //! | `huge-error` | returns a permanent error whose message is [`HUGE_BYTES`] long |
+//! | `read-fail` | gets ConfigMap `spec.config` (default `settings`) and fails (permanently) with its `data.value` in the message |
 //! | `huge-log` | logs a [`HUGE_BYTES`] line [`HUGE_LOG_LINES`] times through the host, then behaves like `ok` |
 //! | `many-actions` | returns [`MANY_ACTIONS`] `requeue-after` actions |
 //! | `log-lines` | logs [`LOG_LINES`] empty lines through the host, then behaves like `ok` |
@@ -118,6 +119,25 @@ pub fn reconcile(req: &Request, cluster: &dyn Cluster) -> Result<Response, Error
             Ok(Response::new().set_status(json!({ "seen": seen })))
         }
         "huge-error" => Err(Error::permanent(huge_text("hostile guest error"))),
+        // Fails with what it read: only a replay that answers its read as it was answered
+        // live fails with the same words.
+        "read-fail" => {
+            let name = req
+                .parent
+                .as_ref()
+                .and_then(|p| object::spec_str(p, "config"))
+                .unwrap_or("settings");
+            let said = cluster
+                .get("v1", "ConfigMap", None, name)?
+                .and_then(|cm| {
+                    cm.pointer("/data/value")
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                })
+                .unwrap_or_default();
+            Err(Error::permanent(format!(
+                "ConfigMap {name} says {said:?}: refused"
+            )))
+        }
         // Blocked in a WASI poll (a clock), where no epoch deadline can reach it.
         "sleep" => {
             std::thread::sleep(std::time::Duration::from_secs(3600));

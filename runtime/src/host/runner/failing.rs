@@ -34,6 +34,17 @@ impl Failing {
         self.by_key.len()
     }
 
+    /// The keys of the `n` latest failures among the objects failing now, the latest first.
+    pub fn latest_keys(&self, n: usize) -> Vec<String> {
+        let mut failing: Vec<(u64, &ObjectKey)> = self
+            .by_key
+            .iter()
+            .map(|(k, (order, _))| (*order, k))
+            .collect();
+        failing.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        failing.iter().take(n).map(|(_, k)| k.to_string()).collect()
+    }
+
     /// The latest failure among the objects failing now.
     pub fn latest(&self) -> Option<&Problem> {
         self.by_key
@@ -72,6 +83,8 @@ mod tests {
         assert_eq!(f.latest().map(|p| p.message.as_str()), Some("b: second"));
         f.failed(key("a"), Problem::new(Reason::ReconcileFailed, "a: third"));
         assert_eq!(f.latest().map(|p| p.message.as_str()), Some("a: third"));
+        assert_eq!(f.latest_keys(5), ["ns/a", "ns/b"]);
+        assert_eq!(f.latest_keys(1), ["ns/a"]);
         f.succeeded(&key("a"));
         assert_eq!(f.latest().map(|p| p.message.as_str()), Some("b: second"));
         f.succeeded(&key("b"));

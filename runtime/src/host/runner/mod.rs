@@ -3,6 +3,7 @@
 //! its status reports. Its writes outside the guest's actions (finalizers, forgotten state)
 //! are in [`writes`]; every write passes the controller's [`WriteGate`].
 
+mod capsule;
 mod failing;
 mod pipeline;
 mod spins;
@@ -96,6 +97,8 @@ pub struct ControllerSetup {
     /// Whether the controller asked for its finalizer on its parents (`spec.finalize`);
     /// when not, a finalizer of it left on a parent is removed.
     pub finalize: bool,
+    /// Where its failed reconciles are kept, for its team to replay.
+    pub capsules: super::capsules::Capsules,
 }
 
 /// How soon an object is looked at again while the caches list its namespace again.

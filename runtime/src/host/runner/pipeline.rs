@@ -10,9 +10,12 @@ use serde_json::Value;
 
 use crate::api::{Problem, Reason};
 use crate::controller::{Cached, ObjectKey};
-use crate::sandbox::{Action, CallOutcome, EventType, ObjectRef, WireRequest, requeue_delay};
+use crate::sandbox::{
+    Action, CallOutcome, EventType, ObjectRef, SharedReads, WireRequest, requeue_delay,
+};
 
 use super::super::actions::{self, ChildKind, Executor};
+use super::super::capsules::{Recording, Stage};
 use super::super::finalizer::{Finalizer, Phase};
 use super::super::reads::GrantedReads;
 use super::Runner;
@@ -25,16 +28,42 @@ const FINALIZE_RETRY: Duration = Duration::from_secs(10);
 
 /// What the guest is handed for one key, and what the later steps need of it.
 pub(super) struct Prepared {
-    key: ObjectKey,
+    pub(super) key: ObjectKey,
     /// The parent as cached (`None`: gone).
     parent: Option<Arc<Cached>>,
     /// The same as JSON, for the actions.
     parent_json: Option<Value>,
     /// The children it controls, as JSON, for the actions.
     children: Vec<Value>,
-    target: ObjectRef,
+    pub(super) target: ObjectRef,
     /// Whether the parent is being deleted and waits for this controller's clean-up.
-    finalizing: bool,
+    pub(super) finalizing: bool,
+    /// The request's documents as the caches hold them (shared, not copied): a failed
+    /// reconcile's capsule is made of them.
+    pub(super) sent: Sent,
+}
+
+/// The documents of a request, shared with the caches.
+pub(super) struct Sent {
+    pub(super) parent: Option<Arc<str>>,
+    pub(super) children: Vec<Arc<str>>,
+    pub(super) previous: Option<Arc<str>>,
+    pub(super) state: Option<String>,
+}
+
+impl Prepared {
+    /// The request the guest is handed (each document copied once, for the call).
+    pub(super) fn request(&self, controller: &str) -> WireRequest {
+        WireRequest {
+            controller: controller.to_owned(),
+            target: self.target.clone(),
+            parent: self.sent.parent.as_deref().map(str::to_owned),
+            children: self.sent.children.iter().map(|t| t.to_string()).collect(),
+            previous: self.sent.previous.as_deref().map(str::to_owned),
+            state: self.sent.state.clone(),
+            finalizing: self.finalizing,
+        }
+    }
 }
 
 /// What the first step decided.
@@ -107,10 +136,12 @@ impl Runner {
                 .and_then(|p| p.metadata.resource_version.clone()),
             module: guest.digest(),
         };
-        let outcome = match self.call(&prepared, guest, request).await {
+        let recording = Arc::new(Recording::new(self.granted_reads(&prepared)));
+        let outcome = match self.call(guest, request, recording.clone()).await {
             Ok(outcome) => outcome,
             Err(e) => {
                 let problem = Problem::new(Reason::from(&e), e.to_string());
+                self.capsule(&prepared, &recording, &problem, Stage::Call, attempt.module);
                 self.report_failure(&prepared, &problem).await;
                 return Err(Failure {
                     problem,
@@ -121,10 +152,18 @@ impl Runner {
         let applied = match self.apply(&prepared, outcome).await {
             Ok(applied) => applied,
             Err(problem) => {
+                self.capsule(
+                    &prepared,
+                    &recording,
+                    &problem,
+                    Stage::Apply,
+                    attempt.module,
+                );
                 self.report_failure(&prepared, &problem).await;
                 return Err(problem.into());
             }
         };
+        drop(recording);
         Ok(self.settle(*prepared, applied, attempt.module).await?)
     }
 
@@ -209,41 +248,43 @@ impl Runner {
             name: key.name.clone(),
         };
         let previous = self.reconciled.locked().get(key).map(|p| p.text().clone());
-        let request = WireRequest {
-            controller: s.id.clone(),
-            target: target.clone(),
-            parent: parent_text.as_deref().map(str::to_owned),
-            children: child_texts.iter().map(|t| t.to_string()).collect(),
-            previous: previous.as_deref().map(str::to_owned),
-            state: s.state.get(&key.to_string()),
+        let prepared = Prepared {
+            key: key.clone(),
+            parent,
+            parent_json,
+            children,
+            target,
             finalizing,
+            sent: Sent {
+                parent: parent_text,
+                children: child_texts,
+                previous,
+                state: s.state.get(&key.to_string()),
+            },
         };
-        Prepare::Call(
-            Box::new(Prepared {
-                key: key.clone(),
-                parent,
-                parent_json,
-                children,
-                target,
-                finalizing,
-            }),
-            request,
-        )
+        let request = prepared.request(&s.id);
+        Prepare::Call(Box::new(prepared), request)
     }
 
-    /// Step 2: the guest, in the sandbox, reading through the controller's grants.
-    async fn call(
-        &self,
-        prepared: &Prepared,
-        guest: Arc<crate::sandbox::GuestPre>,
-        request: WireRequest,
-    ) -> Result<CallOutcome, crate::sandbox::CallError> {
+    /// What the guest of `prepared` may read: the caches, through the controller's grants.
+    fn granted_reads(&self, prepared: &Prepared) -> SharedReads {
         let s = &self.setup;
-        let reads = Arc::new(GrantedReads::new(
+        Arc::new(GrantedReads::new(
             Arc::new(s.reads.clone()),
             s.permissions.clone(),
             prepared.key.namespace.clone(),
-        ));
+        ))
+    }
+
+    /// Step 2: the guest, in the sandbox, reading through the controller's grants (and
+    /// recorded, for a capsule should it fail).
+    async fn call(
+        &self,
+        guest: Arc<crate::sandbox::GuestPre>,
+        request: WireRequest,
+        reads: SharedReads,
+    ) -> Result<CallOutcome, crate::sandbox::CallError> {
+        let s = &self.setup;
         self.stats
             .reconciles
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
