@@ -15,6 +15,9 @@ use kubewasm::sandbox::Digest;
 use serde::Deserialize as _;
 use serde_json::Value;
 
+#[path = "cli/capsules.rs"]
+mod capsules;
+
 /// No run of the binary may take longer; a hung one fails the test instead of hanging it.
 const WATCHDOG: Duration = Duration::from_secs(60);
 
