@@ -26,9 +26,11 @@
 //!    million empty lines, forges log lines, floods, loops and allocates; the HelloWorld
 //!    tutorial served meanwhile, no runtime Pod restarted, every log line of the replica running
 //!    it one JSON object, the tenant's guest lines within its log rate; then, its caches held
-//!    at their cap, a gzip bomb named by 16 controllers and a module whose compile meets
-//!    `--compile-memory`: refused and quarantined, the tutorial served, the runtime and its
-//!    container under their memory limits;
+//!    at their cap, the operator allowing the tenant's registry (`--insecure-registry`, the
+//!    Deployment rolled out), a gzip bomb named by 16 controllers, a module whose compile meets
+//!    `--compile-memory` and pulls of an endless token and an endless manifest from that
+//!    registry: refused and quarantined, the tutorial served, the runtime and its container
+//!    under their memory limits;
 //! 8. scaled: `kubectl scale deploy/kubewasm --replicas=3`, the shards split 11/11/10 and 32
 //!    ClusterWasmControllers (one per shard) Ready with every Pod running some, the
 //!    PodDisruptionBudget expecting 3; back to 2, every controller Ready on the two left;

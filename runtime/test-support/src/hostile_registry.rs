@@ -1,4 +1,5 @@
-//! A registry written by an attacker, for tests: plain HTTP on a free loopback port, each
+//! A registry written by an attacker, for tests: plain HTTP on a free port (of loopback, or of
+//! an address given), each
 //! repository one attack, and a count of the bytes it managed to send for each. Stopped when
 //! dropped.
 //!
@@ -40,7 +41,13 @@ pub struct HostileRegistry {
 impl HostileRegistry {
     /// Starts it on a free loopback port, in the current tokio runtime.
     pub async fn start() -> std::io::Result<HostileRegistry> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        Self::start_on("127.0.0.1").await
+    }
+
+    /// Starts it on a free port of `ip` (an address of this machine: the node's, where the
+    /// Pods of the end-to-end test reach it), in the current tokio runtime.
+    pub async fn start_on(ip: &str) -> std::io::Result<HostileRegistry> {
+        let listener = TcpListener::bind((ip, 0)).await?;
         let addr = listener.local_addr()?.to_string();
         let sent: Arc<Mutex<HashMap<String, Arc<AtomicU64>>>> = Arc::default();
         let redirect = Arc::new(Mutex::new(String::from("http://127.0.0.1:1/")));
@@ -65,7 +72,7 @@ impl HostileRegistry {
         })
     }
 
-    /// `127.0.0.1:<port>`, as image references name it.
+    /// `<ip>:<port>`, as image references name it.
     pub fn addr(&self) -> &str {
         &self.addr
     }

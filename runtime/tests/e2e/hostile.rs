@@ -24,8 +24,11 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
-use crate::cluster::{NodeCluster, SYSTEM, WAIT, patch_who, wait_greeting};
+use crate::cluster::{
+    NodeCluster, RUNTIME_SELECTOR, SYSTEM, WAIT, patch_who, wait_greeting, wait_running,
+};
 use crate::module_file::restarts;
+use crate::support::hostile_registry::{HostileRegistry, MARKER};
 use crate::support::{LogLines, apply, apply_all, eventually, json_log_lines, tenant_binding};
 use crate::timings::{Timings, secs};
 
@@ -134,7 +137,15 @@ pub async fn hostile_tenant(
 
     many_stopped_at_once(cluster, timings).await?;
     hoarded(cluster, &leader_pod, timings).await?;
-    formula_filled(cluster, &leader_pod, timings).await?;
+    let after = restarts(cluster).await?;
+    ensure!(
+        after == before,
+        "runtime Pods restarted: before {before:?}, after {after:?}"
+    );
+    // The operator's rollout replaces the Pods: from here on, no restart of the new ones.
+    let (registry, leader_pod) = hostile_registry(cluster, &leader_pod, timings).await?;
+    let before = restarts(cluster).await?;
+    formula_filled(cluster, &leader_pod, &registry, timings).await?;
     let after = restarts(cluster).await?;
     ensure!(
         after == before,
@@ -242,19 +253,7 @@ async fn hoarded(cluster: &NodeCluster, leader: &Pod, timings: &mut Timings) -> 
         }))?;
         config_maps.create(&Default::default(), &cm).await?;
     }
-    let wcs = wasm_controllers(client);
-    eventually(
-        "the hoarder held back: Ready=False, CacheBudgetExceeded",
-        WAIT,
-        || async {
-            let ready = condition(&wcs.get("hoarder").await?, "Ready");
-            match ready["reason"] == "CacheBudgetExceeded" && ready["status"] == "False" {
-                true => Ok(Some(())),
-                false => bail!("Ready is {ready}"),
-            }
-        },
-    )
-    .await?;
+    held_back(client).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "hello");
     let old = pods.get("your-name").await?.uid().unwrap_or_default();
     let patched = Instant::now();
@@ -286,8 +285,95 @@ async fn hoarded(cluster: &NodeCluster, leader: &Pod, timings: &mut Timings) -> 
     Ok(())
 }
 
+/// Waits until the hoarder is held back at its namespace's cache cap.
+async fn held_back(client: &kube::Client) -> Result<()> {
+    let wcs = wasm_controllers(client);
+    eventually(
+        "the hoarder held back: Ready=False, CacheBudgetExceeded",
+        WAIT,
+        || async {
+            let ready = condition(&wcs.get("hoarder").await?, "Ready");
+            match ready["reason"] == "CacheBudgetExceeded" && ready["status"] == "False" {
+                true => Ok(Some(())),
+                false => bail!("Ready is {ready}"),
+            }
+        },
+    )
+    .await
+}
+
+/// The tenant's own registry (`kubewasm_test_support::hostile_registry`), where the runtime's
+/// Pods reach it: on the node's address (the test runs on the node), named by the operator as
+/// a plain-HTTP registry (`--insecure-registry`, which also lets the runtime contact its
+/// private address): the Deployment patched as an operator would, and rolled out. Returns the
+/// registry and the Pod now running the tenant.
+async fn hostile_registry(
+    cluster: &NodeCluster,
+    leader: &Pod,
+    timings: &mut Timings,
+) -> Result<(HostileRegistry, Pod)> {
+    let client = &cluster.client;
+    let node_ip = leader
+        .status
+        .as_ref()
+        .and_then(|s| s.host_ip.clone())
+        .context("the runtime Pod has no hostIP")?;
+    let registry = HostileRegistry::start_on(&node_ip).await?;
+    let started = Instant::now();
+    let patch = json!([{"op": "add", "path": "/spec/template/spec/containers/0/args/-",
+        "value": format!("--insecure-registry={}", registry.addr())}])
+    .to_string();
+    let kubectl = &cluster.kubectl;
+    kubectl
+        .run(&[
+            "-n",
+            SYSTEM,
+            "patch",
+            "deployment",
+            "kubewasm",
+            "--type=json",
+            "-p",
+            &patch,
+        ])
+        .await?;
+    kubectl
+        .run(&[
+            "-n",
+            SYSTEM,
+            "rollout",
+            "status",
+            "deployment/kubewasm",
+            "--timeout=300s",
+        ])
+        .await?;
+    let old: Vec<String> = leader.metadata.name.clone().into_iter().collect();
+    wait_running(client, SYSTEM, RUNTIME_SELECTOR, 2, &old, WAIT).await?;
+    let runner = eventually("a new Pod runs the tenant", WAIT, || async {
+        Ok(Some(crate::cluster::runner_pod(client, NS).await?))
+    })
+    .await?;
+    // Its caches filled to their cap again.
+    held_back(client).await?;
+    timings.note(format!(
+        "the operator allowed the tenant's registry {} (--insecure-registry), rolled out; {runner} runs the tenant, its caches at their cap again: {}",
+        registry.addr(),
+        secs(started.elapsed())
+    ));
+    let pod = Api::<Pod>::namespaced(client.clone(), SYSTEM)
+        .get(&runner)
+        .await?;
+    Ok((registry, pod))
+}
+
 /// The Deployment's container memory limit: the runtime's share and one compile's.
 const CONTAINER_LIMIT: u64 = 1408 << 20;
+
+/// The tenant's registry's attacks a controller pulls from in the formula's step, and what its
+/// status says of each.
+const PULLED: [(&str, &str); 2] = [
+    ("endless-token", "token is larger than 64Ki"),
+    ("endless-manifest", "manifest is larger than 1Mi"),
+];
 
 /// Controllers naming the gzip bomb.
 const BOMBED: usize = 16;
@@ -297,7 +383,12 @@ const BOMBED: usize = 16;
 /// function of 800,000 operations (5.6 MB, about 341 KB gzipped in a ConfigMap) whose compile
 /// needs about 470 MiB of memory, past the Deployment's `--compile-memory=512Mi` as the kernel
 /// counts it (`RLIMIT_DATA` counts what is mapped writable, not only what is touched).
-async fn formula_filled(cluster: &NodeCluster, leader: &Pod, timings: &mut Timings) -> Result<()> {
+async fn formula_filled(
+    cluster: &NodeCluster,
+    leader: &Pod,
+    registry: &HostileRegistry,
+    timings: &mut Timings,
+) -> Result<()> {
     use std::io::Write as _;
     let client = &cluster.client;
     let pid = leader_host_pid(leader)?;
@@ -333,6 +424,13 @@ async fn formula_filled(cluster: &NodeCluster, leader: &Pod, timings: &mut Timin
         module("heavy", "heavy"),
     ];
     objects.extend((0..BOMBED).map(|i| module(&format!("bomb-{i:02}"), "bomb")));
+    // The tenant's registry: an endless token, an endless manifest.
+    for (repository, _) in PULLED {
+        let mut c = controller(repository);
+        c["spec"]["module"] = json!({"image": registry.image(repository)});
+        c["spec"]["parent"]["labelSelector"] = json!(format!("role={repository}"));
+        objects.push(c);
+    }
     apply_all(client, &objects).await?;
 
     let wcs = wasm_controllers(client);
@@ -377,6 +475,26 @@ async fn formula_filled(cluster: &NodeCluster, leader: &Pod, timings: &mut Timin
         })
         .await?;
     }
+    for (repository, says) in PULLED {
+        eventually("a pull from the tenant's registry refused", WAIT, || {
+            module_ready(
+                repository.to_owned(),
+                |c, says| {
+                    c["status"] == "False"
+                        && c["message"]
+                            .as_str()
+                            .is_some_and(|m| !m.contains(MARKER) && m.contains(says))
+                },
+                says.to_owned(),
+            )
+        })
+        .await?;
+    }
+    let sent: Vec<u64> = PULLED.iter().map(|(r, _)| registry.sent(r)).collect();
+    ensure!(
+        sent.iter().all(|&b| b > 0),
+        "the tenant's registry sent {sent:?} bytes: was it reached?"
+    );
     let pods: Api<Pod> = Api::namespaced(client.clone(), "hello");
     let old = pods.get("your-name").await?.uid().unwrap_or_default();
     let patched = Instant::now();
@@ -393,9 +511,11 @@ async fn formula_filled(cluster: &NodeCluster, leader: &Pod, timings: &mut Timin
     let (rss, peak) = memory(pid)?;
     let container = container_peak(pid);
     timings.note(format!(
-        "heavy module ({} KiB gzipped) quarantined at the compile limit in {}, {BOMBED} controllers of a gzip bomb refused, who patched -> Succeeded in {}; runtime {} MiB now, peak {} MiB (its share {} MiB); container peak {} (limit {} MiB)",
+        "heavy module ({} KiB gzipped) quarantined at the compile limit in {}, {BOMBED} controllers of a gzip bomb refused, pulls from the tenant's registry refused ({} MiB of endless token and {} MiB of endless manifest sent), who patched -> Succeeded in {}; runtime {} MiB now, peak {} MiB (its share {} MiB); container peak {} (limit {} MiB)",
         heavy_gz.len() >> 10,
         secs(quarantined),
+        sent[0] >> 20,
+        sent[1] >> 20,
         secs(patched.elapsed()),
         rss >> 20,
         peak >> 20,
