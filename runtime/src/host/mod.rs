@@ -13,7 +13,7 @@ mod state;
 
 pub use access::{
     AccessReviews, Acting, Asked, MissingReads, NeededRules, OptIns, READ_VERBS, ReviewFailed,
-    SERVICE_ACCOUNT_OPT_IN, ServiceAccount,
+    SERVICE_ACCOUNT_OPT_IN, ServiceAccount, TENANT_LABEL, TENANT_LABEL_VALUE,
 };
 pub use actions::{ActionError, ChildKind, Executor};
 pub use cache::CacheSource;

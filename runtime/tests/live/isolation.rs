@@ -683,9 +683,9 @@ async fn not_opted_in(client: &Client, ns: &str) -> Result<()> {
             let ready = ensure_condition(s, "Ready", "False")?;
             ensure!(
                 ready.reason == "Forbidden"
-                    && ready.message.contains("is not opted in")
+                    && ready.message.contains("has no RoleBinding of the runtime")
                     && ready.message.contains(&format!(
-                        "kubectl -n {ns} apply -f deploy/runtime/tenant.yaml"
+                        "the namespace's admin applies it with `kubectl -n {ns} create rolebinding kubewasm-runtime-tenant --clusterrole=kubewasm-runtime-tenant --serviceaccount=kubewasm-system:kubewasm`"
                     )),
                 "Ready says {}: {}",
                 ready.reason,
