@@ -292,7 +292,8 @@ fn refusal(acting: Acting, account: &ServiceAccount) -> Option<String> {
 pub(super) struct ReadAccess {
     /// What the operator's caps changed in the spec's limits, for the status.
     pub(super) clamped: Vec<String>,
-    account: ServiceAccount,
+    /// The ServiceAccount it acts as.
+    pub(super) account: ServiceAccount,
     kinds: Vec<Kind>,
     /// The RBAC rules the spec needs, for the fix a refusal names.
     needed: NeededRules,
@@ -332,7 +333,7 @@ fn needed_rules(
             needed.add_kind(&kind, rbac);
         }
     }
-    needed.add("", "events", &["create", "patch"]);
+    needed.add_events();
     Ok(needed)
 }
 

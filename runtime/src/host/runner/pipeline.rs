@@ -147,6 +147,7 @@ impl Runner {
             .await
         {
             Ok(outcome) => {
+                self.stats.events(&outcome);
                 for skipped in &outcome.skipped {
                     tracing::debug!("{skipped}");
                 }
@@ -334,6 +335,7 @@ impl Runner {
             done,
             finalized,
         } = applied;
+        self.stats.events(&done);
         for skipped in &done.skipped {
             tracing::warn!("{skipped}");
         }
