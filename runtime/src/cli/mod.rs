@@ -7,6 +7,7 @@ pub mod reconcile;
 mod registry;
 pub mod run;
 pub mod sign;
+pub mod wait;
 mod yaml;
 
 use tracing_subscriber::EnvFilter;

@@ -124,6 +124,13 @@ fn desired(m: &Managed, place: Place, namespaced: bool) -> WasmControllerStatus 
             if let Some(c) = clamped.filter(|c| !c.is_empty()) {
                 message = format!("{message}; {c}");
             }
+            // A refused update: READY still True (the last good module runs), and says so.
+            if let (Some(p), Some(d)) = (&m.module_problem, &shown) {
+                message = format!(
+                    "{message} with the last good module {d}; the module now declared is refused ({}): {}",
+                    p.reason, p.message
+                );
+            }
             if !unowned.is_empty() {
                 message = format!(
                     "{message}; it applies {} without an owner (granted in spec.grants, not declared in spec.children): nothing deletes them with their parent — declare the kind in spec.children to own them",
@@ -172,6 +179,7 @@ fn desired(m: &Managed, place: Place, namespaced: bool) -> WasmControllerStatus 
         conditions: vec![module_ready, ready, degraded],
         module_digest: digest,
         observed_generation: g,
+        module_revision: m.module_version.as_ref().and_then(|v| v.shown()),
         replica: place.replica,
         shard: place.shard,
         reconciles,
