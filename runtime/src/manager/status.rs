@@ -444,8 +444,6 @@ mod tests {
         assert_eq!(failing["status"]["lastError"], "x: boom");
     }
 
-    use super::*;
-
     fn with_ready(status: bool, reason: Reason) -> WasmControllerStatus {
         WasmControllerStatus {
             conditions: vec![condition("Ready", status, reason, "m".into(), None)],

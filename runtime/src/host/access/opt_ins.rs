@@ -293,11 +293,11 @@ mod tests {
             serde_json::from_value(meta).unwrap()
         };
         let mut seen = Seen::default();
-        seen.on(Init, enabled);
+        seen.on::<NamespaceObject>(Init, enabled);
         seen.on(InitApply(ns("team-a", Some("enabled"))), enabled);
         seen.on(InitApply(ns("team-b", Some("true"))), enabled);
         seen.on(InitApply(ns("team-c", None)), enabled);
-        seen.on(InitDone, enabled);
+        seen.on::<NamespaceObject>(InitDone, enabled);
         assert!(seen.says_yes("/team-a"));
         assert!(!seen.says_yes("/team-b"), "only `enabled` enables");
         assert!(!seen.says_yes("/team-c"));
