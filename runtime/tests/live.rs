@@ -60,6 +60,8 @@ use kubewasm_test_support::runtime;
 mod signatures;
 #[path = "live/storm.rs"]
 mod storm;
+#[path = "live/team.rs"]
+mod team;
 #[path = "live/tutorial_crd.rs"]
 mod tutorial_crd;
 
