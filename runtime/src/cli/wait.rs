@@ -91,8 +91,12 @@ pub fn judge(wc: &WasmController, revision: Option<&str>) -> Verdict {
     if let Some(wanted) = revision
         && status.module_revision.as_deref() != Some(wanted)
     {
+        // What the status says now is about an older revision: shown, not judged.
+        let now = condition("ModuleReady")
+            .map(|m| format!(" (it says of an earlier one: {})", said(m)))
+            .unwrap_or_default();
         return Verdict::Waiting(format!(
-            "the runtime has not judged the module's ConfigMap at resourceVersion {wanted} yet"
+            "the runtime has not judged the module's ConfigMap at resourceVersion {wanted} yet{now}"
         ));
     }
     match condition("ModuleReady") {
