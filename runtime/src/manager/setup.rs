@@ -273,10 +273,12 @@ fn refusal(acting: Acting, account: &ServiceAccount) -> Option<String> {
     Some(match acting {
         Acting::Allowed => return None,
         Acting::NamespaceNotEnabled => format!(
-            "namespace {ns} may not use this kubewasm runtime: which namespaces may is a cluster admin's decision (a namespace's own admin cannot make it); a cluster admin enables it with `kubectl label namespace {ns} {TENANT_LABEL}={TENANT_LABEL_VALUE}`, and the controller starts by itself"
+            "namespace {ns} may not use this kubewasm runtime: which namespaces may is a cluster admin's decision (a namespace's own admin cannot make it); a cluster admin enables it with `kubectl label namespace {ns} {TENANT_LABEL}={TENANT_LABEL_VALUE}`, and the controller starts by itself (if the namespace's admin has not yet let the runtime act as its ServiceAccounts, it does so too: `{}`)",
+            tenant_binding_command(ns)
         ),
         Acting::NamespaceNotOptedIn => format!(
-            "this runtime may not act as ServiceAccount {ns}/{name}: namespace {ns} has no RoleBinding of the runtime to ClusterRole kubewasm-runtime-tenant; the namespace's admin applies it with `kubectl -n {ns} create rolebinding kubewasm-runtime-tenant --clusterrole=kubewasm-runtime-tenant --serviceaccount=kubewasm-system:kubewasm` (the same as kubewasm's deploy/runtime/tenant.yaml)"
+            "this runtime may not act as ServiceAccount {ns}/{name}: namespace {ns} has no RoleBinding of the runtime to ClusterRole kubewasm-runtime-tenant; the namespace's admin applies it with `{}` (the same as kubewasm's deploy/runtime/tenant.yaml)",
+            tenant_binding_command(ns)
         ),
         Acting::NoServiceAccount => format!(
             "ServiceAccount {ns}/{name} (spec.serviceAccountName) does not exist: the namespace's admin creates it (`kubectl -n {ns} create serviceaccount {name}`), gives it the Role the controller needs, and annotates it `{SERVICE_ACCOUNT_OPT_IN}=allowed`"
@@ -285,6 +287,14 @@ fn refusal(acting: Acting, account: &ServiceAccount) -> Option<String> {
             "ServiceAccount {ns}/{name} has not opted in to being used by WasmControllers: its owner (the namespace's admin) allows it with `kubectl -n {ns} annotate serviceaccount {name} {SERVICE_ACCOUNT_OPT_IN}=allowed`"
         ),
     })
+}
+
+/// The namespace's consent that the installed runtime acts as its ServiceAccounts
+/// (deploy/runtime/tenant.yaml), as one command.
+fn tenant_binding_command(ns: &str) -> String {
+    format!(
+        "kubectl -n {ns} create rolebinding kubewasm-runtime-tenant --clusterrole=kubewasm-runtime-tenant --serviceaccount=kubewasm-system:kubewasm"
+    )
 }
 
 /// What a running controller's ServiceAccount must keep being allowed to read.
@@ -437,6 +447,7 @@ mod tests {
         assert_eq!(refusal(Acting::Allowed, &account), None);
         let m = refusal(Acting::NamespaceNotEnabled, &account).unwrap();
         assert!(m.contains("a cluster admin enables it with `kubectl label namespace team-a kubewasm.dev/tenant=enabled`"), "{m}");
+        assert!(m.contains("the namespace's admin has not yet let the runtime act as its ServiceAccounts, it does so too: `kubectl -n team-a create rolebinding kubewasm-runtime-tenant"), "{m}");
         let m = refusal(Acting::NamespaceNotOptedIn, &account).unwrap();
         assert!(m.contains("the namespace's admin applies it with `kubectl -n team-a create rolebinding kubewasm-runtime-tenant --clusterrole=kubewasm-runtime-tenant --serviceaccount=kubewasm-system:kubewasm`"), "{m}");
         let m = refusal(Acting::AccountNotOptedIn, &account).unwrap();
