@@ -20,6 +20,7 @@ mod compiles;
 mod config;
 mod declared;
 mod lifecycle;
+mod messages;
 mod modules;
 mod quarantine;
 mod setup;

@@ -14,7 +14,7 @@ use prometheus_client::metrics::counter::Counter;
 
 use super::sharding::Place;
 use super::{ControllerId, Managed, Manager};
-use crate::host::{GUEST_EVENTS_ROLE, MAX_LISTED_FINALIZING, events_binding_command};
+use crate::host::MAX_LISTED_FINALIZING;
 use crate::sync::Locks as _;
 
 /// Most bytes of a condition's message: a spec's own strings (kinds, paths) appear in some,
@@ -107,7 +107,7 @@ fn desired(m: &Managed, place: Place, namespaced: bool) -> WasmControllerStatus 
             "Ready",
             false,
             Reason::WaitingForCaches,
-            waiting_for_caches(&runner.watched_kinds(), &runner.unlisted()),
+            super::messages::waiting_for_caches(&runner.watched_kinds(), &runner.unlisted()),
             g,
         ),
         (Some((runner, _)), _, _) if let Some(why) = runner.withheld() => condition(
@@ -138,7 +138,11 @@ fn desired(m: &Managed, place: Place, namespaced: bool) -> WasmControllerStatus 
                 );
             }
             if let Some(why) = &events_refused {
-                message = format!("{message}; {}", events_refused_message(m, why, namespaced));
+                let account = m.access.as_ref().map(|a| &a.account);
+                message = format!(
+                    "{message}; {}",
+                    super::messages::events_refused(account, why, namespaced)
+                );
             }
             match (&last_error, failing_count) {
                 (None, _) => {}
@@ -188,45 +192,6 @@ fn desired(m: &Managed, place: Place, namespaced: bool) -> WasmControllerStatus 
         finalizing,
         guest_state: Default::default(),
     }
-}
-
-/// What `Ready` says while the caches of `kinds` have not listed (`unlisted`: their
-/// resources, `plural.group`): if it lasts, the runtime may not list and watch them, which only
-/// a cluster admin can change — the exact commands, a ClusterRole aggregated into the runtime's
-/// `kubewasm-runtime-watch` (deploy/runtime/rbac.yaml).
-fn waiting_for_caches(kinds: &[String], unlisted: &[String]) -> String {
-    let waiting = format!(
-        "waiting for the runtime's first list of {}",
-        kinds.join(", ")
-    );
-    let Some(first) = unlisted.first() else {
-        return waiting;
-    };
-    let role = format!(
-        "kubewasm-runtime-watch-{}",
-        first.split('.').next().unwrap_or(first)
-    );
-    format!(
-        "{waiting}; if this lasts, the runtime may not list and watch {} — which only a cluster admin can allow, with a ClusterRole labelled kubewasm.dev/aggregate-to-runtime=true (aggregated into the runtime's kubewasm-runtime-watch; see deploy/runtime/README.md): `kubectl create clusterrole {role} --verb=list,watch --resource={} && kubectl label clusterrole {role} kubewasm.dev/aggregate-to-runtime=true`",
-        unlisted.join(", "),
-        unlisted.join(",")
-    )
-}
-
-/// What `Ready` says while the controller's Events are refused: who allows them, and how.
-fn events_refused_message(m: &Managed, why: &str, namespaced: bool) -> String {
-    let fix = match &m.access {
-        Some(access) if namespaced => format!(
-            "the namespace's admin binds ClusterRole {GUEST_EVENTS_ROLE} to its ServiceAccount: `{}`",
-            events_binding_command(&access.account)
-        ),
-        Some(access) => format!(
-            "a cluster admin grants `create` and `patch` on `events` to ServiceAccount {}/{} (or binds ClusterRole {GUEST_EVENTS_ROLE} to it)",
-            access.account.namespace, access.account.name
-        ),
-        None => format!("bind ClusterRole {GUEST_EVENTS_ROLE} to its ServiceAccount"),
-    };
-    format!("its Events are not recorded (the API server refused them: {why}); {fix}")
 }
 
 /// What `Degraded` says while objects are failing: the latest failure, and how many fail.
@@ -411,21 +376,6 @@ async fn write_status(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn waiting_for_caches_names_the_cluster_admin_and_the_commands() {
-        let m = waiting_for_caches(
-            &["HelloWorld".into(), "Pod".into()],
-            &["helloworlds.example.com".into()],
-        );
-        assert!(m.starts_with("waiting for the runtime's first list of HelloWorld, Pod; if this lasts, the runtime may not list and watch helloworlds.example.com — which only a cluster admin can allow"), "{m}");
-        assert!(m.contains("`kubectl create clusterrole kubewasm-runtime-watch-helloworlds --verb=list,watch --resource=helloworlds.example.com && kubectl label clusterrole kubewasm-runtime-watch-helloworlds kubewasm.dev/aggregate-to-runtime=true`"), "{m}");
-        // Listed already: nothing to fix, only waiting.
-        assert_eq!(
-            waiting_for_caches(&["Pod".into()], &[]),
-            "waiting for the runtime's first list of Pod"
-        );
-    }
 
     #[test]
     fn a_cleared_last_error_is_sent_as_null() {
