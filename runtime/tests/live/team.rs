@@ -49,6 +49,7 @@ async fn a_namespace_admin_runs_its_controllers_alone_within_its_namespace() {
     let result = async {
         let team = control_plane.namespace_admin(&ns, "alice").await?;
         rbac(&team, &other).await?;
+        view_and_edit(control_plane, &admin, &ns).await?;
         enabled_by_the_cluster_admin(control_plane, &admin, &team).await?;
         events(&team).await?;
         honest_updates(&admin, &team, &other).await
@@ -244,6 +245,71 @@ async fn rbac(team: &TeamUser, other: &str) -> Result<()> {
         cluster.list(&ListParams::default()).await,
     )?;
     Ok(())
+}
+
+/// A client acting as `user` (impersonated with the admin's credentials, group
+/// `system:authenticated` alone).
+async fn as_user(control_plane: &ControlPlane, user: &str) -> Result<Client> {
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+    let mut kubeconfig = Kubeconfig::read_from(control_plane.kubeconfig())?;
+    for named in &mut kubeconfig.auth_infos {
+        if let Some(auth) = named.auth_info.as_mut() {
+            auth.impersonate = Some(user.to_owned());
+        }
+    }
+    let config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(config)?)
+}
+
+/// The built-in `view` reads WasmControllers and writes none; `edit` writes them but cannot
+/// bind kubewasm-guest-events (it makes no RoleBindings at all: that is `admin`'s).
+async fn view_and_edit(control_plane: &ControlPlane, admin: &Client, ns: &str) -> Result<()> {
+    let binding = |user: &str, role: &str| {
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": format!("team-{role}-{user}"), "namespace": ns},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]})
+    };
+    crate::support::apply_all(admin, &[binding("vera", "view"), binding("eddie", "edit")]).await?;
+    let vera = as_user(control_plane, "vera").await?;
+    let eddie = as_user(control_plane, "eddie").await?;
+    let wc = "kubewasm.dev";
+    let bind = "rbac.authorization.k8s.io";
+    let cases: &[(&Client, &str, &str, &str, Option<&str>, bool)] = &[
+        (&vera, "list", wc, "wasmcontrollers", None, true),
+        (&vera, "get", wc, "wasmcontrollers/status", None, true),
+        (&vera, "list", wc, "wasmcontrollerstates", None, true),
+        (&vera, "create", wc, "wasmcontrollers", None, false),
+        (&vera, "delete", wc, "wasmcontrollers", None, false),
+        (&eddie, "create", wc, "wasmcontrollers", None, true),
+        (&eddie, "delete", wc, "wasmcontrollers", None, true),
+        (&eddie, "patch", wc, "wasmcontrollers/status", None, false),
+        (
+            &eddie,
+            "bind",
+            bind,
+            "clusterroles",
+            Some("kubewasm-guest-events"),
+            false,
+        ),
+        (&eddie, "create", bind, "rolebindings", None, false),
+    ];
+    eventually(
+        "view reads WasmControllers, edit writes them, neither binds",
+        AGGREGATED,
+        || async {
+            let mut wrong = Vec::new();
+            for &(client, verb, group, resource, name, want) in cases {
+                if may(client, verb, group, resource, ns, name).await? != want {
+                    wrong.push(format!("{verb} {resource} {name:?}: want {want}"));
+                }
+            }
+            ensure!(wrong.is_empty(), "{}", wrong.join("; "));
+            Ok(Some(()))
+        },
+    )
+    .await
 }
 
 /// The team's own manifests (the restarter tutorial's, as the team writes them): its
