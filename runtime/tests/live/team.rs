@@ -52,6 +52,7 @@ async fn a_namespace_admin_runs_its_controllers_alone_within_its_namespace() {
         view_and_edit(control_plane, &admin, &ns).await?;
         enabled_by_the_cluster_admin(control_plane, &admin, &team).await?;
         events(&team).await?;
+        unwatched_kind(control_plane, &admin, &team).await?;
         honest_updates(&admin, &team, &other).await
     }
     .await;
@@ -497,6 +498,110 @@ async fn events(team: &TeamUser) -> Result<()> {
                 ready.message
             );
             Ok(())
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// A kind the runtime may not watch (a CRD no ClusterRole aggregates into its watch role):
+/// the team's controller waits for its caches, and the status says that only a cluster admin
+/// can allow it, with the exact commands; the team cannot run them, the cluster admin does, and
+/// the controller becomes Ready by itself.
+async fn unwatched_kind(
+    control_plane: &ControlPlane,
+    admin: &Client,
+    team: &TeamUser,
+) -> Result<()> {
+    let ns = team.namespace.as_str();
+    let crd = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.team.example.com"},
+        "spec": {"group": "team.example.com", "scope": "Namespaced",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object",
+                    "x-kubernetes-preserve-unknown-fields": true}}}]}});
+    // As a CRD's installer does: its kind aggregated into the namespace roles, so that a
+    // namespace admin may use it and grant it — but not into the runtime's watch role.
+    let to_admin = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "widgets-admin",
+            "labels": {"rbac.authorization.k8s.io/aggregate-to-admin": "true"}},
+        "rules": [{"apiGroups": ["team.example.com"], "resources": ["widgets"], "verbs": ["*"]}]});
+    crate::support::apply_all(admin, &[crd, to_admin]).await?;
+    crate::cluster::wait_established(admin, "widgets.team.example.com").await?;
+    let rbac = "rbac.authorization.k8s.io/v1";
+    let docs = [
+        json!({"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": "widgeteer", "namespace": ns,
+                "annotations": {"kubewasm.dev/wasm-controllers": "allowed"}}}),
+        json!({"apiVersion": rbac, "kind": "Role",
+            "metadata": {"name": "widgeteer", "namespace": ns},
+            "rules": [{"apiGroups": ["team.example.com"], "resources": ["widgets"],
+                "verbs": ["get", "list", "watch", "patch"]}]}),
+        json!({"apiVersion": rbac, "kind": "RoleBinding",
+            "metadata": {"name": "widgeteer", "namespace": ns},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "widgeteer"},
+            "subjects": [{"kind": "ServiceAccount", "name": "widgeteer", "namespace": ns}]}),
+        json!({"apiVersion": "kubewasm.dev/v1alpha1", "kind": "WasmController",
+            "metadata": {"name": "widgets", "namespace": ns},
+            "spec": {
+                "module": {"configMap": {"name": "restarter-module", "key": MODULE_KEY}},
+                "parent": {"apiVersion": "team.example.com/v1", "kind": "Widget"},
+                "serviceAccountName": "widgeteer"}}),
+    ];
+    let kubectl = Kubectl::new(&team.kubeconfig);
+    // Once kube-controller-manager has aggregated Widgets into `admin`.
+    eventually(
+        "the team grants Widgets to its ServiceAccount",
+        AGGREGATED,
+        || async { Ok(apply_as(&kubectl, &docs).await.ok().map(drop)) },
+    )
+    .await?;
+    let fix = "kubectl create clusterrole kubewasm-runtime-watch-widgets --verb=list,watch --resource=widgets.team.example.com && kubectl label clusterrole kubewasm-runtime-watch-widgets kubewasm.dev/aggregate-to-runtime=true";
+    let client = team.client().await?;
+    wait_status(
+        &client,
+        ns,
+        "widgets",
+        "the controller waits for Widgets, naming the cluster admin and the commands",
+        |s| {
+            let ready = ensure_condition(s, "Ready", "False")?;
+            ensure!(
+                ready.reason == "WaitingForCaches"
+                    && ready.message.contains("only a cluster admin can allow")
+                    && ready.message.contains(fix),
+                "Ready says {}: {}",
+                ready.reason,
+                ready.message
+            );
+            Ok(())
+        },
+    )
+    .await?;
+    let commands: Vec<Vec<&str>> = fix
+        .split(" && ")
+        .map(|c| c.split(' ').skip(1).collect())
+        .collect();
+    let refused = kubectl
+        .run(&commands[0])
+        .await
+        .err()
+        .map(|e| format!("{e:#}"));
+    ensure!(
+        refused.as_deref().is_some_and(|e| e.contains("forbidden")),
+        "the team made a ClusterRole: {refused:?}"
+    );
+    for command in &commands {
+        control_plane.kubectl().run(command).await?;
+    }
+    // Aggregated by kube-controller-manager, then listed at the watch's next try (its backoff
+    // reaches 30 s).
+    eventually(
+        "the Widget controller Ready once the cluster admin let the runtime watch Widgets",
+        Duration::from_secs(120),
+        || async {
+            let s = crate::cluster::controller_status(&client, ns, "widgets").await?;
+            Ok(ensure_condition(&s, "Ready", "True").is_ok().then_some(()))
         },
     )
     .await?;
