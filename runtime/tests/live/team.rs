@@ -277,7 +277,9 @@ async fn view_and_edit(control_plane: &ControlPlane, admin: &Client, ns: &str) -
     let eddie = as_user(control_plane, "eddie").await?;
     let wc = "kubewasm.dev";
     let bind = "rbac.authorization.k8s.io";
-    let cases: &[(&Client, &str, &str, &str, Option<&str>, bool)] = &[
+    // (who, verb, group, resource, name, allowed)
+    type Case<'a> = (&'a Client, &'a str, &'a str, &'a str, Option<&'a str>, bool);
+    let cases: &[Case] = &[
         (&vera, "list", wc, "wasmcontrollers", None, true),
         (&vera, "get", wc, "wasmcontrollers/status", None, true),
         (&vera, "list", wc, "wasmcontrollerstates", None, true),
