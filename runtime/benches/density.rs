@@ -395,7 +395,8 @@ impl Fixture {
     async fn create(&self, index: usize) -> Result<()> {
         let ns = format!("density-{index:04}");
         let namespace: Namespace = serde_json::from_value(json!({
-            "metadata": {"name": ns, "labels": {DENSITY_LABEL: "true"}}
+            // Enabled by the cluster admin, as every tenant namespace must be.
+            "metadata": {"name": ns, "labels": {DENSITY_LABEL: "true", "kubewasm.dev/tenant": "enabled"}}
         }))?;
         match Api::<Namespace>::all(self.client.clone())
             .create(&PostParams::default(), &namespace)

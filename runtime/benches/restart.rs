@@ -206,7 +206,8 @@ async fn create(
     push(registry, scratch, &module(hello, i, 0), i)?;
     apply(
         client,
-        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+        &json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": ns, "labels": {"kubewasm.dev/tenant": "enabled"}}}),
     )
     .await?;
     apply_all(client, &cluster::example("hello-world/rbac.yaml", &ns)?).await?;

@@ -33,6 +33,9 @@ enum Command {
     Push(cli::push::Args),
     /// Sign a pushed module's digest with a key (cosign's format) and push the signature.
     Sign(cli::sign::Args),
+    /// Wait for the runtime's verdict on a WasmController's module as declared now: exit 0
+    /// once it runs, 1 with the reason when it is refused (or no verdict within --timeout).
+    Wait(cli::wait::Args),
     /// Print the CustomResourceDefinitions of the kubewasm.dev API.
     Crds,
     /// Compile one module read on stdin into FILE: the process `kubewasm run` starts for each
@@ -79,6 +82,7 @@ fn main() -> ExitCode {
         Command::Run(args) => cli::run::run(*args),
         Command::Push(args) => cli::push::run(args),
         Command::Sign(args) => cli::sign::run(args),
+        Command::Wait(args) => cli::wait::run(args),
         Command::CompileModule { .. } => Ok(()),
         Command::Crds => {
             print!("{}", kubewasm::api::crds_yaml());

@@ -778,6 +778,21 @@ fn check_warns_when_a_module_does_not_fit_in_a_configmap() {
 }
 
 #[test]
+fn wait_says_what_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_kubewasm"))
+        .args(["wait", "-n", "team", "summariser", "--timeout", "1"])
+        .env("KUBECONFIG", dir.path().join("absent"))
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("HOME", dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("no kubeconfig"), "{stderr}");
+}
+
+#[test]
 fn new_writes_a_guest_crate_and_refuses_what_it_cannot_write() {
     let dir = tempfile::tempdir().unwrap();
     let crate_dir = dir.path().join("summariser");
@@ -811,6 +826,39 @@ fn new_writes_a_guest_crate_and_refuses_what_it_cannot_write() {
         manifest.contains(&format!("path = \"{}\"", sdk.display()))
             && manifest.contains("[workspace]"),
         "{manifest}"
+    );
+    // Appliable by a user who is only `admin` of the namespace: no Namespace (the cluster
+    // admin's), no Role granting Events (RBAC would refuse it: `admin` holds no `events
+    // create`), which come from a RoleBinding to kubewasm-guest-events instead.
+    let rbac = std::fs::read_to_string(crate_dir.join("deploy/rbac.yaml")).unwrap();
+    let docs: Vec<Value> = serde_yaml::Deserializer::from_str(&rbac)
+        .map(|d| Value::deserialize(d).unwrap())
+        .collect();
+    let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
+    assert!(!kinds.contains(&"Namespace"), "{kinds:?}");
+    assert!(
+        !rbac.contains("\"events\""),
+        "a Role granting Events: {rbac}"
+    );
+    let bound: Vec<&str> = docs
+        .iter()
+        .filter(|d| d["kind"] == "RoleBinding")
+        .filter_map(|d| d["roleRef"]["name"].as_str())
+        .collect();
+    assert!(
+        bound.contains(&"kubewasm-guest-events") && bound.contains(&"kubewasm-runtime-tenant"),
+        "{bound:?}"
+    );
+    let account = docs.iter().find(|d| d["kind"] == "ServiceAccount").unwrap();
+    assert_eq!(
+        account["metadata"]["annotations"]["kubewasm.dev/wasm-controllers"],
+        "allowed"
+    );
+    // `make deploy` and `make update` end with the runtime's verdict.
+    let makefile = std::fs::read_to_string(crate_dir.join("Makefile")).unwrap();
+    assert!(
+        makefile.contains("$(KUBEWASM) wait -n $(NAMESPACE) summariser"),
+        "{makefile}"
     );
     let controller = read_yaml(&crate_dir.join("deploy/controller.yaml"));
     assert_eq!(controller["metadata"]["namespace"], "summariser");

@@ -299,6 +299,7 @@ async fn access_reviews_allow_from_rules_only_what_rbac_allows() -> Result<()> {
                 access: 0,
                 impersonation: 0,
                 accounts: 0,
+                namespaces: 0,
             },
         "allowed by its rules with one review: {:?}",
         reviews.asked()
@@ -326,6 +327,7 @@ async fn access_reviews_allow_from_rules_only_what_rbac_allows() -> Result<()> {
                 access: 5,
                 impersonation: 0,
                 accounts: 0,
+                namespaces: 0,
             },
         "the five refusals each asked of a SubjectAccessReview: {:?}",
         reviews.asked()
@@ -408,6 +410,7 @@ async fn acting_as_an_account_is_proven_by_its_rules_review() -> Result<()> {
         access: 0,
         impersonation: 0,
         accounts: 1,
+        namespaces: 1,
     };
     ensure!(
         reviews.asked() == one,
@@ -419,10 +422,15 @@ async fn acting_as_an_account_is_proven_by_its_rules_review() -> Result<()> {
 
     // With the watch of opt-ins (the runtime's own `list`/`watch` on ServiceAccounts): the
     // lender's opt-in is not read again; the keeper's *no* is read, never taken from a watch.
+    // The namespace's label from the watch of Namespaces (`list`/`watch` on namespaces): not
+    // read at all.
     let watched = AccessReviews::new(runtime.clone(), ttl);
     let opt_ins = OptIns::watch(runtime.clone(), Some(&namespace));
     opt_ins.first_list(WAIT).await;
     watched.watch_opt_ins(opt_ins);
+    let namespaces = OptIns::watch_namespaces(runtime.clone(), Some(&namespace));
+    namespaces.first_list(WAIT).await;
+    watched.watch_namespaces(namespaces);
     let acting = watched.may_act_as(&account("lender")).await?;
     ensure!(acting == Acting::Allowed, "lender, watched: {acting:?}");
     let acting = watched.may_act_as(&account("keeper")).await?;
@@ -437,6 +445,7 @@ async fn acting_as_an_account_is_proven_by_its_rules_review() -> Result<()> {
                 access: 0,
                 impersonation: 0,
                 accounts: 1,
+                namespaces: 0,
             },
         "the lender's opt-in from the watch, the keeper read: {:?}",
         watched.asked()
@@ -471,7 +480,7 @@ async fn acting_as_an_account_is_proven_by_its_rules_review() -> Result<()> {
     let opt_in = opt_in["metadata"]["name"]
         .as_str()
         .context("the tenant binding's name")?;
-    Api::<RoleBinding>::namespaced(admin, &namespace)
+    Api::<RoleBinding>::namespaced(admin.clone(), &namespace)
         .delete(opt_in, &DeleteParams::default())
         .await?;
     eventually("the namespace's opt-in gone", WAIT, || async {
@@ -488,6 +497,32 @@ async fn acting_as_an_account_is_proven_by_its_rules_review() -> Result<()> {
         Ok(Some(()))
     })
     .await?;
+
+    // The cluster admin's label taken away: refused before anything is asked of RBAC, whether
+    // the watch of Namespaces has seen it yet or not (a *no* is read, never taken from it).
+    let (key, _) = support::TENANT_LABEL;
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(admin)
+        .patch(
+            &namespace,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"labels": {key: null}}})),
+        )
+        .await?;
+    let reviews = AccessReviews::new(runtime.clone(), ttl);
+    let acting = reviews.may_act_as(&account("lender")).await?;
+    ensure!(
+        acting == Acting::NamespaceNotEnabled,
+        "lender, the namespace not enabled: {acting:?}"
+    );
+    ensure!(
+        reviews.asked()
+            == Asked {
+                namespaces: 1,
+                ..Asked::default()
+            },
+        "only the Namespace read: {:?}",
+        reviews.asked()
+    );
     control_plane.delete_namespace(&namespace).await
 }
 

@@ -62,6 +62,8 @@ use kubewasm_test_support::runtime;
 mod signatures;
 #[path = "live/storm.rs"]
 mod storm;
+#[path = "live/team.rs"]
+mod team;
 #[path = "live/tutorial_crd.rs"]
 mod tutorial_crd;
 
@@ -943,7 +945,10 @@ async fn file_module(client: &Client, ns: &str, dir: &std::path::Path) -> Result
         "subjects": [{"kind": "ServiceAccount", "name": "hello-controller", "namespace": "default"}]});
     // A cluster admin opts `default` in to WasmControllers (the runtime acts as it there).
     let opt_in = crate::support::tenant_binding("default")?;
-    apply_all(client, &[account, default_binding, opt_in]).await?;
+    let (key, value) = crate::support::TENANT_LABEL;
+    let enabled = json!({"apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": "default", "labels": {key: value}}});
+    apply_all(client, &[account, default_binding, opt_in, enabled]).await?;
     let file = path.to_string_lossy().into_owned();
     apply(
         client,

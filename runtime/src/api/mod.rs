@@ -302,6 +302,12 @@ pub struct WasmControllerStatus {
     /// The spec generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// The revision of the module's source that the runtime last judged, loaded or refused
+    /// (`ModuleReady` says which): a ConfigMap's resourceVersion, an image's manifest digest, a
+    /// file's module digest. `kubewasm wait` compares it with the source as it is now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
+    pub module_revision: Option<String>,
     /// The runtime replica running the controller (`kubewasm run --leader-elect`: its
     /// identity, the Pod's name and a suffix of the process).
     #[serde(default, skip_serializing_if = "Option::is_none")]

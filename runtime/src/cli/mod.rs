@@ -8,6 +8,7 @@ mod registry;
 mod replay;
 pub mod run;
 pub mod sign;
+pub mod wait;
 mod yaml;
 
 use tracing_subscriber::EnvFilter;

@@ -86,7 +86,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let shown = dir.display();
     println!(
-        "created {name} in {shown} (kubewasm-guest-sdk from {sdk})\n\n  cd {shown}\n  make test     # native tests on tests/fixtures/\n  make build    # the wasm module, checked\n  make run      # one reconcile offline\n  make deploy   # into namespace {namespace} of $KUBECONFIG's cluster\n  make update   # after an edit\n",
+        "created {name} in {shown} (kubewasm-guest-sdk from {sdk})\n\n  cd {shown}\n  make test     # native tests on tests/fixtures/\n  make build    # the wasm module, checked\n  make run      # one reconcile offline\n  make deploy   # into namespace {namespace} of $KUBECONFIG's cluster, then waits for the verdict\n  make update   # after an edit\n\nmake deploy works as a user who is only `admin` of namespace {namespace}, once a cluster admin has made it\nand let it use the kubewasm runtime:\n\n  kubectl create namespace {namespace}\n  kubectl label namespace {namespace} kubewasm.dev/tenant=enabled\n",
         name = args.name,
         sdk = sdk.display(),
     );

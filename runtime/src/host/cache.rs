@@ -49,6 +49,25 @@ impl CacheSource {
         kinds
     }
 
+    /// The resources (`plural` or `plural.group`) whose caches have not listed yet, sorted.
+    pub fn unlisted(&self) -> Vec<String> {
+        let mut unlisted: Vec<String> = self
+            .watches
+            .values()
+            .filter(|w| !w.listed())
+            .map(|w| {
+                let r = &w.kind().resource;
+                if r.group.is_empty() {
+                    r.plural.clone()
+                } else {
+                    format!("{}.{}", r.plural, r.group)
+                }
+            })
+            .collect();
+        unlisted.sort();
+        unlisted
+    }
+
     /// Waits until every cache a guest may read from has listed once: before that, a read
     /// would answer "not found" for an object that exists.
     pub async fn ready(&self) {

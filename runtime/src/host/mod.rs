@@ -13,8 +13,9 @@ mod runner;
 mod state;
 
 pub use access::{
-    AccessReviews, Acting, Asked, MissingReads, NeededRules, OptIns, READ_VERBS, ReviewFailed,
-    SERVICE_ACCOUNT_OPT_IN, ServiceAccount,
+    AccessReviews, Acting, Asked, GUEST_EVENTS_ROLE, MissingReads, NeededRules, OptIns, READ_VERBS,
+    ReviewFailed, SERVICE_ACCOUNT_OPT_IN, ServiceAccount, TENANT_LABEL, TENANT_LABEL_VALUE,
+    events_binding_command,
 };
 pub use actions::{ActionError, ChildKind, Executor};
 pub use cache::CacheSource;

@@ -20,6 +20,7 @@ mod compiles;
 mod config;
 mod declared;
 mod lifecycle;
+mod messages;
 mod modules;
 mod quarantine;
 mod setup;
@@ -334,6 +335,11 @@ impl Manager {
         // (until then, or while the watch fails, each start reads its ServiceAccount).
         let opt_ins =
             crate::host::OptIns::watch(self.watch_client.clone(), self.config.namespace.as_deref());
+        // The namespaces a cluster admin enabled (their label), the same way.
+        let namespaces = crate::host::OptIns::watch_namespaces(
+            self.watch_client.clone(),
+            self.config.namespace.as_deref(),
+        );
         let (module_config_maps, cm_changes) = self.watch_config_map_metadata();
         module_config_maps
             .wait_until_ready()
@@ -341,6 +347,8 @@ impl Manager {
             .context("the ConfigMap watch ended before its first list")?;
         opt_ins.first_list(OPT_INS_FIRST_LIST).await;
         self.access.watch_opt_ins(opt_ins);
+        namespaces.first_list(OPT_INS_FIRST_LIST).await;
+        self.access.watch_namespaces(namespaces);
         self.module_config_maps = Some(module_config_maps);
         self.metrics.set_ready(true);
 

@@ -12,7 +12,8 @@ use crate::api::{Reason, Verb, WasmControllerSpec};
 use crate::controller::{Kind, ResolveError, WriteGate};
 use crate::host::{
     Acting, CacheSource, ChildKind, ControllerSetup, DeclaredKinds, Finalizer, GuestState,
-    NeededRules, Permissions, SERVICE_ACCOUNT_OPT_IN, ServiceAccount,
+    NeededRules, Permissions, SERVICE_ACCOUNT_OPT_IN, ServiceAccount, TENANT_LABEL,
+    TENANT_LABEL_VALUE,
 };
 
 use super::{ControllerId, Manager, Problem};
@@ -232,30 +233,13 @@ impl Manager {
     /// Whether the runtime may act as `account` (its namespace and the account opted in):
     /// before anything is done as it (a controller's setup, reading its image pull secret).
     pub(super) async fn check_acting(&self, account: &ServiceAccount) -> Result<(), Problem> {
-        let (ns, name) = (&account.namespace, &account.name);
-        let refused = |why: String| Err(Problem::new(Reason::Forbidden, why));
         match self.access.may_act_as(account).await {
-            Ok(Acting::Allowed) => {}
-            Ok(Acting::NamespaceNotOptedIn) => {
-                return refused(format!(
-                    "this runtime may not act as ServiceAccount {ns}/{name}: namespace {ns} is not opted in to WasmControllers; a cluster admin opts it in with `kubectl -n {ns} apply -f deploy/runtime/tenant.yaml` (a RoleBinding of the runtime's ServiceAccount to ClusterRole kubewasm-runtime-tenant)"
-                ));
-            }
-            Ok(Acting::NoServiceAccount) => {
-                return refused(format!(
-                    "ServiceAccount {ns}/{name} (spec.serviceAccountName) does not exist: create it (`kubectl -n {ns} create serviceaccount {name}`), give it the Role the controller needs, and annotate it `{SERVICE_ACCOUNT_OPT_IN}=allowed`"
-                ));
-            }
-            Ok(Acting::AccountNotOptedIn) => {
-                return refused(format!(
-                    "ServiceAccount {ns}/{name} has not opted in to being used by WasmControllers: its owner allows it with `kubectl -n {ns} annotate serviceaccount {name} {SERVICE_ACCOUNT_OPT_IN}=allowed`"
-                ));
-            }
-            Err(failed) => {
-                return Err(Problem::new(Reason::AccessReviewFailed, failed.to_string()));
-            }
+            Ok(acting) => match refusal(acting, account) {
+                None => Ok(()),
+                Some(why) => Err(Problem::new(Reason::Forbidden, why)),
+            },
+            Err(failed) => Err(Problem::new(Reason::AccessReviewFailed, failed.to_string())),
         }
-        Ok(())
     }
 
     /// Stops running controllers whose ServiceAccount lost a read they need; they start
@@ -288,12 +272,44 @@ impl Manager {
     }
 }
 
+/// Why the runtime may not act as `account`, naming who acts and the exact command; `None`
+/// when it may.
+fn refusal(acting: Acting, account: &ServiceAccount) -> Option<String> {
+    let (ns, name) = (&account.namespace, &account.name);
+    Some(match acting {
+        Acting::Allowed => return None,
+        Acting::NamespaceNotEnabled => format!(
+            "namespace {ns} may not use this kubewasm runtime: which namespaces may is a cluster admin's decision (a namespace's own admin cannot make it); a cluster admin enables it with `kubectl label namespace {ns} {TENANT_LABEL}={TENANT_LABEL_VALUE}`, and the controller starts by itself (if the namespace's admin has not yet let the runtime act as its ServiceAccounts, it does so too: `{}`)",
+            tenant_binding_command(ns)
+        ),
+        Acting::NamespaceNotOptedIn => format!(
+            "this runtime may not act as ServiceAccount {ns}/{name}: namespace {ns} has no RoleBinding of the runtime to ClusterRole kubewasm-runtime-tenant; the namespace's admin applies it with `{}` (the same as kubewasm's deploy/runtime/tenant.yaml)",
+            tenant_binding_command(ns)
+        ),
+        Acting::NoServiceAccount => format!(
+            "ServiceAccount {ns}/{name} (spec.serviceAccountName) does not exist: the namespace's admin creates it (`kubectl -n {ns} create serviceaccount {name}`), gives it the Role the controller needs, and annotates it `{SERVICE_ACCOUNT_OPT_IN}=allowed`"
+        ),
+        Acting::AccountNotOptedIn => format!(
+            "ServiceAccount {ns}/{name} has not opted in to being used by WasmControllers: its owner (the namespace's admin) allows it with `kubectl -n {ns} annotate serviceaccount {name} {SERVICE_ACCOUNT_OPT_IN}=allowed`"
+        ),
+    })
+}
+
+/// The namespace's consent that the installed runtime acts as its ServiceAccounts
+/// (deploy/runtime/tenant.yaml), as one command.
+fn tenant_binding_command(ns: &str) -> String {
+    format!(
+        "kubectl -n {ns} create rolebinding kubewasm-runtime-tenant --clusterrole=kubewasm-runtime-tenant --serviceaccount=kubewasm-system:kubewasm"
+    )
+}
+
 /// What a running controller's ServiceAccount must keep being allowed to read.
 #[derive(Debug, Clone)]
 pub(super) struct ReadAccess {
     /// What the operator's caps changed in the spec's limits, for the status.
     pub(super) clamped: Vec<String>,
-    account: ServiceAccount,
+    /// The ServiceAccount it acts as.
+    pub(super) account: ServiceAccount,
     kinds: Vec<Kind>,
     /// The RBAC rules the spec needs, for the fix a refusal names.
     needed: NeededRules,
@@ -333,7 +349,7 @@ fn needed_rules(
             needed.add_kind(&kind, rbac);
         }
     }
-    needed.add("", "events", &["create", "patch"]);
+    needed.add_events();
     Ok(needed)
 }
 
@@ -426,6 +442,27 @@ mod tests {
         assert_eq!(problem.reason, Reason::InvalidSpec, "{}", problem.message);
         assert!(!problem.message.contains('\n'), "{}", problem.message);
         problem.message
+    }
+
+    #[test]
+    fn refusals_to_act_name_who_acts_and_the_command() {
+        let account = ServiceAccount {
+            namespace: "team-a".into(),
+            name: "ctl".into(),
+        };
+        assert_eq!(refusal(Acting::Allowed, &account), None);
+        let m = refusal(Acting::NamespaceNotEnabled, &account).unwrap();
+        assert!(m.contains("a cluster admin enables it with `kubectl label namespace team-a kubewasm.dev/tenant=enabled`"), "{m}");
+        assert!(m.contains("the namespace's admin has not yet let the runtime act as its ServiceAccounts, it does so too: `kubectl -n team-a create rolebinding kubewasm-runtime-tenant"), "{m}");
+        let m = refusal(Acting::NamespaceNotOptedIn, &account).unwrap();
+        assert!(m.contains("the namespace's admin applies it with `kubectl -n team-a create rolebinding kubewasm-runtime-tenant --clusterrole=kubewasm-runtime-tenant --serviceaccount=kubewasm-system:kubewasm`"), "{m}");
+        let m = refusal(Acting::AccountNotOptedIn, &account).unwrap();
+        assert!(m.contains("`kubectl -n team-a annotate serviceaccount ctl kubewasm.dev/wasm-controllers=allowed`"), "{m}");
+        let m = refusal(Acting::NoServiceAccount, &account).unwrap();
+        assert!(
+            m.contains("`kubectl -n team-a create serviceaccount ctl`"),
+            "{m}"
+        );
     }
 
     #[test]

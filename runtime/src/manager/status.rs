@@ -39,7 +39,7 @@ fn condition(
 }
 
 /// The status this controller should show now, run where `place` says.
-fn desired(m: &Managed, place: Place) -> WasmControllerStatus {
+fn desired(m: &Managed, place: Place, namespaced: bool) -> WasmControllerStatus {
     let g = m.generation;
     let digest = m.guest.as_ref().map(|g| g.digest().to_string());
     // The image a module was pulled as: `module sha256:… (image registry/repo@sha256:…)`.
@@ -71,9 +71,11 @@ fn desired(m: &Managed, place: Place) -> WasmControllerStatus {
             g,
         ),
     };
+    let mut events_refused = None;
     let (reconciles, failures, failing, finalizing, unowned) = match &m.runner {
         Some((runner, _)) => {
             let s = runner.stats();
+            events_refused = s.events_refused.locked().clone();
             let unowned: Vec<String> = s.unowned.locked().iter().cloned().collect();
             let failing = s.failing.locked();
             let failing = (
@@ -109,10 +111,7 @@ fn desired(m: &Managed, place: Place) -> WasmControllerStatus {
             "Ready",
             false,
             Reason::WaitingForCaches,
-            format!(
-                "waiting for the first list of {}; if this lasts, check that the runtime may list and watch them",
-                runner.watched_kinds().join(", ")
-            ),
+            super::messages::waiting_for_caches(&runner.watched_kinds(), &runner.unlisted()),
             g,
         ),
         (Some((runner, _)), _, _) if let Some(why) = runner.withheld() => condition(
@@ -129,10 +128,24 @@ fn desired(m: &Managed, place: Place) -> WasmControllerStatus {
             if let Some(c) = clamped.filter(|c| !c.is_empty()) {
                 message = format!("{message}; {c}");
             }
+            // A refused update: READY still True (the last good module runs), and says so.
+            if let (Some(p), Some(d)) = (&m.module_problem, &shown) {
+                message = format!(
+                    "{message} with the last good module {d}; the module now declared is refused ({}): {}",
+                    p.reason, p.message
+                );
+            }
             if !unowned.is_empty() {
                 message = format!(
                     "{message}; it applies {} without an owner (granted in spec.grants, not declared in spec.children): nothing deletes them with their parent — declare the kind in spec.children to own them",
                     unowned.join(", ")
+                );
+            }
+            if let Some(why) = &events_refused {
+                let account = m.access.as_ref().map(|a| &a.account);
+                message = format!(
+                    "{message}; {}",
+                    super::messages::events_refused(account, why, namespaced)
                 );
             }
             match (&last_error, failing_count) {
@@ -174,6 +187,7 @@ fn desired(m: &Managed, place: Place) -> WasmControllerStatus {
         conditions: vec![module_ready, ready, degraded],
         module_digest: digest,
         observed_generation: g,
+        module_revision: m.module_version.as_ref().and_then(|v| v.shown()),
         replica: place.replica,
         shard: place.shard,
         reconciles,
@@ -257,7 +271,7 @@ impl Manager {
                 // the next holder's to write.
                 .filter(|(id, _)| self.fence_of(id).is_open())
                 .filter_map(|(id, m)| {
-                    let mut status = desired(m, self.place_of(id));
+                    let mut status = desired(m, self.place_of(id), id.namespace.is_some());
                     keep_transition_times(&mut status, m.written.as_ref());
                     (m.written.as_ref() != Some(&status) && which(&status))
                         .then(|| (id.clone(), status))
@@ -372,6 +386,8 @@ async fn write_status(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn a_cleared_last_error_is_sent_as_null() {
         let cleared = status_patch(&WasmControllerStatus::default());
@@ -388,8 +404,6 @@ mod tests {
         });
         assert_eq!(failing["status"]["lastError"], "x: boom");
     }
-
-    use super::*;
 
     fn with_ready(status: bool, reason: Reason) -> WasmControllerStatus {
         WasmControllerStatus {

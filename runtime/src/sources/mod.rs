@@ -74,6 +74,18 @@ impl Version {
             resource_version: metadata.resource_version.clone(),
         }
     }
+
+    /// As a controller's status shows it (`status.moduleRevision`): a ConfigMap's
+    /// resourceVersion, an image's manifest digest, a file's module digest.
+    pub fn shown(&self) -> Option<String> {
+        match self {
+            Version::Revision {
+                resource_version, ..
+            } => resource_version.clone(),
+            Version::Digest(digest) => Some(digest.to_string()),
+            Version::Image(digest) => Some(digest.clone()),
+        }
+    }
 }
 
 /// What [`fetch`] found.

@@ -338,10 +338,14 @@ impl Session {
                 }
                 _ => request,
             };
-            let response = request
-                .send()
-                .await
-                .map_err(|e| self.failed(format!("{method} {}: {}", shown(&parsed), chain(&e))))?;
+            let response = request.send().await.map_err(|e| {
+                self.failed(format!(
+                    "{method} {}: {}{}",
+                    shown(&parsed),
+                    chain(&e),
+                    plain_http_hint(&parsed, e.is_connect(), &self.registry)
+                ))
+            })?;
             let status = response.status();
             if status.is_success() {
                 return Ok(Some(response));
@@ -478,6 +482,17 @@ fn split_authority(authority: &str) -> (&str, Option<u16>) {
 }
 
 /// An error and its causes, one line (what reqwest says of a refused resolve is in a cause).
+/// What a failed HTTPS connection to `registry` says of plain HTTP: a registry that speaks it
+/// (no TLS) fails the handshake, and only the runtime's operator may allow that.
+fn plain_http_hint(url: &Url, connect: bool, registry: &str) -> String {
+    if url.scheme() != "https" || !connect {
+        return String::new();
+    }
+    format!(
+        "; if {registry} speaks plain HTTP (no TLS), only the runtime's operator (a cluster admin) can allow it: `kubewasm run --insecure-registry {registry}` (an argument of the runtime's Deployment, deploy/runtime/deployment.yaml)"
+    )
+}
+
 fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
@@ -494,6 +509,25 @@ fn chain(error: &(dyn std::error::Error + 'static)) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_failed_https_connection_names_insecure_registry_and_who_sets_it() {
+        let https = super::Url::parse("https://registry.team:5000/v2/a/manifests/v1").unwrap();
+        let hint = super::plain_http_hint(&https, true, "registry.team:5000");
+        assert!(
+            hint.contains("only the runtime's operator (a cluster admin) can allow it: `kubewasm run --insecure-registry registry.team:5000`"),
+            "{hint}"
+        );
+        assert_eq!(
+            super::plain_http_hint(&https, false, "registry.team:5000"),
+            ""
+        );
+        let http = super::Url::parse("http://registry.team:5000/v2/").unwrap();
+        assert_eq!(
+            super::plain_http_hint(&http, true, "registry.team:5000"),
+            ""
+        );
+    }
+
     use std::time::Duration;
 
     use kubewasm_test_support::hostile_registry::{HostileRegistry, MARKER};

@@ -44,12 +44,33 @@ pub fn tenant_binding(namespace: &str) -> Result<serde_json::Value> {
     Ok(binding)
 }
 
+/// The label with which a cluster admin lets a namespace use the runtime (a namespace admin
+/// cannot set it: the built-in `admin` role may not patch its Namespace).
+pub const TENANT_LABEL: (&str, &str) = ("kubewasm.dev/tenant", "enabled");
+
 /// `deploy/runtime/rbac.yaml` of this checkout.
 pub fn runtime_rbac() -> PathBuf {
     super::workspace().join("deploy/runtime/rbac.yaml")
 }
 
 impl ControlPlane {
+    /// The cluster admin's step for a team: labels namespace `name` [`TENANT_LABEL`]
+    /// (`kubectl label namespace NAME kubewasm.dev/tenant=enabled`).
+    pub async fn enable_tenant(&self, name: &str) -> Result<()> {
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(self.client().await?);
+        let (key, value) = TENANT_LABEL;
+        let patch = json!({"metadata": {"labels": {key: value}}});
+        namespaces
+            .patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .with_context(|| format!("labelling namespace {name} {key}={value}"))?;
+        Ok(())
+    }
+
     /// A kubeconfig for ServiceAccount `kubewasm-system/kubewasm` (same server and CA as the
     /// admin's), to run `kubewasm run` with. The first call applies `deploy/runtime/rbac.yaml`
     /// and requests the token, blocking; later calls return the same file. Panics when the

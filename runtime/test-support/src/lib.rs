@@ -49,7 +49,8 @@ use kube::{
 // Each test binary uses its own part of these too.
 #[allow(unused_imports)]
 pub use identity::{
-    RUNTIME_ACCOUNT, RUNTIME_NAMESPACE, RUNTIME_WATCH_ROLE, runtime_rbac, tenant_binding,
+    RUNTIME_ACCOUNT, RUNTIME_NAMESPACE, RUNTIME_WATCH_ROLE, TENANT_LABEL, runtime_rbac,
+    tenant_binding,
 };
 #[allow(unused_imports)]
 pub use kubectl::Kubectl;
@@ -388,7 +389,8 @@ impl ControlPlane {
     /// Opts namespace `name` in and waits until Pods can be created in it.
     async fn opt_in(&self, client: Client, name: &str) -> Result<()> {
         let name = name.to_owned();
-        // Opted in to WasmControllers, as a cluster admin does with deploy/runtime/tenant.yaml.
+        // Opted in to WasmControllers: the cluster admin's label, and deploy/runtime/tenant.yaml.
+        self.enable_tenant(&name).await?;
         apply_all(&client, &[identity::tenant_binding(&name)?]).await?;
         let pods: Api<Pod> = Api::namespaced(client, &name);
         let probe: Pod = serde_json::from_value(serde_json::json!({

@@ -657,7 +657,7 @@ async fn install(cluster: &NodeCluster, hostile_wasm: &std::path::Path) -> Resul
     apply_all(
         client,
         &[
-            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}),
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS, "labels": {"kubewasm.dev/tenant": "enabled"}}}),
             tenant_binding(NS)?,
             json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
                 "metadata": {"name": format!("probes.{GROUP}")},

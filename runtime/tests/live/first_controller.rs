@@ -20,7 +20,7 @@ use kube::{Api, Client};
 
 use crate::cluster::{controller_status, ensure_condition, sha256, wait_status, workspace};
 use crate::runtime::{RuntimeProcess, finish};
-use crate::support::{ControlPlane, Kubectl, eventually};
+use crate::support::{ControlPlane, Kubectl, TeamUser, eventually};
 
 /// The controller's name: crate, WasmController, ServiceAccount, label.
 const NAME: &str = "summariser";
@@ -34,6 +34,9 @@ const KUBECTL: Duration = Duration::from_secs(60);
 /// How long a permanent error is watched for retries: backoff would retry at 0.5, 1, 2, 4 s.
 const NOT_RETRIED: Duration = Duration::from_secs(8);
 
+/// How long the guest's first Event may take to appear after its child.
+const WAIT_EVENTS: Duration = Duration::from_secs(30);
+
 /// What the scaffold's summary says for tests/fixtures/example.yaml (keys color, greeting).
 const SUMMARY: &str = "2 keys, 9 bytes";
 
@@ -44,8 +47,20 @@ const FORMAT: &str = r#""{} keys, {} bytes""#;
 async fn a_scaffolded_controller_is_built_run_updated_and_reports_its_failure() {
     let started = Instant::now();
     let control_plane = ControlPlane::shared();
-    let (client, ns) = crate::cluster::prepare(control_plane, "first").await;
-    let mut scaffold = Scaffold::new(control_plane, &ns).expect("kubewasm new");
+    let (admin, ns) = crate::cluster::prepare(control_plane, "first").await;
+    // The team: only `admin` of the namespace a cluster admin made and enabled for it. Every
+    // `make` and `kubectl` below runs with its kubeconfig, and it applies the namespace's
+    // consent to the runtime (the tenant RoleBinding) itself.
+    let team = control_plane
+        .namespace_admin(&ns, "summariser-team")
+        .await
+        .expect("the team's user");
+    kube::Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(admin, &ns)
+        .delete("kubewasm-runtime-tenant", &Default::default())
+        .await
+        .expect("the tenant RoleBinding left for the team to make");
+    let client = team.client().await.expect("the team's client");
+    let mut scaffold = Scaffold::new(&team, &ns).expect("kubewasm new");
     if let Err(error) = scaffold.offline().await {
         let _ = control_plane.delete_namespace(&ns).await;
         panic!("{error:#}\n(the crate is kept in {})", scaffold.keep());
@@ -71,7 +86,7 @@ struct Scaffold {
 impl Scaffold {
     /// `kubewasm new summariser --namespace <ns>` in a fresh directory under the system's
     /// temporary directory, with the workspace's Cargo.lock.
-    fn new(control_plane: &ControlPlane, ns: &str) -> Result<Scaffold> {
+    fn new(team: &TeamUser, ns: &str) -> Result<Scaffold> {
         let phase = Instant::now();
         let parent = tempfile::Builder::new()
             .prefix("kubewasm-first-")
@@ -102,7 +117,7 @@ impl Scaffold {
             dir: parent,
             path,
             target_dir: cache.join("first-controller/target"),
-            kubeconfig: control_plane.kubeconfig().to_owned(),
+            kubeconfig: team.kubeconfig.clone(),
         })
     }
 
@@ -154,8 +169,26 @@ impl Scaffold {
             ensure_condition(s, "Ready", "True").map(drop)
         })
         .await?;
+        // The guest's Events on its parent, through the RoleBinding to kubewasm-guest-events
+        // that the team's rbac.yaml makes.
+        let events: Api<Event> = Api::namespaced(client.clone(), ns);
+        eventually(
+            "the Summarised Event on ConfigMap example",
+            WAIT_EVENTS,
+            || async {
+                let on = ListParams::default().fields("involvedObject.name=example");
+                let found = events
+                    .list(&on)
+                    .await?
+                    .items
+                    .into_iter()
+                    .any(|e| e.reason.as_deref() == Some("Summarised"));
+                Ok(found.then_some(()))
+            },
+        )
+        .await?;
         eprintln!(
-            "phase make deploy → the child appears: {:.1?}",
+            "phase make deploy → the child appears, its Event on the parent: {:.1?}",
             phase.elapsed()
         );
 
@@ -246,6 +279,18 @@ impl Scaffold {
                     .as_deref()
                     .is_some_and(|m| m.contains("has no data to summarise")),
             "want one Warning Event ReconcileFailed counted once on ConfigMap empty, got {shown:?}"
+        );
+
+        // Bytes that are no module, loaded by the Makefile's own commands: its `wait` fails
+        // with the runtime's reason (the last good module keeps running).
+        let garbage = self.path.join("garbage.wasm");
+        std::fs::write(&garbage, b"not a wasm module")?;
+        let refused = self
+            .make_fails(&["load", "wait", &format!("WASM={}", garbage.display())])
+            .await?;
+        ensure!(
+            refused.contains("refused") && refused.contains("ModuleInvalid"),
+            "make load wait of bytes that are no module: {refused}"
         );
 
         // Another edit, loaded gzipped under the same key with the same command.

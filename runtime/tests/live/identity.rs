@@ -46,6 +46,10 @@ async fn least_privilege(control_plane: &ControlPlane, admin: &Client, ns: &str)
         ("list", "", "configmaps", ""),
         ("watch", "", "configmaps", ""),
         ("create", "authorization.k8s.io", "subjectaccessreviews", ""),
+        // Which namespaces a cluster admin enabled (their label): watched, read by name.
+        ("list", "", "namespaces", ""),
+        ("watch", "", "namespaces", ""),
+        ("get", "", "namespaces", ""),
         ("impersonate", "", "serviceaccounts", ns),
         // Each ServiceAccount's own opt-in (an annotation), in opted-in namespaces.
         ("get", "", "serviceaccounts", ns),
@@ -111,6 +115,8 @@ async fn least_privilege(control_plane: &ControlPlane, admin: &Client, ns: &str)
         ("list", "coordination.k8s.io", "leases", "default"),
         ("delete", "coordination.k8s.io", "leases", "kube-system"),
         ("create", "", "namespaces", ""),
+        ("patch", "", "namespaces", ""),
+        ("update", "", "namespaces", ""),
         ("list", "", "nodes", ""),
     ];
     let mut wrong = Vec::new();

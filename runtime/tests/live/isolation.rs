@@ -554,10 +554,14 @@ async fn read_granted_later_makes_the_controller_ready(
     // and the granted reads — not one 403 at a time.
     let list: Value = serde_json::from_str(&fix)?;
     let rules = &list["items"][0]["rules"];
+    // Events by a RoleBinding to kubewasm-guest-events, which a namespace admin may make.
+    ensure!(
+        list["items"][2]["roleRef"]["name"] == "kubewasm-guest-events",
+        "the fix does not bind kubewasm-guest-events: {list}"
+    );
     for (resource, verb) in [
         ("probes", "patch"),
         ("probes/status", "patch"),
-        ("events", "create"),
         ("configmaps", "watch"),
     ] {
         ensure!(
@@ -683,9 +687,9 @@ async fn not_opted_in(client: &Client, ns: &str) -> Result<()> {
             let ready = ensure_condition(s, "Ready", "False")?;
             ensure!(
                 ready.reason == "Forbidden"
-                    && ready.message.contains("is not opted in")
+                    && ready.message.contains("has no RoleBinding of the runtime")
                     && ready.message.contains(&format!(
-                        "kubectl -n {ns} apply -f deploy/runtime/tenant.yaml"
+                        "the namespace's admin applies it with `kubectl -n {ns} create rolebinding kubewasm-runtime-tenant --clusterrole=kubewasm-runtime-tenant --serviceaccount=kubewasm-system:kubewasm`"
                     )),
                 "Ready says {}: {}",
                 ready.reason,

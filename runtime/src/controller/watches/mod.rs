@@ -182,6 +182,11 @@ impl Watch {
         self.changes.subscribe()
     }
 
+    /// Whether a waiter saw the first list fill the cache ([`Watch::ready`]).
+    pub fn listed(&self) -> bool {
+        self.listed.initialized()
+    }
+
     /// Waits until the first list has filled the cache.
     ///
     /// One waiter at a time polls the store: kube-runtime's `Store::wait_until_ready` wakes

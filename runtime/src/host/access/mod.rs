@@ -39,7 +39,9 @@ use crate::controller::Kind;
 use crate::sync::Locks as _;
 
 mod opt_ins;
+mod rules;
 pub use opt_ins::OptIns;
+pub use rules::{GUEST_EVENTS_ROLE, NeededRules, events_binding_command};
 
 /// The verbs a controller's ServiceAccount needs on every kind it is handed.
 pub const READ_VERBS: [&str; 3] = ["get", "list", "watch"];
@@ -117,76 +119,10 @@ impl MissingReads {
     }
 }
 
-/// The RBAC rules a controller's declaration needs of its ServiceAccount, by API group and
-/// resource (`pods`, `helloworlds/status`): the reads of every kind it is handed and the
-/// writes its spec declares, so that the fix a refusal names is complete, not one 403 at a
-/// time.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NeededRules(BTreeMap<(String, String), std::collections::BTreeSet<&'static str>>);
-
-impl NeededRules {
-    /// `verbs` on `resource` (a plural, optionally `plural/subresource`) of `group`.
-    pub fn add(&mut self, group: &str, resource: &str, verbs: &[&'static str]) {
-        self.0
-            .entry((group.to_owned(), resource.to_owned()))
-            .or_default()
-            .extend(verbs.iter().copied());
-    }
-
-    /// `verbs` on every object of `kind`.
-    pub fn add_kind(&mut self, kind: &Kind, verbs: &[&'static str]) {
-        self.add(&kind.resource.group, &kind.resource.plural, verbs);
-    }
-
-    /// The rules, one per resource, as RBAC writes them.
-    fn rules(&self) -> Vec<serde_json::Value> {
-        self.0
-            .iter()
-            .map(|((group, resource), verbs)| {
-                serde_json::json!({"apiGroups": [group], "resources": [resource], "verbs": verbs})
-            })
-            .collect()
-    }
-
-    /// One command that creates the rules as a Role named `name` in `namespace` (a
-    /// ClusterRole when `None`) and binds it to `account`: a `kubectl apply` of a List, so it
-    /// also updates a Role created before.
-    pub fn apply_command(
-        &self,
-        name: &str,
-        namespace: Option<&str>,
-        account: &ServiceAccount,
-    ) -> String {
-        const RBAC: &str = "rbac.authorization.k8s.io/v1";
-        let subject = serde_json::json!({"kind": "ServiceAccount", "name": account.name, "namespace": account.namespace});
-        let (role, binding) = match namespace {
-            Some(ns) => (
-                serde_json::json!({"apiVersion": RBAC, "kind": "Role",
-                    "metadata": {"name": name, "namespace": ns}, "rules": self.rules()}),
-                serde_json::json!({"apiVersion": RBAC, "kind": "RoleBinding",
-                    "metadata": {"name": name, "namespace": ns},
-                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-                    "subjects": [subject]}),
-            ),
-            None => (
-                serde_json::json!({"apiVersion": RBAC, "kind": "ClusterRole",
-                    "metadata": {"name": name}, "rules": self.rules()}),
-                serde_json::json!({"apiVersion": RBAC, "kind": "ClusterRoleBinding",
-                    "metadata": {"name": name},
-                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-                    "subjects": [subject]}),
-            ),
-        };
-        let list =
-            serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [role, binding]});
-        format!("echo '{list}' | kubectl apply -f -")
-    }
-}
-
 /// Why the API server could not be asked.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "cannot ask the API server what ServiceAccount {account} may read (SubjectAccessReview): {source}; the runtime's own identity needs `create subjectaccessreviews` (deploy/runtime/rbac.yaml)"
+    "cannot ask the API server what ServiceAccount {account} may read (SubjectAccessReview), or whether its namespace and itself opted in: {source}; the runtime's own identity needs `create subjectaccessreviews`, `get namespaces` and `get serviceaccounts` (deploy/runtime/rbac.yaml): a cluster admin applies it"
 )]
 pub struct ReviewFailed {
     account: String,
@@ -221,6 +157,8 @@ pub struct AccessReviews {
     asked: Mutex<Asked>,
     /// The watch of ServiceAccounts' opt-ins, once the manager has started it.
     opt_ins: std::sync::OnceLock<OptIns>,
+    /// The watch of Namespaces' label, once the manager has started it.
+    namespaces: std::sync::OnceLock<OptIns>,
 }
 
 /// How many reviews were sent to the API server so far, of each kind.
@@ -236,6 +174,9 @@ pub struct Asked {
     /// ServiceAccounts read for their opt-in: only when the watch of opt-ins
     /// ([`AccessReviews::watch_opt_ins`]) did not say yes.
     pub accounts: u64,
+    /// Namespaces read for their label: only when the watch of Namespaces
+    /// ([`AccessReviews::watch_namespaces`]) did not say yes.
+    pub namespaces: u64,
 }
 
 /// Answers and when they were given. Expired ones are dropped at most once per TTL, not at
@@ -268,13 +209,23 @@ impl Answers {
 /// The annotation with which a ServiceAccount's owner lets WasmControllers act as it.
 pub const SERVICE_ACCOUNT_OPT_IN: &str = "kubewasm.dev/wasm-controllers";
 
-/// Whether the runtime may act as a ServiceAccount: both its namespace (a RoleBinding of the
-/// runtime, by a cluster admin) and the ServiceAccount itself (an annotation, by its owner)
-/// must have opted in.
+/// The Namespace label with which a cluster admin lets a namespace use the runtime (with
+/// [`TENANT_LABEL_VALUE`]): a namespace's own admin cannot set it (the built-in `admin` role
+/// may not patch Namespaces), so no team enables itself.
+pub const TENANT_LABEL: &str = "kubewasm.dev/tenant";
+
+/// The value of [`TENANT_LABEL`] that enables a namespace.
+pub const TENANT_LABEL_VALUE: &str = "enabled";
+
+/// Whether the runtime may act as a ServiceAccount: its namespace must be enabled (a label, by
+/// a cluster admin) and opted in (a RoleBinding of the runtime, by the namespace's admin or a
+/// cluster admin), and the ServiceAccount itself (an annotation, by its owner) too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Acting {
-    /// Both opted in.
+    /// All three said yes.
     Allowed,
+    /// A cluster admin has not labelled the namespace [`TENANT_LABEL`]`=enabled`.
+    NamespaceNotEnabled,
     /// The namespace has not opted in: the runtime may not impersonate its ServiceAccounts.
     NamespaceNotOptedIn,
     /// The ServiceAccount does not exist.
@@ -331,6 +282,7 @@ impl AccessReviews {
             }),
             asked: Mutex::default(),
             opt_ins: std::sync::OnceLock::new(),
+            namespaces: std::sync::OnceLock::new(),
         }
     }
 
@@ -338,6 +290,28 @@ impl AccessReviews {
     /// ([`opt_ins`](self::opt_ins) says when it is trusted). Set once; later calls are ignored.
     pub fn watch_opt_ins(&self, opt_ins: OptIns) {
         let _ = self.opt_ins.set(opt_ins);
+    }
+
+    /// From now on, a namespace the watch `namespaces` ([`OptIns::watch_namespaces`]) has
+    /// seen enabled is not read again. Set once; later calls are ignored.
+    pub fn watch_namespaces(&self, namespaces: OptIns) {
+        let _ = self.namespaces.set(namespaces);
+    }
+
+    /// Whether a cluster admin enabled `namespace` ([`TENANT_LABEL`]): from the watch when it
+    /// says yes, else read.
+    async fn namespace_enabled(&self, account: &ServiceAccount) -> Result<bool, ReviewFailed> {
+        let ns = &account.namespace;
+        if self.namespaces.get().is_some_and(|w| w.enabled(ns)) {
+            return Ok(true);
+        }
+        self.count(|a| a.namespaces += 1);
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(self.client.clone());
+        let found = namespaces
+            .get_metadata_opt(ns)
+            .await
+            .map_err(ReviewFailed::about(account))?;
+        Ok(found.is_some_and(|n| opt_ins::enabled(&n.metadata)))
     }
 
     /// The reviews sent so far.
@@ -349,9 +323,10 @@ impl AccessReviews {
         add(&mut self.asked.locked());
     }
 
-    /// Whether the runtime may act as `account`: it may impersonate it, which a cluster admin
-    /// grants per namespace (`deploy/runtime/tenant.yaml`; asked of the API server about the
-    /// runtime itself), and the account's owner allowed it ([`SERVICE_ACCOUNT_OPT_IN`]: a
+    /// Whether the runtime may act as `account`: a cluster admin enabled its namespace
+    /// ([`TENANT_LABEL`]), the runtime may impersonate it, which the namespace grants
+    /// (`deploy/runtime/tenant.yaml`; asked of the API server about the runtime itself), and
+    /// the account's owner allowed it ([`SERVICE_ACCOUNT_OPT_IN`]: a
     /// WasmController may name any ServiceAccount of its namespace, and one that never opted in
     /// — a deployer with broad rights — must not lend them). Answers are kept for the TTL.
     pub async fn may_act_as(&self, account: &ServiceAccount) -> Result<Acting, ReviewFailed> {
@@ -363,6 +338,16 @@ impl AccessReviews {
             {
                 return Ok(*allowed);
             }
+        }
+        // The cluster admin's decision first: nothing is asked about an account of a namespace
+        // that may not use the runtime.
+        if !self.namespace_enabled(account).await? {
+            let mut answers = self.answers.locked();
+            answers.prune(self.ttl);
+            answers
+                .acting
+                .insert(user, (Acting::NamespaceNotEnabled, Instant::now()));
+            return Ok(Acting::NamespaceNotEnabled);
         }
         // The rules review made as the account is itself an impersonation, which the API
         // server authorizes before it answers: answered, the runtime may act as the account

@@ -1,28 +1,31 @@
-//! The ServiceAccounts that opted in to WasmControllers ([`SERVICE_ACCOUNT_OPT_IN`]), as a
-//! watch of their metadata sees them: a controller's start then reads no ServiceAccount.
+//! The ServiceAccounts that opted in to WasmControllers ([`SERVICE_ACCOUNT_OPT_IN`]), and the
+//! Namespaces a cluster admin enabled ([`TENANT_LABEL`]), as watches of their metadata see
+//! them: a controller's start then reads no ServiceAccount and no Namespace.
 //!
-//! Only a *yes* is taken from the watch, and only while it is up to date (its last list done,
-//! no error since): anything else — an account not seen, not opted in, or a watch that is
-//! listing again or failing (a runtime whose operator took away `list`/`watch` on
-//! ServiceAccounts) — is asked of the API server with a GET, as before. So a watch that lags
-//! can delay a controller, never let it act as an account that did not opt in; an owner's
-//! withdrawn opt-in counts as soon as the watch delivers it.
+//! Only a *yes* is taken from a watch, and only while it is up to date (its last list done,
+//! no error since): anything else — an object not seen, not opted in, or a watch that is
+//! listing again or failing (a runtime whose operator took away `list`/`watch`) — is asked of
+//! the API server with a GET, as before. So a watch that lags can delay a controller, never
+//! let it act as an account that did not opt in, nor in a namespace not enabled; a withdrawn
+//! opt-in counts as soon as the watch delivers it.
 //!
-//! Memory: only the opted-in accounts are kept, as `namespace/name` (a cluster's other
-//! ServiceAccounts — each namespace's `default`, every workload's — cost nothing once listed).
+//! Memory: only the opted-in objects are kept, as `namespace/name` (`/name` for a Namespace;
+//! a cluster's other ServiceAccounts — each namespace's `default`, every workload's — and
+//! other Namespaces cost nothing once listed).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt as _;
-use k8s_openapi::api::core::v1::ServiceAccount as ServiceAccountObject;
-use kube::ResourceExt as _;
+use k8s_openapi::api::core::v1::{
+    Namespace as NamespaceObject, ServiceAccount as ServiceAccountObject,
+};
 use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client};
 
-use super::{SERVICE_ACCOUNT_OPT_IN, ServiceAccount};
+use super::{SERVICE_ACCOUNT_OPT_IN, ServiceAccount, TENANT_LABEL, TENANT_LABEL_VALUE};
 use crate::sync::Locks as _;
 
 /// Where the watch is.
@@ -49,16 +52,17 @@ struct Seen {
 
 type Meta = PartialObjectMeta<ServiceAccountObject>;
 
-fn key_of(meta: &Meta) -> String {
+fn key_of<K>(meta: &PartialObjectMeta<K>) -> String {
+    let m = &meta.metadata;
     format!(
         "{}/{}",
-        meta.namespace().unwrap_or_default(),
-        meta.name_any()
+        m.namespace.as_deref().unwrap_or_default(),
+        m.name.as_deref().unwrap_or_default()
     )
 }
 
 impl Seen {
-    fn on(&mut self, event: watcher::Event<Meta>) {
+    fn on<K>(&mut self, event: watcher::Event<PartialObjectMeta<K>>, yes: Yes) {
         match event {
             watcher::Event::Init => {
                 self.listing = Some(HashSet::new());
@@ -66,20 +70,20 @@ impl Seen {
                     self.phase = Phase::Stale;
                 }
             }
-            watcher::Event::InitApply(sa) => {
-                if opted_in(&sa.metadata) {
-                    self.listing.get_or_insert_default().insert(key_of(&sa));
+            watcher::Event::InitApply(o) => {
+                if yes(&o.metadata) {
+                    self.listing.get_or_insert_default().insert(key_of(&o));
                 }
             }
             watcher::Event::InitDone => {
                 self.allowed = self.listing.take().unwrap_or_default();
                 self.phase = Phase::Live;
             }
-            watcher::Event::Apply(sa) if opted_in(&sa.metadata) => {
-                self.allowed.insert(key_of(&sa));
+            watcher::Event::Apply(o) if yes(&o.metadata) => {
+                self.allowed.insert(key_of(&o));
             }
-            watcher::Event::Apply(sa) | watcher::Event::Delete(sa) => {
-                self.allowed.remove(&key_of(&sa));
+            watcher::Event::Apply(o) | watcher::Event::Delete(o) => {
+                self.allowed.remove(&key_of(&o));
             }
         }
     }
@@ -88,15 +92,15 @@ impl Seen {
         self.phase = Phase::Stale;
     }
 
-    fn says_yes(&self, account: &ServiceAccount) -> bool {
-        self.phase == Phase::Live
-            && self
-                .allowed
-                .contains(&format!("{}/{}", account.namespace, account.name))
+    fn says_yes(&self, key: &str) -> bool {
+        self.phase == Phase::Live && self.allowed.contains(key)
     }
 }
 
-/// The watch of ServiceAccounts' opt-ins (see the module doc).
+/// Whether an object's metadata says yes.
+type Yes = fn(&kube::api::ObjectMeta) -> bool;
+
+/// A watch of opt-ins (see the module doc): of ServiceAccounts, or of Namespaces.
 pub struct OptIns {
     seen: Arc<Mutex<Seen>>,
     /// Set once the first list is done or has failed.
@@ -110,18 +114,47 @@ impl OptIns {
             Some(ns) => Api::namespaced(client, ns),
             None => Api::all(client),
         };
+        Self::spawn(
+            api,
+            crate::controller::watch_config(),
+            "ServiceAccounts' opt-ins",
+            opted_in,
+        )
+    }
+
+    /// Watches the metadata of the Namespaces (only `namespace`, when given) with `client`:
+    /// which ones a cluster admin labelled [`TENANT_LABEL`].
+    pub fn watch_namespaces(client: Client, namespace: Option<&str>) -> OptIns {
+        let api: Api<PartialObjectMeta<NamespaceObject>> = Api::all(client);
+        let mut config = crate::controller::watch_config();
+        if let Some(ns) = namespace {
+            config = config.fields(&format!("metadata.name={ns}"));
+        }
+        Self::spawn(api, config, "Namespaces' tenant label", enabled)
+    }
+
+    fn spawn<K>(
+        api: Api<PartialObjectMeta<K>>,
+        config: watcher::Config,
+        what: &'static str,
+        yes: Yes,
+    ) -> OptIns
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
+        PartialObjectMeta<K>: serde::de::DeserializeOwned,
+    {
         let seen = Arc::new(Mutex::new(Seen::default()));
         let (listed_tx, listed) = tokio::sync::watch::channel(false);
         let writer = seen.clone();
         tokio::spawn(async move {
-            let events = watcher(api, crate::controller::watch_config()).default_backoff();
+            let events = watcher(api, config).default_backoff();
             let mut events = std::pin::pin!(events);
             let mut warned = false;
             while let Some(event) = events.next().await {
                 match event {
                     Ok(event) => {
                         let done = matches!(event, watcher::Event::InitDone);
-                        writer.locked().on(event);
+                        writer.locked().on(event, yes);
                         if done {
                             warned = false;
                             listed_tx.send_replace(true);
@@ -131,10 +164,10 @@ impl OptIns {
                         writer.locked().failed();
                         listed_tx.send_replace(true);
                         if warned {
-                            tracing::debug!("the watch of ServiceAccounts failed again: {err}");
+                            tracing::debug!("the watch of {what} failed again: {err}");
                         } else {
                             tracing::warn!(
-                                "the watch of ServiceAccounts' opt-ins failed, retrying with backoff; until it lists again, each controller's start reads its ServiceAccount: {err}"
+                                "the watch of {what} failed, retrying with backoff; until it lists again, each controller's start reads them one by one: {err}"
                             );
                             warned = true;
                         }
@@ -146,7 +179,7 @@ impl OptIns {
     }
 
     /// Waits until the first list is done or has failed, at most `within` (starts that do
-    /// not wait read their ServiceAccounts).
+    /// not wait read their objects).
     pub async fn first_list(&self, within: Duration) {
         let mut listed = self.listed.clone();
         let _ = tokio::time::timeout(within, listed.wait_for(|done| *done)).await;
@@ -154,8 +187,24 @@ impl OptIns {
 
     /// Whether the watch, up to date, says `account` opted in; `false` says nothing.
     pub fn opted_in(&self, account: &ServiceAccount) -> bool {
-        self.seen.locked().says_yes(account)
+        self.seen
+            .locked()
+            .says_yes(&format!("{}/{}", account.namespace, account.name))
     }
+
+    /// Whether the watch of Namespaces, up to date, says `namespace` is enabled; `false`
+    /// says nothing.
+    pub fn enabled(&self, namespace: &str) -> bool {
+        self.seen.locked().says_yes(&format!("/{namespace}"))
+    }
+}
+
+/// Whether these labels let the namespace use the runtime (a cluster admin set them).
+pub(super) fn enabled(meta: &kube::api::ObjectMeta) -> bool {
+    meta.labels
+        .as_ref()
+        .and_then(|l| l.get(TENANT_LABEL))
+        .is_some_and(|v| v == TENANT_LABEL_VALUE)
 }
 
 /// Whether these annotations let WasmControllers act as the account.
@@ -182,10 +231,13 @@ mod tests {
         serde_json::from_value(meta).unwrap()
     }
 
-    fn account(namespace: &str, name: &str) -> ServiceAccount {
-        ServiceAccount {
-            namespace: namespace.into(),
-            name: name.into(),
+    fn account(namespace: &str, name: &str) -> String {
+        format!("{namespace}/{name}")
+    }
+
+    impl Seen {
+        fn on_sa(&mut self, event: watcher::Event<Meta>) {
+            self.on(event, opted_in);
         }
     }
 
@@ -194,35 +246,64 @@ mod tests {
         use watcher::Event::*;
         let mut seen = Seen::default();
         let (lender, keeper) = (account("a", "lender"), account("a", "keeper"));
-        seen.on(Init);
-        seen.on(InitApply(sa("a", "lender", Some("allowed"))));
-        seen.on(InitApply(sa("a", "keeper", Some("yes"))));
-        seen.on(InitApply(sa("a", "default", None)));
+        seen.on_sa(Init);
+        seen.on_sa(InitApply(sa("a", "lender", Some("allowed"))));
+        seen.on_sa(InitApply(sa("a", "keeper", Some("yes"))));
+        seen.on_sa(InitApply(sa("a", "default", None)));
         assert!(!seen.says_yes(&lender), "not before the list is done");
-        seen.on(InitDone);
+        seen.on_sa(InitDone);
         assert!(seen.says_yes(&lender));
         assert!(!seen.says_yes(&keeper), "only `allowed` opts in");
         assert_eq!(seen.allowed.len(), 1, "only opted-in accounts are kept");
         assert!(!seen.says_yes(&account("b", "lender")), "namespaces apart");
 
         // Withdrawn, then deleted and made again.
-        seen.on(Apply(sa("a", "lender", None)));
+        seen.on_sa(Apply(sa("a", "lender", None)));
         assert!(!seen.says_yes(&lender));
-        seen.on(Apply(sa("a", "lender", Some("allowed"))));
+        seen.on_sa(Apply(sa("a", "lender", Some("allowed"))));
         assert!(seen.says_yes(&lender));
-        seen.on(Delete(sa("a", "lender", Some("allowed"))));
+        seen.on_sa(Delete(sa("a", "lender", Some("allowed"))));
         assert!(!seen.says_yes(&lender));
-        seen.on(Apply(sa("a", "lender", Some("allowed"))));
+        seen.on_sa(Apply(sa("a", "lender", Some("allowed"))));
 
         // A failed watch is not trusted until it has listed again; the new list replaces
         // what was seen (an opt-in withdrawn while the watch was down is gone).
         seen.failed();
         assert!(!seen.says_yes(&lender));
-        seen.on(Init);
-        seen.on(InitApply(sa("a", "keeper", Some("allowed"))));
+        seen.on_sa(Init);
+        seen.on_sa(InitApply(sa("a", "keeper", Some("allowed"))));
         assert!(!seen.says_yes(&keeper));
-        seen.on(InitDone);
+        seen.on_sa(InitDone);
         assert!(seen.says_yes(&keeper));
         assert!(!seen.says_yes(&lender));
+    }
+
+    #[test]
+    fn only_the_exact_tenant_label_enables_a_namespace() {
+        use watcher::Event::*;
+        let ns = |name: &str, label: Option<&str>| -> PartialObjectMeta<NamespaceObject> {
+            let mut meta = serde_json::json!({
+                "apiVersion": "meta.k8s.io/v1",
+                "kind": "PartialObjectMetadata",
+                "metadata": { "name": name, "labels": {"other": "x"} },
+            });
+            if let Some(value) = label {
+                meta["metadata"]["labels"][TENANT_LABEL] = value.into();
+            }
+            serde_json::from_value(meta).unwrap()
+        };
+        let mut seen = Seen::default();
+        seen.on::<NamespaceObject>(Init, enabled);
+        seen.on(InitApply(ns("team-a", Some("enabled"))), enabled);
+        seen.on(InitApply(ns("team-b", Some("true"))), enabled);
+        seen.on(InitApply(ns("team-c", None)), enabled);
+        seen.on::<NamespaceObject>(InitDone, enabled);
+        assert!(seen.says_yes("/team-a"));
+        assert!(!seen.says_yes("/team-b"), "only `enabled` enables");
+        assert!(!seen.says_yes("/team-c"));
+        // A ServiceAccount named like a namespace is another key.
+        assert!(!seen.says_yes("team-a/team-a"));
+        seen.on(Apply(ns("team-a", None)), enabled);
+        assert!(!seen.says_yes("/team-a"), "the label removed");
     }
 }

@@ -253,6 +253,7 @@ impl Executor<'_> {
                 .await
             {
                 Ok(_) => {
+                    outcome.events_recorded = true;
                     self.events.remember(key, series.name, count);
                     outcome.changes.push(format!(
                         "counted Event {reason} on {} ({count} times)",
@@ -262,6 +263,16 @@ impl Executor<'_> {
                 }
                 // Gone (the API server's Event TTL, or deleted): start a new one.
                 Err(kube::Error::Api(s)) if s.code == 404 => self.events.forget(key),
+                // The right to patch taken away: as for a refused create, below.
+                Err(kube::Error::Api(s)) if s.code == 403 => {
+                    self.events.forget(key);
+                    outcome.events_refused = Some(s.message.clone());
+                    outcome.skipped.push(format!(
+                        "Event {reason} on {} not counted: {}",
+                        self.target, s.message
+                    ));
+                    return Ok(());
+                }
                 Err(source) => {
                     return Err(ActionError::Api {
                         what: what(),
@@ -304,12 +315,14 @@ impl Executor<'_> {
         let created = match api.create(&PostParams::default(), &event).await {
             Ok(created) => created,
             // An Event is a note to people, not part of the work: a ServiceAccount that may
-            // not create Events (the restarter tutorial's `joe`) still gets its work done,
-            // and the runtime's log says what was not recorded.
+            // not create Events (the restarter tutorial's `joe`) still gets its work done;
+            // the controller's status says its Events are not recorded and how to allow them
+            // (a RoleBinding to kubewasm-guest-events), and the runtime's log what was lost.
             Err(kube::Error::Api(s)) if s.code == 403 => {
+                outcome.events_refused = Some(s.message.clone());
                 outcome.skipped.push(format!(
-                    "Event {reason} on {} not recorded: {} (grant `create` and `patch` on `events` to see them)",
-                    self.target, s.message
+                    "Event {reason} on {} not recorded: {} (bind ClusterRole {} to the controller's ServiceAccount to see them)",
+                    self.target, s.message, crate::host::access::GUEST_EVENTS_ROLE
                 ));
                 return Ok(());
             }
@@ -320,6 +333,7 @@ impl Executor<'_> {
                 });
             }
         };
+        outcome.events_recorded = true;
         if let Some(name) = created.metadata.name {
             self.events.remember(key, name, 1);
         }

@@ -136,6 +136,11 @@ pub struct Outcome {
     /// What was left undone without failing the reconcile (an Event the ServiceAccount may not
     /// create), for the log.
     pub skipped: Vec<String>,
+    /// What the API server said when an Event was refused (403): the controller's status says
+    /// its Events are not recorded, and how to allow them.
+    pub events_refused: Option<String>,
+    /// An Event was written: Events are allowed (again).
+    pub events_recorded: bool,
     /// Kinds (`Kind (apiVersion)`) applied without an owner: granted, not declared children,
     /// so nothing collects them with the parent — said in the controller's status.
     pub unowned: Vec<String>,

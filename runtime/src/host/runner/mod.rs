@@ -53,6 +53,21 @@ pub struct Stats {
     /// Kinds the guest applied without an owner (granted, not declared in `spec.children`):
     /// at most the kinds it declared.
     pub unowned: Mutex<std::collections::BTreeSet<String>>,
+    /// What the API server said when the controller's last Event was refused (403), until
+    /// one is recorded again.
+    pub events_refused: Mutex<Option<String>>,
+}
+
+impl Stats {
+    /// Keeps what `outcome` says of Events: refused (why), or recorded (no longer refused).
+    pub fn events(&self, outcome: &super::actions::Outcome) {
+        let mut refused = self.events_refused.locked();
+        if let Some(why) = &outcome.events_refused {
+            *refused = Some(crate::sandbox::guest_text(why, MAX_LAST_ERROR_BYTES).into_owned());
+        } else if outcome.events_recorded {
+            *refused = None;
+        }
+    }
 }
 
 /// Everything a running controller needs; built by the manager from a WasmController.
@@ -173,6 +188,11 @@ impl Runner {
     pub fn watched_kinds(&self) -> Vec<String> {
         // Parent, children and read grants: the runner waits for all of them.
         self.setup.reads.kinds()
+    }
+
+    /// The resources (`plural.group`) whose caches have not listed yet, for messages.
+    pub fn unlisted(&self) -> Vec<String> {
+        self.setup.reads.unlisted()
     }
 
     /// Why the objects of this controller's namespace are held back from it, if they are (a

@@ -186,6 +186,7 @@ impl Runner {
             .await
         {
             Ok(outcome) => {
+                self.stats.events(&outcome);
                 for skipped in &outcome.skipped {
                     tracing::debug!("{skipped}");
                 }
@@ -375,6 +376,7 @@ impl Runner {
             done,
             finalized,
         } = applied;
+        self.stats.events(&done);
         for skipped in &done.skipped {
             tracing::warn!("{skipped}");
         }
