@@ -103,7 +103,7 @@ impl Reads for Recording {
             namespace: namespace.map(str::to_owned),
             name: None,
             label_selector: label_selector.map(str::to_owned),
-            objects: answer.as_ref().map(Clone::clone).unwrap_or_default(),
+            objects: answer.as_ref().ok().cloned().unwrap_or_default(),
             error: answer.as_ref().err().map(read_error),
         });
         answer

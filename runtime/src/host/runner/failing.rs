@@ -41,7 +41,7 @@ impl Failing {
             .iter()
             .map(|(k, (order, _))| (*order, k))
             .collect();
-        failing.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        failing.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
         failing.iter().take(n).map(|(_, k)| k.to_string()).collect()
     }
 
