@@ -165,6 +165,9 @@ pub struct Args {
     /// The most bytes of pulled modules kept there (least recently used go first).
     #[arg(long, default_value_t = ModuleCache::DEFAULT_MAX_BYTES)]
     module_cache_bytes: u64,
+    /// The controllers' log lines: `--log-ring-bytes`, `--api-addr`, ... (`cli/log_server.rs`).
+    #[command(flatten)]
+    pub logs: super::log_server::LogArgs,
     /// Serve `/metrics` (Prometheus), `/healthz` and `/readyz` here, e.g. `0.0.0.0:8080`.
     #[arg(long)]
     metrics_addr: Option<std::net::SocketAddr>,
@@ -197,7 +200,8 @@ pub struct Args {
 const MAX_SHARDS: i64 = 999;
 
 /// Connects with the kubeconfig (or in-cluster config) and runs the manager.
-pub fn run(args: Args) -> anyhow::Result<()> {
+/// Runs the controllers; `logs` is the store the logging layer fills (`args.logs.store()`).
+pub fn run(args: Args, logs: std::sync::Arc<kubewasm::logs::LogStore>) -> anyhow::Result<()> {
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     rt.block_on(async move {
         // Files the flags name are read before anything else: a wrong one is said first.
@@ -294,7 +298,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         )?)
         .unwrap_or(usize::MAX);
         config.runtime_namespace = args.leader_election_namespace.clone();
+        config.logs = logs.clone();
         let manager = Manager::new(kube_config.clone(), config)?;
+        let client = kube::Client::try_from(kubewasm::manager::request_config(kube_config.clone()))?;
+        args.logs.start(logs, client);
         if let Some(addr) = args.metrics_addr {
             let bound = kubewasm::metrics::serve(addr, manager.metrics())
                 .await

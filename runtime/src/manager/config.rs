@@ -72,6 +72,8 @@ pub struct ManagerConfig {
     pub max_state_bytes_per_namespace: usize,
     /// The runtime's own namespace: where ClusterWasmControllers' saved states are kept.
     pub runtime_namespace: String,
+    /// The controllers' log lines ([`crate::logs`]): a deleted controller's are dropped.
+    pub logs: std::sync::Arc<crate::logs::LogStore>,
 }
 
 impl Default for ManagerConfig {
@@ -104,6 +106,7 @@ impl Default for ManagerConfig {
             max_state_bytes_per_controller: 8 << 20,
             max_state_bytes_per_namespace: crate::host::DEFAULT_MAX_STATE_BYTES_PER_NAMESPACE,
             runtime_namespace: "default".into(),
+            logs: std::sync::Arc::default(),
         }
     }
 }
