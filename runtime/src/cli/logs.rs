@@ -171,7 +171,7 @@ fn explain(error: kube::Error, args: &Args) -> anyhow::Error {
     };
     let namespace = args.namespace.as_deref().unwrap_or("<your namespace>");
     let help = match status.code {
-        404 if status.message.contains("could not find the requested resource") => {
+        404 if !status.message.contains("wasmcontrollers") => {
             "this cluster does not serve logs.kubewasm.dev: a cluster admin installs the log server with `kubectl apply -k deploy/` (deploy/runtime/logs.yaml: the APIService, its Service and RBAC) and runs the runtime with --api-addr".to_owned()
         }
         503 => "the log server (APIService v1alpha1.logs.kubewasm.dev) is not available: `kubectl get apiservice v1alpha1.logs.kubewasm.dev` says why; a cluster admin checks that the runtime runs with --api-addr and that deploy/runtime/logs.yaml is installed".to_owned(),
