@@ -81,9 +81,13 @@ impl Place {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     rt.block_on(async move {
-        let client = kube::Client::try_default().await.context(
+        let mut config = kube::Config::infer().await.context(
             "cannot find a Kubernetes configuration: set KUBECONFIG or use a default kubeconfig",
         )?;
+        // A refusal (too many followers: 429) is said at once, not retried for minutes; a
+        // follow reconnects by itself below.
+        config.default_retry = false;
+        let client = kube::Client::try_from(config)?;
         let base = match (&args.namespace, args.cluster) {
             (_, true) => format!(
                 "/apis/logs.kubewasm.dev/v1alpha1/clusterwasmcontrollers/{}/log",

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use kube::api::{Api, DynamicObject};
+use kube::api::{Api, DynamicObject, PostParams};
 use kube::discovery::ApiResource;
 use serde_json::{Value, json};
 
@@ -94,7 +94,7 @@ impl ControlPlane {
             "metadata": {"name": "kubewasm-logs", "namespace": ns},
             "subsets": [{"addresses": [{"ip": ip.to_string()}],
                 "ports": [{"name": "logs", "port": port, "protocol": "TCP"}]}]});
-        apply_all(&client, &[service, endpoints, api_service]).await?;
+        apply_all(&client, &[service, endpoints]).await?;
         let resource = ApiResource {
             group: "apiregistration.k8s.io".into(),
             version: "v1".into(),
@@ -103,6 +103,24 @@ impl ControlPlane {
             plural: "apiservices".into(),
         };
         let services: Api<DynamicObject> = Api::all_with(client, &resource);
+        // Created, not applied: a 1.20 kube-apiserver panics on a server-side apply of an
+        // APIService ("FieldManager must be installed to run apply").
+        let object: DynamicObject = serde_json::from_value(api_service)?;
+        match services.create(&PostParams::default(), &object).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                let mut object = object;
+                object.metadata.resource_version = services
+                    .get(LOGS_API_SERVICE)
+                    .await?
+                    .metadata
+                    .resource_version;
+                services
+                    .replace(LOGS_API_SERVICE, &PostParams::default(), &object)
+                    .await?;
+            }
+            Err(error) => return Err(error).context("creating the APIService"),
+        }
         eventually(
             &format!("APIService {LOGS_API_SERVICE} is Available (the runtime serves https://{ip}:{port})"),
             AVAILABLE,

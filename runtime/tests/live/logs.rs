@@ -109,6 +109,29 @@ async fn logs(user: &TeamUser, args: &[&str]) -> Result<(bool, String, String)> 
     ))
 }
 
+/// `kubewasm logs -f ARGS` as `user` when it is refused within 5 s: its error; `None` when it
+/// was let follow (it is then stopped).
+async fn refused_follow(user: &TeamUser, args: &[&str]) -> Result<Option<String>> {
+    let child = Command::new(kubewasm_bin())
+        .args(["logs", "-f"])
+        .args(args)
+        .env("KUBECONFIG", &user.kubeconfig)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    match tokio::time::timeout(Duration::from_secs(5), child.wait_with_output()).await {
+        Ok(out) => {
+            let out = out?;
+            let err = String::from_utf8_lossy(&out.stderr).into_owned();
+            ensure!(!out.status.success(), "the follow ended by itself: {err}");
+            Ok(Some(err))
+        }
+        Err(_) => Ok(None),
+    }
+}
+
 /// `kubewasm logs -f ARGS` as `user`, its lines sent to the returned channel.
 fn follow(user: &TeamUser, args: &[&str]) -> Result<(Child, tokio::sync::mpsc::Receiver<String>)> {
     let mut child = Command::new(kubewasm_bin())
@@ -132,6 +155,26 @@ fn follow(user: &TeamUser, args: &[&str]) -> Result<(Child, tokio::sync::mpsc::R
         }
     });
     Ok((child, rx))
+}
+
+/// A follower that the runtime let follow: started again while it is refused (a follower
+/// stopped a moment ago may still hold its place until the runtime sees its connection close).
+async fn held_follow(
+    user: &TeamUser,
+    args: &[&str],
+) -> Result<(Child, tokio::sync::mpsc::Receiver<String>)> {
+    let started = std::time::Instant::now();
+    loop {
+        let (mut child, rx) = follow(user, args)?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        if child.try_wait()?.is_none() {
+            return Ok((child, rx));
+        }
+        ensure!(
+            started.elapsed() < WAIT,
+            "kubewasm logs -f {args:?} was refused for {WAIT:?}"
+        );
+    }
 }
 
 /// Waits for a line containing `text`.
@@ -317,18 +360,35 @@ impl Teams {
         let x = self.x.as_str();
         let mut held = Vec::new();
         for name in ["chatty", "chatty", "flood", "quiet"] {
-            let (child, rx) = follow(&self.alice, &["-n", x, name])?;
+            let (child, rx) = held_follow(&self.alice, &["-n", x, name]).await?;
             held.push((child, rx));
         }
         // Each is connected once the runtime counts it: wait until a fifth is refused.
         let refused = eventually("a fifth follower is refused", WAIT, || async {
-            let (ok, _, err) = logs(&self.alice, &["-f", "-n", x, "quiet"]).await?;
-            Ok((!ok && err.contains("already follow")).then_some(err))
+            refused_follow(&self.alice, &["-n", x, "quiet"]).await
         })
-        .await?;
+        .await;
+        let refused = match refused {
+            Ok(refused) => refused,
+            Err(e) => {
+                let mut states = Vec::new();
+                for (child, _) in &mut held {
+                    states.push(format!("{:?}", child.try_wait()));
+                }
+                let mut err = String::new();
+                if let Some(mut stderr) = held[0].0.stderr.take() {
+                    use tokio::io::AsyncReadExt as _;
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(1),
+                        stderr.read_to_string(&mut err),
+                    )
+                    .await;
+                }
+                bail!("{e:#}; the four followers: {states:?}; the first's stderr: {err}");
+            }
+        };
         ensure!(
-            refused.contains("--log-max-followers")
-                || refused.contains("--log-max-followers-per-controller"),
+            refused.contains("already follow logs on this runtime") && refused.contains("(429)"),
             "{refused}"
         );
         for (child, _) in &mut held {
@@ -336,14 +396,16 @@ impl Teams {
         }
         drop(held);
         // A third of one controller is refused for that controller's cap.
-        let (mut a, _ra) = follow(&self.alice, &["-n", x, "chatty"])?;
-        let (mut b, _rb) = follow(&self.alice, &["-n", x, "chatty"])?;
+        let (mut a, _ra) = held_follow(&self.alice, &["-n", x, "chatty"]).await?;
+        let (mut b, _rb) = held_follow(&self.alice, &["-n", x, "chatty"]).await?;
         let refused = eventually("a third follower of chatty is refused", WAIT, || async {
-            let (ok, _, err) = logs(&self.alice, &["-f", "-n", x, "chatty"]).await?;
-            Ok((!ok && err.contains("--log-max-followers-per-controller")).then_some(err))
+            refused_follow(&self.alice, &["-n", x, "chatty"]).await
         })
         .await?;
-        ensure!(refused.contains("stop one"), "{refused}");
+        ensure!(
+            refused.contains("--log-max-followers-per-controller") && refused.contains("stop one"),
+            "{refused}"
+        );
         a.kill().await?;
         b.kill().await?;
         Ok(())
@@ -444,8 +506,8 @@ impl Teams {
         eprintln!("runtime VmRSS after the flood and the stalled reader: {rss} KiB");
         reader.kill().await?;
         // Its slot was given back: two followers of flood are served again.
-        let (mut a, mut ra) = follow(&self.alice, &["-n", x, "flood", "--tail", "1"])?;
-        let (mut b, mut rb) = follow(&self.alice, &["-n", x, "flood", "--tail", "1"])?;
+        let (mut a, mut ra) = held_follow(&self.alice, &["-n", x, "flood", "--tail", "1"]).await?;
+        let (mut b, mut rb) = held_follow(&self.alice, &["-n", x, "flood", "--tail", "1"]).await?;
         line_with(&mut ra, "Z ").await?;
         line_with(&mut rb, "Z ").await?;
         a.kill().await?;

@@ -178,6 +178,7 @@ pub fn handle(
             Ok(params) => params,
             Err(message) => return status(StatusCode::BAD_REQUEST, "BadRequest", &message),
         };
+        tracing::debug!(follow = params.follow, query = ?query, "log server: a log read");
         let text = [(header::CONTENT_TYPE, "text/plain; charset=utf-8")];
         if !params.follow {
             let read = shared
