@@ -69,7 +69,12 @@ impl LogArgs {
     /// Starts the log server when `--api-addr` says so, beside the runtime: a cluster without
     /// the aggregation layer (or a runtime without the RBAC of deploy/runtime/logs.yaml) does
     /// not stop the controllers; the reason is logged and the setup tried again.
-    pub fn start(&self, store: Arc<LogStore>, client: kube::Client) {
+    pub fn start(
+        &self,
+        store: Arc<LogStore>,
+        client: kube::Client,
+        shards: Option<Arc<kubewasm::controller::ShardHolder>>,
+    ) {
         let Some(addr) = self.api_addr else {
             return;
         };
@@ -82,8 +87,13 @@ impl LogArgs {
         };
         tokio::spawn(async move {
             loop {
-                match kubewasm::logs::serve::start(store.clone(), client.clone(), config.clone())
-                    .await
+                match kubewasm::logs::serve::start(
+                    store.clone(),
+                    client.clone(),
+                    config.clone(),
+                    shards.clone(),
+                )
+                .await
                 {
                     Ok(bound) => {
                         tracing::info!(

@@ -116,7 +116,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             match read(&client, &path, &mut place).await {
                 Ok(()) if !args.follow => return Ok(()),
                 Ok(()) => lost_since = None,
-                Err(e) if !args.follow || !reconnectable(&e) => return Err(explain(e, &args)),
+                Err(e) if !reconnectable(&e, args.follow) => return Err(explain(e, &args)),
                 Err(e) => {
                     let since = *lost_since.get_or_insert_with(std::time::Instant::now);
                     if since.elapsed() > RECONNECT_FOR {
@@ -127,8 +127,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 }
             }
             // Reconnect from the last line printed (its time, lines already printed skipped).
-            query.retain(|q| q == "follow=true");
             if let Some(time) = &place.time {
+                query.retain(|q| q == "follow=true");
                 query.push(format!("sinceTime={}", time.replace(':', "%3A")));
             }
         }
@@ -160,12 +160,12 @@ async fn read(client: &kube::Client, path: &str, place: &mut Place) -> Result<()
     Ok(())
 }
 
-/// Whether a follow should try again: the connection broke or the server was briefly away,
-/// not a refusal.
-fn reconnectable(error: &kube::Error) -> bool {
+/// Whether to try again: the server was briefly away or the request reached a replica that
+/// does not run the controller (503), or a follow's connection broke; not a refusal.
+fn reconnectable(error: &kube::Error, follow: bool) -> bool {
     match error {
         kube::Error::Api(status) => status.code == 503 || status.code == 502,
-        _ => true,
+        _ => follow,
     }
 }
 
@@ -178,6 +178,7 @@ fn explain(error: kube::Error, args: &Args) -> anyhow::Error {
         404 if !status.message.contains("wasmcontrollers") => {
             "this cluster does not serve logs.kubewasm.dev: a cluster admin installs the log server with `kubectl apply -k deploy/` (deploy/runtime/logs.yaml: the APIService, its Service and RBAC) and runs the runtime with --api-addr".to_owned()
         }
+        503 if status.message.contains("another replica") => String::new(),
         503 => "the log server (APIService v1alpha1.logs.kubewasm.dev) is not available: `kubectl get apiservice v1alpha1.logs.kubewasm.dev` says why; a cluster admin checks that the runtime runs with --api-addr and that deploy/runtime/logs.yaml is installed".to_owned(),
         403 => format!(
             "an admin of namespace {namespace} can let you read it: `kubectl create rolebinding logs-reader --clusterrole=view --user=<you> -n {namespace}` (the built-in view, edit and admin roles include wasmcontrollers/log)"

@@ -301,7 +301,6 @@ pub fn run(args: Args, logs: std::sync::Arc<kubewasm::logs::LogStore>) -> anyhow
         config.logs = logs.clone();
         let manager = Manager::new(kube_config.clone(), config)?;
         let client = kube::Client::try_from(kubewasm::manager::request_config(kube_config.clone()))?;
-        args.logs.start(logs, client);
         if let Some(addr) = args.metrics_addr {
             let bound = kubewasm::metrics::serve(addr, manager.metrics())
                 .await
@@ -309,6 +308,7 @@ pub fn run(args: Args, logs: std::sync::Arc<kubewasm::logs::LogStore>) -> anyhow
             tracing::info!("serving /metrics, /healthz and /readyz on http://{bound}");
         }
         if !args.leader_elect {
+            args.logs.start(logs, client, None);
             return manager.run(shutdown_signal()).await;
         }
         // Unique per process, as client-go's hostname + uuid: in a container the pid is always
@@ -342,6 +342,7 @@ pub fn run(args: Args, logs: std::sync::Arc<kubewasm::logs::LogStore>) -> anyhow
             kubewasm::manager::request_config(kube_config.clone()),
             settings,
         )?;
+        args.logs.start(logs, client, Some(rounds.holder.clone()));
         let result = manager
             .with_shards(rounds.holder.clone())
             .run(shutdown_signal())

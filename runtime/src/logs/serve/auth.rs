@@ -89,7 +89,7 @@ impl FrontProxy {
         if self.allowed_names.is_empty() {
             return true;
         }
-        common_name(cert).is_some_and(|cn| self.allowed_names.iter().any(|n| *n == cn))
+        common_name(cert).is_some_and(|cn| self.allowed_names.contains(&cn))
     }
 
     /// The user the front proxy names in `headers`; `None` when it names none.

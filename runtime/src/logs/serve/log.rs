@@ -54,23 +54,22 @@ impl Drop for Slot {
     }
 }
 
-fn take_slot(shared: &Arc<Shared>, key: &ControllerKey) -> Result<Slot, Response> {
+/// A follower's place, or why there is none.
+fn take_slot(shared: &Arc<Shared>, key: &ControllerKey) -> Result<Slot, String> {
     let config = &shared.config;
     let mut counts = shared.followers.counts.locked();
     let of_this = counts.1.get(key).copied().unwrap_or(0);
-    let refused =
-        |message: String| status(StatusCode::TOO_MANY_REQUESTS, "TooManyRequests", &message);
     if of_this >= config.max_followers_per_controller {
-        return Err(refused(format!(
+        return Err(format!(
             "{} readers already follow this controller's log (the most the runtime allows, --log-max-followers-per-controller): stop one, or read without --follow",
             config.max_followers_per_controller
-        )));
+        ));
     }
     if counts.0 >= config.max_followers {
-        return Err(refused(format!(
+        return Err(format!(
             "{} readers already follow logs on this runtime (the most it allows, --log-max-followers): try again later, or read without --follow",
             config.max_followers
-        )));
+        ));
     }
     counts.0 += 1;
     *counts.1.entry(key.clone()).or_default() += 1;
@@ -190,7 +189,9 @@ pub fn handle(
         }
         let slot = match take_slot(&shared, &key) {
             Ok(slot) => slot,
-            Err(refused) => return refused,
+            Err(message) => {
+                return status(StatusCode::TOO_MANY_REQUESTS, "TooManyRequests", &message);
+            }
         };
         let (tx, mut rx) = mpsc::channel(CHUNKS_IN_FLIGHT);
         tokio::spawn(follow(slot, conn, key, params.selection, tx));
@@ -232,12 +233,25 @@ async fn follow(slot: Slot, conn: Conn, key: ControllerKey, first: Selection, tx
             from: Some(read.next),
             ..Selection::default()
         };
+        // Lines come to the replica that runs the controller: once its shard moved away,
+        // the follow ends, and `kubewasm logs -f` reconnects to the one that runs it now.
         tokio::select! {
             changed = changes.changed() => if changed.is_err() { return },
             () = tx.closed() => return,
+            () = moved(&slot.shared, &key) => return,
         }
     }
 }
+
+/// Returns once `key` no longer runs on this replica (checked every [`MOVED_CHECK`]).
+async fn moved(shared: &Shared, key: &ControllerKey) {
+    while shared.runs_here(key) {
+        tokio::time::sleep(MOVED_CHECK).await;
+    }
+}
+
+/// How often a follower checks that its controller still runs here.
+const MOVED_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Sends `chunk` (emptied); false when the follower must end: its reader left, or took
 /// nothing for `stall` (its connection is then cut).

@@ -22,7 +22,8 @@ use tokio::sync::Notify;
 pub use auth::{Ask, FrontProxy, GROUP, User};
 pub use routes::{SUBRESOURCES, Subresource};
 
-use super::LogStore;
+use super::{ControllerKey, LogStore};
+use crate::controller::{ShardHolder, shard_of, tenant_of};
 
 /// How long a TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -70,6 +71,22 @@ pub struct Shared {
     pub config: ServeConfig,
     /// Followers at present.
     pub followers: log::Followers,
+    /// This replica's shards, when replicas share the work (`--leader-elect`).
+    pub shards: Option<Arc<ShardHolder>>,
+}
+
+impl Shared {
+    /// Whether the controller runs on this replica (its shard is held here): only then are
+    /// its new lines logged here.
+    pub fn runs_here(&self, key: &ControllerKey) -> bool {
+        let Some(holder) = &self.shards else {
+            return true;
+        };
+        let tenant = tenant_of(key.namespace.as_deref(), &key.name);
+        holder
+            .held()
+            .contains_key(&shard_of(tenant, holder.settings().shards))
+    }
 }
 
 /// One connection: whether its client presented the front proxy's certificate, and the way
@@ -94,6 +111,7 @@ pub async fn start(
     store: Arc<LogStore>,
     client: kube::Client,
     config: ServeConfig,
+    shards: Option<Arc<ShardHolder>>,
 ) -> Result<SocketAddr, ServeError> {
     let proxy = FrontProxy::read(&client).await?;
     let tls = tls_config(&proxy, config.cert.as_ref())?;
@@ -110,6 +128,7 @@ pub async fn start(
         client,
         followers: log::Followers::default(),
         config,
+        shards,
     });
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
     tokio::spawn(accept(listener, acceptor, shared));

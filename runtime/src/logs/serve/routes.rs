@@ -238,6 +238,28 @@ async fn serve(
         namespace: ask.namespace,
         name: ask.name,
     };
+    if !shared.runs_here(&key) {
+        // Another replica runs it: the API server picks a replica per request (and the
+        // connection is closed, so that a Service's next connection may reach another).
+        let message = format!(
+            "{what} runs on another replica of the runtime, not on the one this request reached: try again (kubewasm logs does by itself)"
+        );
+        let mut response = status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailable",
+            &message,
+        );
+        let headers = response.headers_mut();
+        headers.insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+        headers.insert(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from_static("1"),
+        );
+        return response;
+    }
     (sub.handle)(shared, conn, key, query.map(str::to_owned)).await
 }
 
