@@ -980,3 +980,25 @@ fn run_help_shows_the_module_cap_and_the_insecure_registries() {
         "at least twice --max-module-bytes (128Mi)",
     ]);
 }
+
+/// `kubewasm logs` and the log flags of `kubewasm run` refuse bad input, saying what to give.
+#[test]
+fn log_flags_refuse_bad_input_saying_what_to_give() {
+    kubewasm(&["logs", "hello", "--since", "5 days"]).failure(&["\"5 days\"", "30s, 5m or 2h"]);
+    kubewasm(&["logs", "hello", "--since", "0s"]).failure(&["above 0"]);
+    kubewasm(&["run", "--log-ring-bytes", "0"]).failure(&["--log-ring-bytes 0", "above 0"]);
+    kubewasm(&["run", "--log-ring-bytes-per-namespace", "lots"])
+        .failure(&["--log-ring-bytes-per-namespace lots", "e.g. 256Ki"]);
+    let help = kubewasm(&["run", "--help"]).success().stdout;
+    for (flag, default) in [
+        ("--log-ring-bytes <", "[default: 256Ki]"),
+        ("--log-ring-bytes-per-namespace <", "[default: 1Mi]"),
+        ("--log-max-followers <", "[default: 100]"),
+        ("--api-addr <ADDR>", ""),
+    ] {
+        let at = help
+            .find(flag)
+            .unwrap_or_else(|| panic!("{flag} not in:\n{help}"));
+        assert!(help[at..].contains(default), "{flag} {default}");
+    }
+}

@@ -515,3 +515,88 @@ impl Teams {
         Ok(())
     }
 }
+
+/// A follow survives the controller moving to another replica: two `kubewasm run
+/// --leader-elect --shards 1` replicas serve logs, the APIService reaches the one that holds
+/// the shard, which is then stopped; the APIService is pointed at the other, which takes the
+/// shard over. The same `kubewasm logs -f` prints the lines the new replica logs.
+#[tokio::test]
+async fn a_follow_continues_when_the_controller_moves_to_another_replica() {
+    let control_plane = StopOnDrop::start("live-logs-failover");
+    let cp = &control_plane.0;
+    let (client, x) = prepare(cp, "team-x").await;
+    let ip = host_address().expect("this machine's address");
+    let (port_a, port_b) = (
+        free_port().expect("a free port"),
+        free_port().expect("a free port"),
+    );
+    let replica = |port: u16| {
+        let addr = format!("{ip}:{port}");
+        RuntimeProcess::start_with_args(
+            &cp.runtime_kubeconfig(),
+            "",
+            &[
+                "--leader-elect",
+                "--shards",
+                "1",
+                "--leader-election-namespace",
+                crate::support::RUNTIME_NAMESPACE,
+                "--leader-election-id",
+                &x,
+                "--lease-duration-seconds",
+                "3",
+                "--api-addr",
+                &addr,
+            ],
+        )
+    };
+    let mut a = replica(port_a);
+    let result = async {
+        install_probe_crd(&client).await?;
+        install_tenant(&client, &x, "secret", "config").await?;
+        apply(
+            &client,
+            &module_config_map(&x, "hostile", "hostile.wasm", &guest("hostile")),
+        )
+        .await?;
+        apply_all(
+            &client,
+            &[
+                hostile(&x, "chatty"),
+                probe(&x, "x-1", "chatty", json!({"mode": "panic"})),
+            ],
+        )
+        .await?;
+        let alice = cp.namespace_admin(&x, "alice").await?;
+        cp.expose_log_server(ip, port_a).await?;
+        let (mut follower, mut rx) = follow(&alice, &["-n", &x, "chatty"])?;
+        line_with(&mut rx, "panicked on purpose").await?;
+        // The second replica waits for the shard; the first leaves.
+        let b = replica(port_b);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        a.stop()?;
+        let left = format!("{:.3}", k8s_openapi::jiff::Timestamp::now());
+        cp.expose_log_server(ip, port_b).await?;
+        let moved = tokio::time::timeout(WAIT, async {
+            while let Some(line) = rx.recv().await {
+                let time = line.split(' ').next().unwrap_or_default();
+                if time > left.as_str() && line.contains("panicked on purpose") {
+                    return Some(line);
+                }
+            }
+            None
+        })
+        .await;
+        ensure!(
+            matches!(moved, Ok(Some(_))),
+            "the follow printed no line of the new replica after {left}: {moved:?}"
+        );
+        follower.kill().await?;
+        anyhow::Ok(b)
+    }
+    .await;
+    match result {
+        Ok(mut b) => finish(Ok(()), &mut [&mut a, &mut b]),
+        Err(e) => finish(Err(e), &mut [&mut a]),
+    }
+}
