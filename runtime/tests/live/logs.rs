@@ -569,6 +569,13 @@ async fn a_follow_continues_when_the_controller_moves_to_another_replica() {
         .await?;
         let alice = cp.namespace_admin(&x, "alice").await?;
         cp.expose_log_server(ip, port_a).await?;
+        // Once RBAC has aggregated the grant into `admin` and the guest has panicked.
+        eventually("alice reads chatty's panics", WAIT, || async {
+            let (ok, out, err) = logs(&alice, &["-n", &x, "chatty"]).await?;
+            ensure!(ok, "kubewasm logs failed: {err}");
+            Ok(out.contains("panicked on purpose").then_some(()))
+        })
+        .await?;
         let (mut follower, mut rx) = follow(&alice, &["-n", &x, "chatty"])?;
         line_with(&mut rx, "panicked on purpose").await?;
         // The second replica waits for the shard; the first leaves.
