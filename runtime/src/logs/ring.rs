@@ -221,9 +221,9 @@ impl LogStore {
         })
     }
 
-    /// A receiver told the next line's number each time `controller` logs; `None` when it
-    /// has no ring here. Made for a follower: a controller that has logged nothing yet gets
-    /// an empty ring (charged nothing).
+    /// A receiver told the next line's number each time `controller` logs. Made for a
+    /// follower of a controller that exists: one that has logged nothing yet gets an empty
+    /// ring (charged nothing; [`Self::forget`] takes it away with the controller).
     pub fn watch(&self, controller: &ControllerKey) -> watch::Receiver<u64> {
         let mut namespaces = self.namespaces.locked();
         let namespace = namespaces.entry(controller.namespace.clone()).or_default();
