@@ -502,8 +502,12 @@ impl Teams {
             },
         )
         .await?;
-        let (rss, _) = crate::runtime::memory_kib(runtime.pid())?;
-        eprintln!("runtime VmRSS after the flood and the stalled reader: {rss} KiB");
+        let (rss, peak) = crate::runtime::memory_kib(runtime.pid())?;
+        eprintln!(
+            "runtime VmRSS after the flood and the stalled reader: {rss} KiB (peak {peak} KiB)"
+        );
+        // Some 40 MiB here: the stalled reader is not buffered for (10 MiB went through).
+        ensure!(peak < 256 << 10, "the runtime peaked at {peak} KiB");
         reader.kill().await?;
         // Its slot was given back: two followers of flood are served again.
         let (mut a, mut ra) = held_follow(&self.alice, &["-n", x, "flood", "--tail", "1"]).await?;
