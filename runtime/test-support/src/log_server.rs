@@ -106,19 +106,10 @@ impl ControlPlane {
         // Created, not applied: a 1.20 kube-apiserver panics on a server-side apply of an
         // APIService ("FieldManager must be installed to run apply").
         let object: DynamicObject = serde_json::from_value(api_service)?;
+        // One that exists already is the same (the Service's port is in its Endpoints).
         match services.create(&PostParams::default(), &object).await {
             Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 409 => {
-                let mut object = object;
-                object.metadata.resource_version = services
-                    .get(LOGS_API_SERVICE)
-                    .await?
-                    .metadata
-                    .resource_version;
-                services
-                    .replace(LOGS_API_SERVICE, &PostParams::default(), &object)
-                    .await?;
-            }
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
             Err(error) => return Err(error).context("creating the APIService"),
         }
         eventually(
