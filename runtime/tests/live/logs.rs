@@ -290,6 +290,18 @@ impl Teams {
             "mallory: {out} {err}"
         );
 
+        // A connection that never says anything is closed (the TLS handshake's deadline).
+        let mut silent = tokio::net::TcpStream::connect(addr).await?;
+        let mut byte = [0u8; 1];
+        let closed = tokio::time::timeout(
+            Duration::from_secs(20),
+            tokio::io::AsyncReadExt::read(&mut silent, &mut byte),
+        )
+        .await;
+        ensure!(
+            matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+            "a silent connection is still open after 20 s: {closed:?}"
+        );
         // Straight to the runtime: no front proxy certificate, whatever the headers say.
         let path =
             format!("/apis/logs.kubewasm.dev/v1alpha1/namespaces/{x}/wasmcontrollers/chatty/log");

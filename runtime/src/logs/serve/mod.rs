@@ -25,8 +25,13 @@ pub use routes::{SUBRESOURCES, Subresource};
 use super::{ControllerKey, LogStore};
 use crate::controller::{ShardHolder, shard_of, tenant_of};
 
-/// How long a TLS handshake may take.
+/// How long a TLS handshake may take, and a request's head (an idle kept-alive connection is
+/// closed after as long).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connections served at once: past it a new one is closed at once. Followers hold one each
+/// (`--log-max-followers`), the rest are short requests.
+const MAX_CONNECTIONS: usize = 1024;
 
 /// Settings of the log server (flags of `kubewasm run`).
 #[derive(Debug, Clone)]
@@ -136,6 +141,7 @@ pub async fn start(
 }
 
 async fn accept(listener: TcpListener, acceptor: tokio_rustls::TlsAcceptor, shared: Arc<Shared>) {
+    let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let (tcp, _) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -145,8 +151,13 @@ async fn accept(listener: TcpListener, acceptor: tokio_rustls::TlsAcceptor, shar
                 continue;
             }
         };
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            drop(tcp);
+            continue;
+        };
         let (acceptor, shared) = (acceptor.clone(), shared.clone());
         tokio::spawn(async move {
+            let _permit = permit;
             let Ok(Ok(tls)) = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
             else {
                 return;
@@ -164,6 +175,8 @@ async fn accept(listener: TcpListener, acceptor: tokio_rustls::TlsAcceptor, shar
             let router = routes::router(shared, conn.clone());
             let service = hyper_util::service::TowerToHyperService::new(router);
             let serving = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HANDSHAKE_TIMEOUT)
                 .serve_connection(hyper_util::rt::TokioIo::new(tls), service);
             tokio::select! {
                 _ = serving => {}
