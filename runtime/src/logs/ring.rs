@@ -192,7 +192,10 @@ impl LogStore {
             let Some(largest) = namespace.rings.values_mut().max_by_key(|r| r.bytes) else {
                 break;
             };
-            namespace.bytes -= largest.pop();
+            match largest.pop() {
+                0 => break,
+                freed => namespace.bytes -= freed,
+            }
         }
     }
 
