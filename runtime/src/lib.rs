@@ -3,6 +3,7 @@
 //! - [`sandbox`] knows wasmtime only: compiles guests, runs one reconcile per fresh Store.
 //! - [`api`] is the `kubewasm.dev/v1alpha1` API (`WasmController`, `ClusterWasmController`).
 //! - [`host`] joins them: grants, guest reads, actions turned into API calls.
+//! - [`logs`] keeps each controller's log lines and serves them to its team (RBAC).
 //! - [`sources`] fetches modules from where a spec says they are (one seam for every source).
 
 // Nothing a tenant writes (a spec, an object, a module, a guest's answer) may reach a panic:
@@ -13,6 +14,7 @@ pub mod api;
 pub mod controller;
 mod disk;
 pub mod host;
+pub mod logs;
 pub mod manager;
 pub mod metrics;
 pub mod sandbox;

@@ -29,6 +29,9 @@ enum Command {
     New(cli::new::Args),
     /// Host the cluster's WasmControllers (kubeconfig or in-cluster config) until SIGTERM.
     Run(Box<cli::run::Args>),
+    /// Print a controller's log lines (its guest's and the runtime's about it), read through
+    /// the Kubernetes API with your own credentials, as `kubectl logs` does for a Pod.
+    Logs(cli::logs::Args),
     /// Push a built component to a registry (as a wasm OCI artifact) and print its digest.
     Push(cli::push::Args),
     /// Sign a pushed module's digest with a key (cosign's format) and push the signature.
@@ -74,12 +77,24 @@ fn main() -> ExitCode {
             *max_cpu_seconds,
         );
     }
-    cli::init_logging(cli.log_format);
+    // The lines about each controller are kept for its team (`kubewasm logs`) by `run`.
+    let rings = match &cli.command {
+        Command::Run(args) => match args.logs.store() {
+            Ok(store) => Some(store),
+            Err(err) => {
+                eprintln!("error: {err:#}");
+                return ExitCode::FAILURE;
+            }
+        },
+        _ => None,
+    };
+    cli::init_logging(cli.log_format, rings.clone());
     let result = match cli.command {
         Command::Reconcile(args) => cli::reconcile::run(args),
         Command::Check(args) => cli::check::run(args),
         Command::New(args) => cli::new::run(args),
-        Command::Run(args) => cli::run::run(*args),
+        Command::Run(args) => cli::run::run(*args, rings.unwrap_or_default()),
+        Command::Logs(args) => cli::logs::run(args),
         Command::Push(args) => cli::push::run(args),
         Command::Sign(args) => cli::sign::run(args),
         Command::Wait(args) => cli::wait::run(args),

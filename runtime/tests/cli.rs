@@ -1031,3 +1031,29 @@ fn run_help_shows_the_module_cap_and_the_insecure_registries() {
         "at least twice --max-module-bytes (128Mi)",
     ]);
 }
+
+/// `kubewasm logs` and the log flags of `kubewasm run` refuse bad input, saying what to give.
+#[test]
+fn log_flags_refuse_bad_input_saying_what_to_give() {
+    // Usage errors: clap's exit code 2, with our words.
+    for (since, says) in [("5 days", "30s, 5m or 2h"), ("0s", "above 0")] {
+        let run = kubewasm(&["logs", "hello", "--since", since]);
+        assert_eq!(run.code, Some(2), "{}", run.stderr);
+        assert!(run.stderr.contains(says), "{}", run.stderr);
+    }
+    kubewasm(&["run", "--log-ring-bytes", "0"]).failure(&["--log-ring-bytes 0", "above 0"]);
+    kubewasm(&["run", "--log-ring-bytes-per-namespace", "lots"])
+        .failure(&["--log-ring-bytes-per-namespace lots", "e.g. 256Ki"]);
+    let help = kubewasm(&["run", "--help"]).success().stdout;
+    for (flag, default) in [
+        ("--log-ring-bytes <", "[default: 256Ki]"),
+        ("--log-ring-bytes-per-namespace <", "[default: 1Mi]"),
+        ("--log-max-followers <", "[default: 100]"),
+        ("--api-addr <ADDR>", ""),
+    ] {
+        let at = help
+            .find(flag)
+            .unwrap_or_else(|| panic!("{flag} not in:\n{help}"));
+        assert!(help[at..].contains(default), "{flag} {default}");
+    }
+}

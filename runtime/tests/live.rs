@@ -41,6 +41,8 @@ mod guitars;
 mod identity;
 #[path = "live/isolation.rs"]
 mod isolation;
+#[path = "live/logs.rs"]
+mod logs;
 #[path = "live/module_reads.rs"]
 mod module_reads;
 #[path = "live/oci/mod.rs"]

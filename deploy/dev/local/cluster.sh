@@ -550,6 +550,26 @@ make_pki() {
         } >apiserver.ext
         openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
             -sha256 -days 3650 -extfile apiserver.ext -out apiserver.crt
+        # The aggregation layer's front proxy: a CA of its own (what an extension API server
+        # such as kubewasm's log server trusts, read from the ConfigMap
+        # kube-system/extension-apiserver-authentication) and the client certificate the
+        # kube-apiserver presents when it proxies to one.
+        openssl ecparam -name prime256v1 -genkey -noout -out front-proxy-ca.key
+        openssl req -x509 -new -key front-proxy-ca.key -sha256 -days 3650 \
+            -subj "/CN=kubewasm-local-front-proxy-ca" \
+            -addext "basicConstraints=critical,CA:TRUE" \
+            -addext "keyUsage=critical,keyCertSign,cRLSign" -out front-proxy-ca.crt
+        openssl ecparam -name prime256v1 -genkey -noout -out front-proxy-client.key
+        openssl req -new -key front-proxy-client.key -subj "/CN=front-proxy-client" \
+            -out front-proxy-client.csr
+        {
+            echo "basicConstraints=critical,CA:FALSE"
+            echo "keyUsage=critical,digitalSignature,keyEncipherment"
+            echo "extendedKeyUsage=clientAuth"
+        } >front-proxy-client.ext
+        openssl x509 -req -in front-proxy-client.csr -CA front-proxy-ca.crt \
+            -CAkey front-proxy-ca.key -CAcreateserial -sha256 -days 3650 \
+            -extfile front-proxy-client.ext -out front-proxy-client.crt
         # ServiceAccount token signing key (TokenRequest, and the token controller before 1.24).
         openssl genrsa -out sa.key 2048
         openssl rsa -in sa.key -pubout -out sa.pub
@@ -604,6 +624,12 @@ cmd_up() {
     done
     [ $# -le 1 ] || die "up: one state directory only (got: $*)"
     resolve_state "${1:-}"
+    # A control plane started by an older cluster.sh has no aggregation layer (no front-proxy
+    # CA): stopped and started again with it, rather than reused without it.
+    if is_running && [ ! -f "$STATE/pki/front-proxy-ca.crt" ]; then
+        log "the control plane in $STATE predates the aggregation layer: restarting it"
+        stop_all
+    fi
     if is_running; then
         if [ -n "$watch_pid" ]; then
             die "a control plane already runs in $STATE; run '$0 down $STATE' first"
@@ -687,6 +713,17 @@ cmd_up() {
         --service-cluster-ip-range=10.0.0.0/24
         --allow-privileged=true
         --profiling=false
+        # The aggregation layer (APIServices such as logs.kubewasm.dev): the front proxy's
+        # client certificate and the headers that carry the user to the extension server;
+        # routing to the Endpoints' addresses, as there is no kube-proxy.
+        --requestheader-client-ca-file="$STATE/pki/front-proxy-ca.crt"
+        --requestheader-allowed-names=front-proxy-client
+        --requestheader-username-headers=X-Remote-User
+        --requestheader-group-headers=X-Remote-Group
+        --requestheader-extra-headers-prefix=X-Remote-Extra-
+        --proxy-client-cert-file="$STATE/pki/front-proxy-client.crt"
+        --proxy-client-key-file="$STATE/pki/front-proxy-client.key"
+        --enable-aggregator-routing=true
     )
     minor=$(minor_version "$APISERVER")
     # 1.20 still serves plain HTTP on 8080 unless told not to (the flag is gone in 1.24).

@@ -177,6 +177,9 @@ pub struct Args {
     /// The most bytes of pulled modules kept there (least recently used go first).
     #[arg(long, default_value_t = ModuleCache::DEFAULT_MAX_BYTES)]
     module_cache_bytes: u64,
+    /// The controllers' log lines: `--log-ring-bytes`, `--api-addr`, ... (`cli/log_server.rs`).
+    #[command(flatten)]
+    pub logs: super::log_server::LogArgs,
     /// Serve `/metrics` (Prometheus), `/healthz` and `/readyz` here, e.g. `0.0.0.0:8080`.
     #[arg(long)]
     metrics_addr: Option<std::net::SocketAddr>,
@@ -209,7 +212,8 @@ pub struct Args {
 const MAX_SHARDS: i64 = 999;
 
 /// Connects with the kubeconfig (or in-cluster config) and runs the manager.
-pub fn run(args: Args) -> anyhow::Result<()> {
+/// Runs the controllers; `logs` is the store the logging layer fills (`args.logs.store()`).
+pub fn run(args: Args, logs: std::sync::Arc<kubewasm::logs::LogStore>) -> anyhow::Result<()> {
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     rt.block_on(async move {
         // Files the flags name are read before anything else: a wrong one is said first.
@@ -312,7 +316,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         )?)
         .unwrap_or(usize::MAX);
         config.runtime_namespace = args.leader_election_namespace.clone();
+        config.logs = logs.clone();
         let manager = Manager::new(kube_config.clone(), config)?;
+        let client = kube::Client::try_from(kubewasm::manager::request_config(kube_config.clone()))?;
         if let Some(addr) = args.metrics_addr {
             let bound = kubewasm::metrics::serve(addr, manager.metrics())
                 .await
@@ -320,6 +326,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             tracing::info!("serving /metrics, /healthz and /readyz on http://{bound}");
         }
         if !args.leader_elect {
+            args.logs.start(logs, client, None);
             return manager.run(shutdown_signal()).await;
         }
         // Unique per process, as client-go's hostname + uuid: in a container the pid is always
@@ -353,6 +360,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             kubewasm::manager::request_config(kube_config.clone()),
             settings,
         )?;
+        args.logs.start(logs, client, Some(rounds.holder.clone()));
         let result = manager
             .with_shards(rounds.holder.clone())
             .run(shutdown_signal())

@@ -77,6 +77,8 @@ pub struct ManagerConfig {
     pub max_capsule_bytes_per_namespace: usize,
     /// The runtime's own namespace: where ClusterWasmControllers' saved states are kept.
     pub runtime_namespace: String,
+    /// The controllers' log lines ([`crate::logs`]): a deleted controller's are dropped.
+    pub logs: std::sync::Arc<crate::logs::LogStore>,
 }
 
 impl Default for ManagerConfig {
@@ -112,6 +114,7 @@ impl Default for ManagerConfig {
             max_capsule_bytes_per_namespace:
                 crate::host::capsules::DEFAULT_MAX_CAPSULE_BYTES_PER_NAMESPACE,
             runtime_namespace: "default".into(),
+            logs: std::sync::Arc::default(),
         }
     }
 }

@@ -165,6 +165,10 @@ impl Manager {
         self.controllers.remove(id);
         self.metrics.forget(&id.to_string());
         tracing::info!(controller = %id, "controller removed");
+        self.config.logs.forget(&crate::logs::ControllerKey {
+            namespace: id.namespace.clone(),
+            name: id.name.clone(),
+        });
     }
 
     /// After a (re)list of one kind (`cluster`: ClusterWasmControllers): the controllers of

@@ -121,6 +121,8 @@ impl ControlPlane {
         let file = runtime_rbac();
         let yaml = std::fs::read_to_string(&file).with_context(|| format!("{}", file.display()))?;
         apply_all(&client, &documents(&yaml)?).await?;
+        // And the log server's (deploy/runtime/logs.yaml): reviews, the front proxy's CA.
+        apply_all(&client, &super::logs_rbac()?).await?;
         let roles: Api<ClusterRole> = Api::all(client);
         eventually(
             &format!(

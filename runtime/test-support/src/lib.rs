@@ -19,6 +19,7 @@ pub mod guests;
 pub mod hostile_registry;
 mod identity;
 mod kubectl;
+mod log_server;
 mod logs;
 mod manifest;
 pub mod registry;
@@ -54,6 +55,8 @@ pub use identity::{
 };
 #[allow(unused_imports)]
 pub use kubectl::Kubectl;
+#[allow(unused_imports)]
+pub use log_server::{LOGS_API_SERVICE, free_port, host_address, logs_manifest, logs_rbac};
 #[allow(unused_imports)]
 pub use logs::{LogLines, json_log_lines};
 #[allow(unused_imports)]

@@ -176,11 +176,11 @@ fn log(
             let (controller, object) = (state.controller.as_str(), state.target.to_string());
             let object = object.as_str();
             match level {
-                wit::LogLevel::Trace => tracing::trace!(controller, object, "{line}"),
-                wit::LogLevel::Debug => tracing::debug!(controller, object, "{line}"),
-                wit::LogLevel::Info => tracing::info!(controller, object, "{line}"),
-                wit::LogLevel::Warn => tracing::warn!(controller, object, "{line}"),
-                wit::LogLevel::Error => tracing::error!(controller, object, "{line}"),
+                wit::LogLevel::Trace => tracing::trace!(controller, object, guest = true, "{line}"),
+                wit::LogLevel::Debug => tracing::debug!(controller, object, guest = true, "{line}"),
+                wit::LogLevel::Info => tracing::info!(controller, object, guest = true, "{line}"),
+                wit::LogLevel::Warn => tracing::warn!(controller, object, guest = true, "{line}"),
+                wit::LogLevel::Error => tracing::error!(controller, object, guest = true, "{line}"),
             }
         }
         (matches!(level, wit::LogLevel::Error) && message.starts_with("panicked at "))
