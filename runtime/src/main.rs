@@ -32,6 +32,9 @@ enum Command {
     /// Print a controller's log lines (its guest's and the runtime's about it), read through
     /// the Kubernetes API with your own credentials, as `kubectl logs` does for a Pod.
     Logs(cli::logs::Args),
+    /// Fetch a controller's last failed reconciles (capsules), for `kubewasm reconcile
+    /// --capsule` to replay offline.
+    Capsules(cli::capsules::Args),
     /// Push a built component to a registry (as a wasm OCI artifact) and print its digest.
     Push(cli::push::Args),
     /// Sign a pushed module's digest with a key (cosign's format) and push the signature.
@@ -95,6 +98,7 @@ fn main() -> ExitCode {
         Command::New(args) => cli::new::run(args),
         Command::Run(args) => cli::run::run(*args, rings.unwrap_or_default()),
         Command::Logs(args) => cli::logs::run(args),
+        Command::Capsules(args) => cli::capsules::run(args),
         Command::Push(args) => cli::push::run(args),
         Command::Sign(args) => cli::sign::run(args),
         Command::Wait(args) => cli::wait::run(args),

@@ -72,6 +72,7 @@ impl LogArgs {
     pub fn start(
         &self,
         store: Arc<LogStore>,
+        capsules: Arc<kubewasm::host::capsules::CapsuleStore>,
         client: kube::Client,
         shards: Option<Arc<kubewasm::controller::ShardHolder>>,
     ) {
@@ -89,6 +90,7 @@ impl LogArgs {
             loop {
                 match kubewasm::logs::serve::start(
                     store.clone(),
+                    capsules.clone(),
                     client.clone(),
                     config.clone(),
                     shards.clone(),

@@ -14,17 +14,51 @@ use futures::{AsyncBufReadExt as _, TryStreamExt as _};
 /// How long a follow keeps trying to reconnect before it gives up.
 const RECONNECT_FOR: Duration = Duration::from_secs(60);
 
-/// Arguments of `kubewasm logs`.
+/// Which controller a team asks the log server about (`kubewasm logs`, `kubewasm capsules`).
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub struct Controller {
     /// The WasmController (or, with --cluster, the ClusterWasmController).
     name: String,
     /// Its namespace; default: the kubeconfig's.
     #[arg(short, long)]
     namespace: Option<String>,
-    /// A ClusterWasmController's log.
+    /// A ClusterWasmController.
     #[arg(long, conflicts_with = "namespace")]
     cluster: bool,
+}
+
+impl Controller {
+    /// The path of its subresource `sub` of `logs.kubewasm.dev`.
+    pub fn path(&self, client: &kube::Client, sub: &str) -> String {
+        match (&self.namespace, self.cluster) {
+            (_, true) => format!(
+                "/apis/logs.kubewasm.dev/v1alpha1/clusterwasmcontrollers/{}/{sub}",
+                self.name
+            ),
+            (namespace, false) => format!(
+                "/apis/logs.kubewasm.dev/v1alpha1/namespaces/{}/wasmcontrollers/{}/{sub}",
+                namespace.as_deref().unwrap_or(client.default_namespace()),
+                self.name
+            ),
+        }
+    }
+}
+
+/// A client with the user's kubeconfig that says a refusal at once (a 429 is not retried for
+/// minutes).
+pub async fn user_client() -> anyhow::Result<kube::Client> {
+    let mut config = kube::Config::infer().await.context(
+        "cannot find a Kubernetes configuration: set KUBECONFIG or use a default kubeconfig",
+    )?;
+    config.default_retry = false;
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// Arguments of `kubewasm logs`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    controller: Controller,
     /// Keep printing new lines as they come.
     #[arg(short, long)]
     follow: bool,
@@ -81,24 +115,10 @@ impl Place {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     rt.block_on(async move {
-        let mut config = kube::Config::infer().await.context(
-            "cannot find a Kubernetes configuration: set KUBECONFIG or use a default kubeconfig",
-        )?;
-        // A refusal (too many followers: 429) is said at once, not retried for minutes; a
-        // follow reconnects by itself below.
-        config.default_retry = false;
-        let client = kube::Client::try_from(config)?;
-        let base = match (&args.namespace, args.cluster) {
-            (_, true) => format!(
-                "/apis/logs.kubewasm.dev/v1alpha1/clusterwasmcontrollers/{}/log",
-                args.name
-            ),
-            (namespace, false) => format!(
-                "/apis/logs.kubewasm.dev/v1alpha1/namespaces/{}/wasmcontrollers/{}/log",
-                namespace.as_deref().unwrap_or(client.default_namespace()),
-                args.name
-            ),
-        };
+        // A refusal (too many followers: 429) is said at once; a follow reconnects by itself
+        // below.
+        let client = user_client().await?;
+        let base = args.controller.path(&client, "log");
         let mut place = Place::default();
         let mut query = Vec::new();
         if args.follow {
@@ -116,11 +136,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             match read(&client, &path, &mut place).await {
                 Ok(()) if !args.follow => return Ok(()),
                 Ok(()) => lost_since = None,
-                Err(e) if !reconnectable(&e, args.follow) => return Err(explain(e, &args)),
+                Err(e) if !reconnectable(&e, args.follow) => {
+                    return Err(explain(e, &args.controller, "log"));
+                }
                 Err(e) => {
                     let since = *lost_since.get_or_insert_with(std::time::Instant::now);
                     if since.elapsed() > RECONNECT_FOR {
-                        return Err(explain(e, &args))
+                        return Err(explain(e, &args.controller, "log"))
                             .context(format!("gave up reconnecting after {RECONNECT_FOR:?}"));
                     }
                     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -169,11 +191,28 @@ fn reconnectable(error: &kube::Error, follow: bool) -> bool {
     }
 }
 
-fn explain(error: kube::Error, args: &Args) -> anyhow::Error {
+/// What a refusal of subresource `sub` (`log`, `capsules`) means, and who acts.
+pub fn explain(error: kube::Error, controller: &Controller, sub: &str) -> anyhow::Error {
     let kube::Error::Api(status) = &error else {
-        return anyhow::Error::new(error).context("reading the log through the Kubernetes API");
+        return anyhow::Error::new(error).context(format!(
+            "reading wasmcontrollers/{sub} through the Kubernetes API"
+        ));
     };
-    let namespace = args.namespace.as_deref().unwrap_or("<your namespace>");
+    let namespace = controller
+        .namespace
+        .as_deref()
+        .unwrap_or("<your namespace>");
+    // Capsules hold what the controller read, Secrets included: edit and admin only.
+    let (role, roles) = match sub {
+        "log" => (
+            "view",
+            "the built-in view, edit and admin roles include wasmcontrollers/log",
+        ),
+        _ => (
+            "edit",
+            "the built-in edit and admin roles include wasmcontrollers/capsules; view does not, as it reads no Secret",
+        ),
+    };
     let help = match status.code {
         404 if !status.message.contains("wasmcontrollers") => {
             "this cluster does not serve logs.kubewasm.dev: a cluster admin installs the log server with `kubectl apply -k deploy/` (deploy/runtime/logs.yaml: the APIService, its Service and RBAC) and runs the runtime with --api-addr".to_owned()
@@ -181,7 +220,7 @@ fn explain(error: kube::Error, args: &Args) -> anyhow::Error {
         503 if status.message.contains("another replica") => String::new(),
         503 => "the log server (APIService v1alpha1.logs.kubewasm.dev) is not available: `kubectl get apiservice v1alpha1.logs.kubewasm.dev` says why; a cluster admin checks that the runtime runs with --api-addr and that deploy/runtime/logs.yaml is installed".to_owned(),
         403 => format!(
-            "an admin of namespace {namespace} can let you read it: `kubectl create rolebinding logs-reader --clusterrole=view --user=<you> -n {namespace}` (the built-in view, edit and admin roles include wasmcontrollers/log)"
+            "an admin of namespace {namespace} can let you read it: `kubectl create rolebinding {sub}-reader --clusterrole={role} --user=<you> -n {namespace}` ({roles})"
         ),
         _ => String::new(),
     };

@@ -1,5 +1,6 @@
 //! Subcommands of the `kubewasm` binary and what they share.
 
+pub mod capsules;
 pub mod check;
 pub mod log_server;
 pub mod logs;

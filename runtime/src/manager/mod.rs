@@ -312,6 +312,11 @@ impl Manager {
         self.metrics.clone()
     }
 
+    /// The failed reconciles its controllers keep, for the log server to hand their teams.
+    pub fn capsules(&self) -> Arc<crate::host::capsules::CapsuleStore> {
+        self.capsules.clone()
+    }
+
     /// Runs until `shutdown` resolves, then stops every controller and lets running
     /// reconciles finish.
     pub async fn run(

@@ -254,6 +254,7 @@ impl Manager {
             .set_cache(self.watches.accounts(), self.watches.len());
         self.metrics.set_module_reads(&self.reads);
         self.metrics.set_state_bytes(self.state_accounts.total());
+        self.metrics.set_capsule_bytes(self.capsules.total());
         self.metrics.set_modules_loaded(self.sandbox.loaded_count());
         self.set_shard_metrics();
         // Each status is made (messages formatted) to be compared with the one written: only

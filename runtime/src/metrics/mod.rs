@@ -76,6 +76,7 @@ pub struct Metrics {
     module_read_bytes: Gauge,
     module_read_bytes_peak: Gauge,
     state_bytes: Gauge,
+    capsule_bytes: Gauge,
     module_config_map_reads: Gauge,
     shard_controllers: Family<ShardLabels, Gauge>,
     ready: AtomicBool,
@@ -232,6 +233,12 @@ impl Default for Metrics {
             "Bytes of saved state (setState keys and values) the controllers this replica runs hold, saves being written included; each namespace's at most --max-state-bytes-per-namespace",
             state_bytes.clone(),
         );
+        let capsule_bytes = Gauge::default();
+        registry.register(
+            "capsule_bytes",
+            "Bytes of capsules (failed reconciles kept for their teams to replay) the controllers this replica runs hold; each namespace's at most --max-capsule-bytes-per-namespace",
+            capsule_bytes.clone(),
+        );
         let module_config_map_reads = Gauge::default();
         registry.register(
             "module_config_map_reads",
@@ -256,6 +263,7 @@ impl Default for Metrics {
             module_read_bytes,
             module_read_bytes_peak,
             state_bytes,
+            capsule_bytes,
             module_config_map_reads,
             reconciles,
             duration,
@@ -422,6 +430,12 @@ impl Metrics {
     /// Sets the bytes of saved state the controllers of this replica hold.
     pub fn set_state_bytes(&self, bytes: usize) {
         self.state_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+
+    /// Sets the bytes of capsules the controllers of this replica hold.
+    pub fn set_capsule_bytes(&self, bytes: usize) {
+        self.capsule_bytes
             .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 

@@ -54,12 +54,23 @@ impl ControlPlane {
     /// `kubectl --as` does): the API server authenticates the admin, then authorizes every
     /// request as `user` in group `system:authenticated` alone.
     pub async fn namespace_admin(&self, namespace: &str, user: &str) -> Result<TeamUser> {
+        self.namespace_user(namespace, user, "admin").await
+    }
+
+    /// As [`Self::namespace_admin`], with the built-in ClusterRole `role` (`view`, `edit`,
+    /// `admin`) in `namespace`.
+    pub async fn namespace_user(
+        &self,
+        namespace: &str,
+        user: &str,
+        role: &str,
+    ) -> Result<TeamUser> {
         let admin = self.client().await?;
         let binding = json!({
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "RoleBinding",
-            "metadata": { "name": format!("team-admin-{user}"), "namespace": namespace },
-            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin" },
+            "metadata": { "name": format!("team-{role}-{user}"), "namespace": namespace },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role },
             "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user }],
         });
         apply_all(&admin, &[binding]).await?;
@@ -97,7 +108,7 @@ impl ControlPlane {
             spec: SelfSubjectAccessReviewSpec {
                 resource_attributes: Some(ResourceAttributes {
                     namespace: Some(namespace.to_owned()),
-                    verb: Some("create".to_owned()),
+                    verb: Some("get".to_owned()),
                     resource: Some("configmaps".to_owned()),
                     ..Default::default()
                 }),
@@ -106,7 +117,7 @@ impl ControlPlane {
             ..Default::default()
         };
         eventually(
-            &format!("user {user} may create ConfigMaps in {namespace} (RoleBinding to admin)"),
+            &format!("user {user} may get ConfigMaps in {namespace} (RoleBinding to {role})"),
             BOUND,
             || async {
                 let answer = reviews.create(&PostParams::default(), &review).await?;

@@ -66,6 +66,7 @@ async fn a_team_reads_its_controllers_logs_and_nothing_more() {
         let teams = Teams::install(cp, &client, &team_x, &team_y, &team_z).await?;
         cp.expose_log_server(ip, port).await?;
         teams.read_own_and_refused(cp, &addr).await?;
+        teams.capsules_replayed(cp).await?;
         teams.follow(&client).await?;
         teams.followers_capped().await?;
         teams.flood_bounded(&client).await?;
@@ -95,8 +96,12 @@ fn hostile(ns: &str, name: &str) -> serde_json::Value {
 
 /// `kubewasm logs ARGS` as `user`: exit success, stdout, stderr.
 async fn logs(user: &TeamUser, args: &[&str]) -> Result<(bool, String, String)> {
+    kubewasm_as(user, &[&["logs"], args].concat()).await
+}
+
+/// `kubewasm ARGS` as `user`: exit success, stdout, stderr.
+async fn kubewasm_as(user: &TeamUser, args: &[&str]) -> Result<(bool, String, String)> {
     let out = Command::new(kubewasm_bin())
-        .arg("logs")
         .args(args)
         .env("KUBECONFIG", &user.kubeconfig)
         .stdin(Stdio::null())
@@ -243,6 +248,71 @@ impl Teams {
             alice: cp.namespace_admin(x, "alice").await?,
             mallory: cp.namespace_admin(z, "mallory").await?,
         })
+    }
+
+    /// alice fetches chatty's capsules (its reconciles of x-1 panic) and replays one offline to
+    /// the same failure; team-y's are refused her, and a viewer of team-x — who reads its logs
+    /// but not its Secrets, which a capsule may hold — is refused them, told who grants them.
+    async fn capsules_replayed(&self, cp: &ControlPlane) -> Result<()> {
+        let (x, y) = (&self.x, &self.y);
+        let dir = tempfile::tempdir()?;
+        let out = dir.path().join("alice");
+        let out_arg = out.to_string_lossy().into_owned();
+        let fetched = eventually("alice fetches chatty's capsules", WAIT, || async {
+            let (ok, stdout, err) = kubewasm_as(
+                &self.alice,
+                &["capsules", "-n", x, "chatty", "--out", &out_arg],
+            )
+            .await?;
+            ensure!(ok, "kubewasm capsules failed: {err}");
+            Ok(out.join("capsule-1.json").exists().then_some(stdout))
+        })
+        .await?;
+        println!("{fetched}");
+        ensure!(
+            fetched.contains(&format!("{x}/x-1")) && fetched.contains("(replayable)"),
+            "{fetched}"
+        );
+        let file = out.join("capsule-1.json");
+        let capsule: serde_json::Value = serde_json::from_slice(&std::fs::read(&file)?)?;
+        ensure!(
+            capsule["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("panicked on purpose")),
+            "{capsule}"
+        );
+        let module = crate::support::guests::guest("hostile");
+        let (file, module) = (file.to_string_lossy(), module.to_string_lossy());
+        let args = ["reconcile", "--capsule", &file, "--module", &module];
+        let (ok, stdout, err) = kubewasm_as(&self.alice, &args).await?;
+        println!("{stdout}");
+        ensure!(
+            ok && stdout.contains("the same failure") && stdout.contains("panicked on purpose"),
+            "the replay: {stdout}{err}"
+        );
+
+        let (ok, stdout, err) =
+            kubewasm_as(&self.alice, &["capsules", "-n", y, "secret-keeper"]).await?;
+        ensure!(
+            !ok && stdout.is_empty()
+                && err.contains("forbidden")
+                && err.contains("wasmcontrollers/capsules"),
+            "alice fetched team-y's capsules: {stdout} {err}"
+        );
+        let vera = cp.namespace_user(x, "vera", "view").await?;
+        let (ok, stdout, err) = logs(&vera, &["-n", x, "chatty"]).await?;
+        ensure!(
+            ok && stdout.contains("panicked"),
+            "a viewer reads the log: {err}"
+        );
+        let (ok, stdout, err) = kubewasm_as(&vera, &["capsules", "-n", x, "chatty"]).await?;
+        ensure!(
+            !ok && stdout.is_empty()
+                && err.contains("forbidden")
+                && err.contains("--clusterrole=edit"),
+            "a viewer fetched capsules: {stdout} {err}"
+        );
+        Ok(())
     }
 
     async fn read_own_and_refused(&self, cp: &ControlPlane, addr: &str) -> Result<()> {

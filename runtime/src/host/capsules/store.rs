@@ -19,8 +19,9 @@ use super::{
 /// The default of `--max-capsule-bytes-per-namespace`: eight capsules at their largest.
 pub const DEFAULT_MAX_CAPSULE_BYTES_PER_NAMESPACE: usize = 8 << 20;
 
-/// One controller's capsules, newest last, each serialized.
-type Ring = Mutex<VecDeque<Arc<[u8]>>>;
+/// One controller's capsules, newest last, each serialized with what makes it the same
+/// failure as another (its object and its error).
+type Ring = Mutex<VecDeque<(String, Arc<[u8]>)>>;
 
 /// Every running controller's capsules, by controller (`namespace/name`, or `name`).
 pub struct CapsuleStore {
@@ -66,7 +67,7 @@ impl CapsuleStore {
     /// not run here).
     pub fn of(&self, id: &str) -> Vec<Arc<[u8]>> {
         let ring = self.rings.locked().get(id).and_then(Weak::upgrade);
-        ring.map(|r| r.locked().iter().cloned().collect())
+        ring.map(|r| r.locked().iter().map(|(_, c)| c.clone()).collect())
             .unwrap_or_default()
     }
 
@@ -99,7 +100,7 @@ pub struct Capsules {
 impl Capsules {
     /// Keeps a capsule of a failed reconcile of `object`: the request it was handed (`None`:
     /// failed before the call), its reads and whether they are all there, the module's digest
-    /// and the failure.
+    /// and the failure. The same failure of the same object again replaces its capsule.
     pub fn record(
         &self,
         object: &str,
@@ -134,16 +135,23 @@ impl Capsules {
             complete,
             incomplete,
         };
+        // A failure that repeats (a retried object) keeps its latest capsule only: the ring
+        // is for different failures.
+        let same = format!(
+            "{object}\n{}\n{}",
+            capsule.error.reason, capsule.error.message
+        );
         let bytes: Arc<[u8]> = capsule.into_bounded_json().into();
         let mut ring = self.ring.locked();
-        ring.push_back(bytes);
+        ring.retain(|(key, _)| *key != same);
+        ring.push_back((same, bytes));
         while ring.len() > CAPSULES_PER_CONTROLLER {
             ring.pop_front();
         }
         // Within the namespace's account: this controller's oldest go first; none of its own
         // left and still too much, the new one is not kept either.
         loop {
-            let held: usize = ring.iter().map(|c| c.len()).sum();
+            let held: usize = ring.iter().map(|(_, c)| c.len()).sum();
             if self.book.grow(held).is_ok() {
                 break;
             }

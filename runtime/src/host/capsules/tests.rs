@@ -23,9 +23,13 @@ fn request(parent_bytes: usize) -> WireRequest {
 }
 
 fn failed() -> CapsuleError {
+    failed_with("team/p: boom")
+}
+
+fn failed_with(message: &str) -> CapsuleError {
     CapsuleError {
         reason: "ReconcileFailed".into(),
-        message: "team/p: boom".into(),
+        message: message.into(),
         stage: Stage::Call,
     }
 }
@@ -75,6 +79,14 @@ fn a_controller_keeps_its_latest_and_its_namespace_pays() {
             message: format!("failure {i}"),
             ..failed()
         };
+        // The same failure again only refreshes its capsule.
+        capsules.record(
+            "team/p",
+            Some(&request(10)),
+            (vec![], true),
+            "sha256:ab".into(),
+            error.clone(),
+        );
         capsules.record(
             "team/p",
             Some(&request(10)),
@@ -111,13 +123,13 @@ fn past_the_namespace_cap_the_oldest_go_and_the_rest_is_not_kept() {
     let store = CapsuleStore::new(700 << 10);
     let a = store.open("team/a", Some("team"), source(), Limits::default());
     let b = store.open("team/b", Some("team"), source(), Limits::default());
-    for _ in 0..2 {
+    for i in 0..2 {
         a.record(
             "team/p",
             Some(&request(300 << 10)),
             (vec![], true),
             "d".into(),
-            failed(),
+            failed_with(&format!("failure {i}")),
         );
     }
     assert_eq!(store.of("team/a").len(), 2);
@@ -180,13 +192,17 @@ fn a_capsule_too_large_leaves_out_its_reads_then_its_request() {
         Some(&request(MAX_CAPSULE_BYTES)),
         (vec![], true),
         "d".into(),
-        failed(),
+        failed_with("too large"),
     );
     let kept = store.of("team/c");
     let capsule = decoded(&kept[1]);
     assert!(kept[1].len() <= MAX_CAPSULE_BYTES);
     assert!(capsule.request.is_none() && !capsule.complete);
-    assert_eq!(capsule.error, failed(), "the error is always kept");
+    assert_eq!(
+        capsule.error,
+        failed_with("too large"),
+        "the error is always kept"
+    );
 }
 
 /// Answers every read with one object naming what was asked, or an error for `denied`.

@@ -7,6 +7,7 @@
 //! stops reading can have its connection cut ([`Conn::cut`]) rather than buffered for.
 
 mod auth;
+mod capsules;
 mod log;
 mod routes;
 
@@ -24,6 +25,7 @@ pub use routes::{SUBRESOURCES, Subresource};
 
 use super::{ControllerKey, LogStore};
 use crate::controller::{ShardHolder, shard_of, tenant_of};
+use crate::host::capsules::CapsuleStore;
 
 /// How long a TLS handshake may take, and a request's head (an idle kept-alive connection is
 /// closed after as long).
@@ -66,6 +68,8 @@ pub enum ServeError {
 pub struct Shared {
     /// The lines.
     pub store: Arc<LogStore>,
+    /// The failed reconciles kept.
+    pub capsules: Arc<CapsuleStore>,
     /// The front proxy's settings.
     pub proxy: FrontProxy,
     /// RBAC's answers.
@@ -114,6 +118,7 @@ impl Conn {
 /// returns the address bound.
 pub async fn start(
     store: Arc<LogStore>,
+    capsules: Arc<CapsuleStore>,
     client: kube::Client,
     config: ServeConfig,
     shards: Option<Arc<ShardHolder>>,
@@ -128,6 +133,7 @@ pub async fn start(
         .map_err(|e| ServeError::Bind(config.addr, e))?;
     let shared = Arc::new(Shared {
         store,
+        capsules,
         proxy,
         reviews: auth::Reviews::new(client.clone()),
         client,

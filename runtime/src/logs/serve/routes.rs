@@ -35,10 +35,16 @@ pub struct Subresource {
 }
 
 /// Every subresource served; discovery lists them, RBAC names them (`wasmcontrollers/log`).
-pub const SUBRESOURCES: &[Subresource] = &[Subresource {
-    name: "log",
-    handle: super::log::handle,
-}];
+pub const SUBRESOURCES: &[Subresource] = &[
+    Subresource {
+        name: "log",
+        handle: super::log::handle,
+    },
+    Subresource {
+        name: "capsules",
+        handle: super::capsules::handle,
+    },
+];
 
 type Ctx = (Arc<Shared>, Conn);
 
