@@ -31,10 +31,15 @@
 //!    `--compile-memory` and pulls of an endless token and an endless manifest from that
 //!    registry: refused and quarantined, the tutorial served, the runtime and its container
 //!    under their memory limits;
-//! 8. scaled: `kubectl scale deploy/kubewasm --replicas=3`, the shards split 11/11/10 and 32
+//! 8. a team by itself (`e2e/team.rs`): alice, admin of one namespace only, sets up a
+//!    controller alone once the cluster admin labelled her namespace, `kubewasm wait` says its
+//!    module runs, `kubewasm logs` shows her guest's panic through the aggregation layer,
+//!    `kubewasm capsules` fetches the failure and `kubewasm reconcile --capsule` replays it to
+//!    the same error; bob, admin of another namespace, is refused both and shown nothing;
+//! 9. scaled: `kubectl scale deploy/kubewasm --replicas=3`, the shards split 11/11/10 and 32
 //!    ClusterWasmControllers (one per shard) Ready with every Pod running some, the
 //!    PodDisruptionBudget expecting 3; back to 2, every controller Ready on the two left;
-//! 9. `cluster.sh down` (also when a step failed; the watchdog does it if the process dies).
+//! 10. `cluster.sh down` (also when a step failed; the watchdog does it if the process dies).
 //!
 //! Each step's time is printed as it ends, and all of them at the end. On a failure,
 //! `<state dir>/e2e-diagnostics.txt` has the Pods, the runtime's logs, the controllers and
@@ -57,6 +62,8 @@ mod install;
 mod module_file;
 #[path = "e2e/scale.rs"]
 mod scale;
+#[path = "e2e/team.rs"]
+mod team;
 #[path = "e2e/timings.rs"]
 mod timings;
 #[path = "e2e/tutorials.rs"]
@@ -85,7 +92,7 @@ async fn kubewasm_installed_into_a_cluster_with_a_node() {
         timings.fail();
         cluster.diagnostics().await;
     }
-    timings.step("8. cluster down");
+    timings.step("10. cluster down");
     let down = cluster.stop().await;
     if down.is_err() {
         timings.fail();
@@ -129,7 +136,10 @@ async fn steps(cluster: &NodeCluster, inputs: &Inputs, timings: &mut Timings) ->
     timings.step("7. a hostile tenant against the installed runtime");
     hostile::hostile_tenant(cluster, &inputs.hostile_wasm, timings).await?;
 
-    timings.step("8. scaled to 3 replicas and back to 2");
+    timings.step("8. a team runs its controller by itself (a namespace admin)");
+    team::team_alone(cluster, &inputs.hostile_wasm, timings).await?;
+
+    timings.step("9. scaled to 3 replicas and back to 2");
     scale::scale(cluster, timings).await?;
     timings.end();
     Ok(())

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use kubewasm::host::capsules::Capsule;
 
-use super::logs::{Controller, explain, user_client};
+use super::logs::{Controller, RECONNECT_FOR, explain, reconnectable, user_client};
 
 /// Arguments of `kubewasm capsules`.
 #[derive(Debug, clap::Args)]
@@ -32,13 +32,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let text = rt.block_on(async {
         let client = user_client().await?;
         let path = args.controller.path(&client, "capsules");
-        let request = http::Request::get(&path)
-            .body(Vec::new())
-            .context("building the request")?;
-        client
-            .request_text(request)
-            .await
-            .map_err(|e| explain(e, &args.controller, "capsules"))
+        let started = std::time::Instant::now();
+        loop {
+            let request = http::Request::get(&path)
+                .body(Vec::new())
+                .context("building the request")?;
+            match client.request_text(request).await {
+                Ok(text) => return Ok(text),
+                // Reached a replica that does not run the controller: another try lands on
+                // another one.
+                Err(e) if reconnectable(&e, false) && started.elapsed() < RECONNECT_FOR => {
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                }
+                Err(e) => return Err(explain(e, &args.controller, "capsules")),
+            }
+        }
     })?;
     let Some(dir) = &args.out else {
         println!("{text}");

@@ -12,7 +12,7 @@ use anyhow::Context as _;
 use futures::{AsyncBufReadExt as _, TryStreamExt as _};
 
 /// How long a follow keeps trying to reconnect before it gives up.
-const RECONNECT_FOR: Duration = Duration::from_secs(60);
+pub const RECONNECT_FOR: Duration = Duration::from_secs(60);
 
 /// Which controller a team asks the log server about (`kubewasm logs`, `kubewasm capsules`).
 #[derive(Debug, clap::Args)]
@@ -184,7 +184,7 @@ async fn read(client: &kube::Client, path: &str, place: &mut Place) -> Result<()
 
 /// Whether to try again: the server was briefly away or the request reached a replica that
 /// does not run the controller (503), or a follow's connection broke; not a refusal.
-fn reconnectable(error: &kube::Error, follow: bool) -> bool {
+pub fn reconnectable(error: &kube::Error, follow: bool) -> bool {
     match error {
         kube::Error::Api(status) => status.code == 503 || status.code == 502,
         _ => follow,

@@ -238,6 +238,13 @@ impl NodeCluster {
         &self.state_dir
     }
 
+    /// The control plane (its identities: the runtime's, a team's).
+    pub fn control_plane(&self) -> Result<&ControlPlane> {
+        self.control_plane
+            .as_ref()
+            .context("the control plane was stopped")
+    }
+
     /// `cluster.sh image-push <tar> kubewasm/runtime:dev`: into the node's registry, which
     /// containerd uses as its docker.io mirror.
     pub async fn push_image(&self, image_tar: &Path) -> Result<()> {

@@ -1,4 +1,4 @@
-//! Step 8: the installed Deployment scaled to 3 and back to 2, as `kubectl scale` does it: the
+//! Step 9: the installed Deployment scaled to 3 and back to 2, as `kubectl scale` does it: the
 //! shards split over every replica, each runtime Pod running controllers, and the
 //! PodDisruptionBudget following the replicas.
 //!
