@@ -143,29 +143,25 @@ impl Default for Metrics {
             "Events a controller recorded that were not written: over the spam filter of their object (a burst of 25, then one per 5 minutes)",
             events_dropped.clone(),
         );
-        let in_flight = Gauge::default();
-        registry.register(
+        let in_flight = gauge(
+            &mut registry,
             "reconciles_in_flight",
             "Reconciles running now",
-            in_flight.clone(),
         );
-        let controllers = Gauge::default();
-        registry.register(
+        let controllers = gauge(
+            &mut registry,
             "controllers_running",
             "Controllers running now",
-            controllers.clone(),
         );
-        let cache_bytes = Gauge::default();
-        registry.register(
+        let cache_bytes = gauge(
+            &mut registry,
             "cache_bytes",
             "Memory the objects held in the shared caches take, estimated (see --max-cached-bytes)",
-            cache_bytes.clone(),
         );
-        let namespaces_held = Gauge::default();
-        registry.register(
+        let namespaces_held = gauge(
+            &mut registry,
             "cache_namespaces_held_back",
             "Namespaces whose objects are held back from the caches (over --max-cached-bytes-per-namespace, or the largest while over --max-cached-bytes)",
-            namespaces_held.clone(),
         );
         let namespace_bytes = Family::<NamespaceLabels, Gauge>::default();
         registry.register(
@@ -173,77 +169,65 @@ impl Default for Metrics {
             "Memory one namespace's objects take in the shared caches, estimated, stored or held back: what is charged against --max-cached-bytes-per-namespace (a namespace with nothing cached has no series)",
             namespace_bytes.clone(),
         );
-        let watches = Gauge::default();
-        registry.register(
+        let watches = gauge(
+            &mut registry,
             "cache_watches",
             "Shared watches running now (one per kind some controller needs)",
-            watches.clone(),
         );
-        let modules_compiled = Gauge::default();
-        registry.register(
+        let modules_compiled = gauge(
+            &mut registry,
             "modules_compiled",
             "Modules compiled since the runtime started",
-            modules_compiled.clone(),
         );
-        let modules_quarantined = Gauge::default();
-        registry.register(
+        let modules_quarantined = gauge(
+            &mut registry,
             "modules_quarantined",
             "Modules this replica knows quarantined: their compile crashed the compiler or met --compile-memory or --compile-cpu-seconds",
-            modules_quarantined.clone(),
         );
-        let modules_loaded = Gauge::default();
-        registry.register(
+        let modules_loaded = gauge(
+            &mut registry,
             "modules_loaded",
             "Compiled modules loaded now (each kept while a controller of this replica runs it)",
-            modules_loaded.clone(),
         );
-        let modules_from_cache = Gauge::default();
-        registry.register(
+        let modules_from_cache = gauge(
+            &mut registry,
             "modules_from_compiled_cache",
             "Modules loaded already compiled from --compiled-cache-dir since the runtime started",
-            modules_from_cache.clone(),
         );
-        let modules_pulled = Gauge::default();
-        registry.register(
+        let modules_pulled = gauge(
+            &mut registry,
             "modules_pulled",
             "Module layers read from a registry since the runtime started",
-            modules_pulled.clone(),
         );
-        let modules_from_module_cache = Gauge::default();
-        registry.register(
+        let modules_from_module_cache = gauge(
+            &mut registry,
             "modules_from_module_cache",
             "Module layers read from --module-cache-dir instead of a registry since the runtime started",
-            modules_from_module_cache.clone(),
         );
-        let module_read_bytes = Gauge::default();
-        registry.register(
+        let module_read_bytes = gauge(
+            &mut registry,
             "module_read_bytes",
             "Bytes charged now to the module read budget (--module-read-bytes): modules read, pulled or gunzipped and not yet compiled",
-            module_read_bytes.clone(),
         );
-        let module_read_bytes_peak = Gauge::default();
-        registry.register(
+        let module_read_bytes_peak = gauge(
+            &mut registry,
             "module_read_bytes_peak",
             "The most bytes charged to the module read budget at once since the runtime started",
-            module_read_bytes_peak.clone(),
         );
-        let state_bytes = Gauge::default();
-        registry.register(
+        let state_bytes = gauge(
+            &mut registry,
             "state_bytes",
             "Bytes of saved state (setState keys and values) the controllers this replica runs hold, saves being written included; each namespace's at most --max-state-bytes-per-namespace",
-            state_bytes.clone(),
         );
-        let capsule_bytes = Gauge::default();
-        registry.register(
+        let capsule_bytes = gauge(
+            &mut registry,
             "capsule_bytes",
             "Bytes of capsules (failed reconciles kept for their teams to replay) the controllers this replica runs hold; each namespace's at most --max-capsule-bytes-per-namespace",
-            capsule_bytes.clone(),
         );
-        let module_config_map_reads = Gauge::default();
-        registry.register(
+        let module_config_map_reads = gauge(
+            &mut registry,
             "module_config_map_reads",
             "Module ConfigMaps read since the runtime started (one read per version, shared by every controller naming it)",
-            module_config_map_reads.clone(),
         );
         let shard_controllers = Family::<ShardLabels, Gauge>::default();
         registry.register(
@@ -495,6 +479,13 @@ impl Metrics {
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
     }
+}
+
+/// A gauge registered as `kubewasm_<name>` with `help`.
+fn gauge(registry: &mut Registry, name: &str, help: &str) -> Gauge {
+    let gauge = Gauge::default();
+    registry.register(name, help, gauge.clone());
+    gauge
 }
 
 /// Decrements the in-flight gauge when dropped.
