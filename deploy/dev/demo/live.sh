@@ -125,13 +125,24 @@ openssl ec -in "$KEYS/cosign.key" -pubout -out "$KEYS/cosign.pub" 2>/dev/null
 step "a signing key pair, made with openssl: $KEYS/cosign.key and cosign.pub (the runtime trusts cosign.pub)"
 # Plain HTTP only for the registry named; image tags are resolved again every 2 s; a module
 # from a registry runs only when its digest is signed by cosign.pub.
-"$KUBEWASM" run --insecure-registry "$REG" --module-poll-seconds 2 --verify-key "$KEYS/cosign.pub" > "$STATE/kubewasm.log" 2>&1 &
+# The log server (step 11, a team's view): the runtime serves logs.kubewasm.dev on this
+# machine's address, where the aggregation layer reaches it (deploy/runtime/logs.yaml does the
+# same for the installed Deployment).
+API_IP=$(hostname -I | awk '{ print $1 }')
+API_PORT=
+for try in 1 2 3 4 5; do
+    port=$((20000 + RANDOM % 40000))
+    (exec 3<>"/dev/tcp/$API_IP/$port") 2>/dev/null && continue
+    API_PORT=$port && break
+done
+[ -n "$API_IP" ] && [ -n "$API_PORT" ] || fail "no address and free port for the log server"
+"$KUBEWASM" run --insecure-registry "$REG" --module-poll-seconds 2 --verify-key "$KEYS/cosign.pub" --api-addr "$API_IP:$API_PORT" > "$STATE/kubewasm.log" 2>&1 &
 RUNTIME_PID=$!
 $KEEP && echo "$RUNTIME_PID" > "$STATE/kubewasm.pid" # make down stops it, even after a failure
 ready() { [ "$(k -n "$1" get wasmcontroller "$2" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]; }
 wait_for 60 "WasmController hello/hello-world becoming Ready" ready hello hello-world
 wait_for 60 "WasmController test-space/configmap-restarter becoming Ready" ready test-space configmap-restarter
-step "kubewasm run --insecure-registry $REG --module-poll-seconds 2 --verify-key $KEYS/cosign.pub (pid $RUNTIME_PID)"
+step "kubewasm run --insecure-registry $REG --module-poll-seconds 2 --verify-key $KEYS/cosign.pub --api-addr $API_IP:$API_PORT (pid $RUNTIME_PID)"
 step "both controllers loaded from their ConfigMaps and Ready:"
 k get wasmcontrollers -A | sed 's/^/      /'
 
@@ -297,7 +308,59 @@ py_status() { [ "$(k -n hello-py get helloworld your-name -o jsonpath='{.status.
 wait_for 30 "HelloWorld hello-py/your-name status.pods becoming 1" py_status
 step "HelloWorld hello-py/your-name reports status.pods = 1, as the Rust guest's did"
 
-say "11. What the runtime reports"
+say "11. A team's view: alice, admin of namespace hello-oci only, reads its controller's log and replays a failure"
+# The log server behind the aggregation layer: logs.yaml's APIService and RBAC, its Service
+# pointed at this machine's runtime (a selector-less Service and its Endpoints).
+k get namespace kubewasm-system >/dev/null 2>&1 || k create namespace kubewasm-system >/dev/null
+k apply -f "$ROOT/deploy/runtime/logs.yaml" >/dev/null
+k apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Service
+metadata: {name: kubewasm-demo-logs, namespace: kubewasm-system}
+spec: {ports: [{name: logs, port: 443, targetPort: $API_PORT}]}
+---
+apiVersion: v1
+kind: Endpoints
+metadata: {name: kubewasm-demo-logs, namespace: kubewasm-system}
+subsets: [{addresses: [{ip: "$API_IP"}], ports: [{name: logs, port: $API_PORT}]}]
+EOF
+k patch apiservice v1alpha1.logs.kubewasm.dev --type=merge -p '{"spec":{"service":{"name":"kubewasm-demo-logs"}}}' >/dev/null
+available() { [ "$(k get apiservice v1alpha1.logs.kubewasm.dev -o jsonpath='{.status.conditions[?(@.type=="Available")].status}')" = True ]; }
+wait_for 60 "APIService v1alpha1.logs.kubewasm.dev Available" available
+# alice: admin of hello-oci and nothing else (impersonated with the admin's credentials, as
+# `kubectl --as alice` does); bob: admin of hello-py.
+k -n hello-oci create rolebinding alice-admin --clusterrole=admin --user=alice >/dev/null
+k -n hello-py create rolebinding bob-admin --clusterrole=admin --user=bob >/dev/null
+for user in alice bob; do
+    k config view --raw | sed "s/^  user:\$/  user:\n    as: $user/" >"$STATE/$user.kubeconfig"
+done
+as_user() { local user=$1; shift; KUBECONFIG="$STATE/$user.kubeconfig" "$@"; }
+may_read() { [ "$(as_user alice kubectl auth can-i get wasmcontrollers.logs.kubewasm.dev --subresource=log -n hello-oci)" = yes ]; }
+wait_for 30 "alice may get wasmcontrollers/log in hello-oci" may_read
+step "kubewasm logs -n hello-oci hello-world --tail 3, as alice (the runtime's lines about her controller):"
+as_user alice "$KUBEWASM" logs -n hello-oci hello-world --tail 3 | cut -c1-160 | sed 's/^/      /'
+# A HelloWorld whose name is longer than a label value may be (63): the guest labels its Pod
+# with the name, and the API server refuses the Pod.
+LONG=greetings-to-everyone-who-reads-this-demo-from-beginning-to-end-and-more
+k -n hello-oci apply -f - >/dev/null <<EOF
+apiVersion: example.com/v1
+kind: HelloWorld
+metadata: {name: $LONG}
+spec: {who: Everyone}
+EOF
+rm -rf "$STATE/capsules"
+fetched() { as_user alice "$KUBEWASM" capsules -n hello-oci hello-world --out "$STATE/capsules" >"$STATE/capsules.out" 2>&1 && [ -f "$STATE/capsules/capsule-1.json" ]; }
+wait_for 60 "the failure of HelloWorld $LONG kept as a capsule" fetched
+step "its reconcile failed (a label of its Pod is too long); status.failingObjects: $(k -n hello-oci get wc hello-world -o jsonpath='{.status.failingObjects}')"
+step "kubewasm capsules -n hello-oci hello-world --out capsules/, as alice:"
+head -1 "$STATE/capsules.out" | cut -c1-200 | sed "s|$STATE/||; s/^/      /"
+step "kubewasm reconcile --capsule capsules/capsule-1.json --insecure, as alice (the module pulled by its image, checked against the capsule's digest):"
+as_user alice "$KUBEWASM" reconcile --capsule "$STATE/capsules/capsule-1.json" --insecure 2>&1 | tail -2 | cut -c1-200 | sed 's/^/      /'
+k -n hello-oci delete helloworld "$LONG" >/dev/null
+if as_user bob "$KUBEWASM" logs -n hello-oci hello-world >"$STATE/bob.out" 2>&1; then fail "bob read alice's log"; fi
+step "bob, admin of hello-py, is refused it: $(grep -o 'forbidden[^(]*' "$STATE/bob.out" | head -1 | cut -c1-120)"
+
+say "12. What the runtime reports"
 sleep 3 # the runtime writes each controller's status every 2 s
 k get wasmcontrollers,clusterwasmcontrollers -A -o custom-columns='CONTROLLER:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,RECONCILES:.status.reconciles,FAILURES:.status.failures,MODULE:.status.moduleDigest' | sed 's/^/      /'
 
