@@ -145,6 +145,25 @@ wait_for 60 "WasmController test-space/configmap-restarter becoming Ready" ready
 step "kubewasm run --insecure-registry $REG --module-poll-seconds 2 --verify-key $KEYS/cosign.pub --api-addr $API_IP:$API_PORT (pid $RUNTIME_PID)"
 step "both controllers loaded from their ConfigMaps and Ready:"
 k get wasmcontrollers -A | sed 's/^/      /'
+# The log server behind the aggregation layer: logs.yaml's APIService and RBAC, its Service
+# pointed at this machine's runtime (a selector-less Service and its Endpoints).
+k get namespace kubewasm-system >/dev/null 2>&1 || k create namespace kubewasm-system >/dev/null
+k apply -f "$ROOT/deploy/runtime/logs.yaml" >/dev/null
+k apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Service
+metadata: {name: kubewasm-demo-logs, namespace: kubewasm-system}
+spec: {ports: [{name: logs, port: 443, targetPort: $API_PORT}]}
+---
+apiVersion: v1
+kind: Endpoints
+metadata: {name: kubewasm-demo-logs, namespace: kubewasm-system}
+subsets: [{addresses: [{ip: "$API_IP"}], ports: [{name: logs, port: $API_PORT}]}]
+EOF
+k patch apiservice v1alpha1.logs.kubewasm.dev --type=merge -p '{"spec":{"service":{"name":"kubewasm-demo-logs"}}}' >/dev/null
+available() { [ "$(k get apiservice v1alpha1.logs.kubewasm.dev -o jsonpath='{.status.conditions[?(@.type=="Available")].status}')" = True ]; }
+wait_for 60 "APIService v1alpha1.logs.kubewasm.dev Available" available
+step "APIService v1alpha1.logs.kubewasm.dev Available: the controllers' logs are read with kubectl's credentials (kubewasm logs)"
 
 say "4. The HelloWorld tutorial (Metacontroller's CompositeController example)"
 k apply -f "$EX/hello-world/hello.yaml" >/dev/null
@@ -223,10 +242,10 @@ k -n chronos run watched --image=busybox --labels=app=demo -- sleep 3600 >/dev/n
 k -n chronos label pod watched tier=web >/dev/null
 wait_for 60 "Pod chronos/watched Running" bash -c "[ \"\$(kubectl -n chronos get pod watched -o jsonpath='{.status.phase}')\" = Running ]"
 k -n chronos delete pod watched --grace-period=1 --wait=false >/dev/null
-logged() { grep -a 'controller="pod-watcher"' "$STATE/kubewasm.log" | grep -q "pod chronos/watched $1"; }
+logged() { "$KUBEWASM" logs --cluster pod-watcher 2>/dev/null | grep -q "pod chronos/watched $1"; }
 wait_for 30 "the pod watcher logging the deletion" logged deleted
-step "created Pod chronos/watched (scheduled, started), relabelled and deleted it; the runtime's log (controller=\"pod-watcher\") says:"
-grep -a 'controller="pod-watcher"' "$STATE/kubewasm.log" | grep -o 'pod chronos/watched .*' | sed 's/ controller=.*//; s/^/      /'
+step "created Pod chronos/watched (scheduled, started), relabelled and deleted it; kubewasm logs --cluster pod-watcher says:"
+"$KUBEWASM" logs --cluster pod-watcher | grep -o 'pod chronos/watched .*' | sed 's/ object=.*//; s/^/      /'
 
 say "8. Finalizers: a HelloWorld that cleans up outside the cluster before it may go"
 k -n hello delete wasmcontroller hello-world >/dev/null
@@ -309,24 +328,6 @@ wait_for 30 "HelloWorld hello-py/your-name status.pods becoming 1" py_status
 step "HelloWorld hello-py/your-name reports status.pods = 1, as the Rust guest's did"
 
 say "11. A team's view: alice, admin of namespace hello-oci only, reads its controller's log and replays a failure"
-# The log server behind the aggregation layer: logs.yaml's APIService and RBAC, its Service
-# pointed at this machine's runtime (a selector-less Service and its Endpoints).
-k get namespace kubewasm-system >/dev/null 2>&1 || k create namespace kubewasm-system >/dev/null
-k apply -f "$ROOT/deploy/runtime/logs.yaml" >/dev/null
-k apply -f - >/dev/null <<EOF
-apiVersion: v1
-kind: Service
-metadata: {name: kubewasm-demo-logs, namespace: kubewasm-system}
-spec: {ports: [{name: logs, port: 443, targetPort: $API_PORT}]}
----
-apiVersion: v1
-kind: Endpoints
-metadata: {name: kubewasm-demo-logs, namespace: kubewasm-system}
-subsets: [{addresses: [{ip: "$API_IP"}], ports: [{name: logs, port: $API_PORT}]}]
-EOF
-k patch apiservice v1alpha1.logs.kubewasm.dev --type=merge -p '{"spec":{"service":{"name":"kubewasm-demo-logs"}}}' >/dev/null
-available() { [ "$(k get apiservice v1alpha1.logs.kubewasm.dev -o jsonpath='{.status.conditions[?(@.type=="Available")].status}')" = True ]; }
-wait_for 60 "APIService v1alpha1.logs.kubewasm.dev Available" available
 # alice: admin of hello-oci and nothing else (impersonated with the admin's credentials, as
 # `kubectl --as alice` does); bob: admin of hello-py.
 k -n hello-oci create rolebinding alice-admin --clusterrole=admin --user=alice >/dev/null
