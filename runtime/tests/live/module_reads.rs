@@ -87,7 +87,8 @@ async fn bomb(client: &Client, [a, b, c]: [&str; 3], runtime: &RuntimeProcess) -
     wait_status(client, c, "idle", "team-c refused: not opted in", |s| {
         let ready = ensure_condition(s, "Ready", "False")?;
         ensure!(
-            ready.reason == "Forbidden" && ready.message.contains("is not opted in"),
+            ready.reason == "Forbidden"
+                && ready.message.contains("has no RoleBinding of the runtime"),
             "Ready says {}: {}",
             ready.reason,
             ready.message
