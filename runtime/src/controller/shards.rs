@@ -208,6 +208,12 @@ impl ShardHolder {
         for fence in held.values() {
             fence.close();
         }
+        // From here on nothing of this replica acts: what another replica does next is its own.
+        tracing::info!(
+            identity = self.settings.identity,
+            shards = held.len(),
+            "giving up every shard: the controllers stopped, the fences closed"
+        );
         self.leaving.locked().clear();
         self.publish();
         for shard in held.keys() {

@@ -101,7 +101,8 @@ struct Record {
 }
 
 /// Every replica's reconciles of `tenant`'s HelloWorld, and when each replica gave the
-/// controller up (`handed over` in its log; `ended`: when the test killed or stopped it).
+/// controller up (`handed over` or, stopping, `giving up every shard` in its log; `ended`:
+/// when the test killed or stopped it).
 fn records(
     runtimes: &[RuntimeProcess],
     ended: &BTreeMap<usize, Timestamp>,
@@ -115,6 +116,10 @@ fn records(
             let what = if line.contains(&object) && line.contains(" reconciled ") {
                 "reconciled"
             } else if line.contains(&controller) && line.contains("controller handed over") {
+                "gone"
+            } else if line.contains("giving up every shard") {
+                // A stop (SIGTERM): its controllers stopped and its fences closed before it
+                // released the Leases, however long the process then takes to exit.
                 "gone"
             } else {
                 continue;
