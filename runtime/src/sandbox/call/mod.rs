@@ -4,15 +4,19 @@ use std::time::{Duration, Instant};
 
 use kubewasm_guest_sdk::selector::MAX_SELECTOR_BYTES;
 use wasmtime::component::{ComponentType, Lift, Linker, ResourceTable, WasmStr};
-use wasmtime::{Engine, Store, StoreContextMut, Trap, UpdateDeadline};
+use wasmtime::{Engine, Store, StoreContextMut, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::bindings::{ControllerPre, HOST_INTERFACE, wit};
 use super::error::{CallError, HostCallLimitHit};
 use super::limits::{Limits, MemoryLimiter};
 use super::output::{BoundedOutput, Captured, LogBudget, MIN_LOG_LINE_COST, SharedLines};
-use super::text::{MAX_GUEST_LOG_LINE_BYTES, MAX_GUEST_MESSAGE_BYTES, escaped, guest_text};
+use super::text::{MAX_GUEST_LOG_LINE_BYTES, MAX_GUEST_MESSAGE_BYTES, guest_text};
 use super::types::{ObjectRef, Response, SharedReads, WireRequest, decode_response, wire_to_wit};
+
+mod ended;
+
+use ended::classify;
 
 /// What a successful call produced, besides the response.
 #[derive(Debug)]
@@ -431,78 +435,10 @@ fn deadline_ticks(timeout: Duration, tick: Duration) -> u64 {
     u64::try_from(ticks).unwrap_or(u64::MAX - 1) + 1
 }
 
-fn classify(
-    err: wasmtime::Error,
-    state: &CallState,
-    stderr: &Captured,
-    limits: &Limits,
-) -> CallError {
-    if state.limiter.exceeded {
-        return CallError::MemoryLimitExceeded {
-            limit: limits.memory_bytes,
-        };
-    }
-    if let Some(HostCallLimitHit(limit)) = err.downcast_ref::<HostCallLimitHit>() {
-        return CallError::HostCallLimit { limit: *limit };
-    }
-    match err.downcast_ref::<Trap>() {
-        Some(Trap::Interrupt) => CallError::Timeout {
-            limit: limits.timeout,
-        },
-        Some(Trap::StackOverflow) => CallError::StackOverflow,
-        Some(Trap::UnreachableCodeReached) => match panic_message(&stderr.text())
-            .or_else(|| state.panic_line.as_deref().and_then(panic_message))
-        {
-            Some(message) => CallError::Panicked {
-                message: Some(message),
-            },
-            None => CallError::Trap(trap_text(&err)),
-        },
-        _ => CallError::Trap(trap_text(&err)),
-    }
-}
-
-/// The trap with its wasm backtrace, cut to [`MAX_GUEST_MESSAGE_BYTES`]: the backtrace names
-/// the guest's functions, and the guest chose those names. When it is cut, the cause (which
-/// comes last) goes first so that it survives.
-fn trap_text(err: &wasmtime::Error) -> String {
-    let text = format!("{err:#}");
-    let (whole, cut) = escaped(&text, MAX_GUEST_MESSAGE_BYTES);
-    if cut == 0 {
-        return whole.into_owned();
-    }
-    let cause = guest_text(&err.root_cause().to_string(), MAX_GUEST_MESSAGE_BYTES / 4).into_owned();
-    let room = MAX_GUEST_MESSAGE_BYTES - cause.len() - "; ".len();
-    format!("{cause}; {}", guest_text(&text, room))
-}
-
 /// Which call a log line is about (the request itself is moved into the guest's record).
 struct About {
     controller: String,
     target: ObjectRef,
-}
-
-/// Most bytes kept of a panic's location, so that a long one leaves room for the message.
-const MAX_PANIC_LOCATION_BYTES: usize = 256;
-
-/// Pulls the panic message out of what Rust's default panic hook printed:
-/// `thread '<unnamed>' panicked at src/lib.rs:5:9:\n<message>\nnote: ...`. The guest wrote
-/// it, so the result is cut to [`MAX_GUEST_MESSAGE_BYTES`], location included.
-fn panic_message(stderr: &str) -> Option<String> {
-    let at = stderr.find("panicked at ")?;
-    let rest = &stderr[at + "panicked at ".len()..];
-    let (location, message) = rest.split_once('\n').unwrap_or((rest, ""));
-    let message: Vec<&str> = message
-        .lines()
-        .take_while(|l| !l.starts_with("note: "))
-        .collect();
-    let location = guest_text(location.trim_end_matches(':'), MAX_PANIC_LOCATION_BYTES);
-    let room = MAX_GUEST_MESSAGE_BYTES - location.len() - " (at )".len();
-    let message = message.join("\n");
-    Some(format!(
-        "{} (at {location})",
-        guest_text(message.trim(), room)
-    ))
 }
 
 fn log_output(request: &About, stream: &str, captured: &Captured, logs: &mut LogBudget) {

@@ -1,5 +1,7 @@
 //! One call's checks, without a cluster.
+use super::ended::{panic_message, trap_text};
 use super::*;
+use wasmtime::Trap;
 
 #[test]
 fn panic_message_is_extracted() {
