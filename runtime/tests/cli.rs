@@ -817,16 +817,35 @@ fn new_writes_a_guest_crate_and_refuses_what_it_cannot_write() {
     ] {
         assert!(crate_dir.join(file).is_file(), "{file} missing");
     }
+    // The SDK is copied into the crate, so it builds wherever it is moved: no path leads out.
     let manifest = std::fs::read_to_string(crate_dir.join("Cargo.toml")).unwrap();
-    let sdk = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../guest-sdk")
-        .canonicalize()
-        .unwrap();
     assert!(
-        manifest.contains(&format!("path = \"{}\"", sdk.display()))
+        manifest.contains("kubewasm-guest-sdk = { path = \"kubewasm-guest-sdk\" }")
             && manifest.contains("[workspace]"),
         "{manifest}"
     );
+    let sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-sdk");
+    for file in [
+        "src/lib.rs",
+        "src/selector/parse.rs",
+        "wit/kubewasm.wit",
+        "alloc/src/tail.rs",
+    ] {
+        assert_eq!(
+            std::fs::read(crate_dir.join("kubewasm-guest-sdk").join(file)).unwrap(),
+            std::fs::read(sdk.join(file)).unwrap(),
+            "{file} of the copied SDK"
+        );
+    }
+    let workspace = sdk.parent().unwrap().canonicalize().unwrap();
+    for file in ["Cargo.toml", "Makefile", "kubewasm-guest-sdk/Cargo.toml"] {
+        let text = std::fs::read_to_string(crate_dir.join(file)).unwrap();
+        let outward = text
+            .lines()
+            .filter(|line| line.contains(&*workspace.to_string_lossy()))
+            .filter(|line| !line.starts_with("KUBEWASM ?="));
+        assert_eq!(outward.count(), 0, "{file} names the checkout:\n{text}");
+    }
     // Appliable by a user who is only `admin` of the namespace: no Namespace (the cluster
     // admin's), no Role granting Events (RBAC would refuse it: `admin` holds no `events
     // create`), which come from a RoleBinding to kubewasm-guest-events instead.
@@ -885,7 +904,7 @@ fn new_writes_a_guest_crate_and_refuses_what_it_cannot_write() {
         OsStr::new("--sdk"),
         dir.path().as_os_str(),
     ])
-    .failure(&["is not the kubewasm-guest-sdk crate", "--sdk PATH"]);
+    .failure(&["is not the kubewasm-guest-sdk crate", "leave --sdk out"]);
     assert!(
         !elsewhere.exists(),
         "nothing is written when the SDK is wrong"

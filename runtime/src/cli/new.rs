@@ -2,7 +2,10 @@
 //! profile, a native test on YAML fixtures, the WasmController and RBAC that run it, a Makefile.
 //!
 //! The files are templates under `new/template/`, rendered by replacing `{{name}}`,
-//! `{{crate}}`, `{{namespace}}`, `{{sdk}}` and `{{kubewasm}}`; nothing else is generated.
+//! `{{crate}}`, `{{namespace}}`, `{{sdk}}`, `{{version}}` and `{{kubewasm}}`; nothing else is
+//! generated. The guest SDK is not on crates.io, so the crate gets a copy of it (the sources
+//! this binary was built from, in `kubewasm-guest-sdk/`) and builds wherever it is moved;
+//! `--sdk PATH` depends on a checkout's `guest-sdk/` instead.
 
 use std::fs::OpenOptions;
 use std::io::Write as _;
@@ -19,8 +22,8 @@ pub struct Args {
     /// The directory to write (default: ./NAME); it must not exist or be empty.
     #[arg(long)]
     dir: Option<PathBuf>,
-    /// The `guest-sdk/` directory of a kubewasm checkout to depend on (default: the one this
-    /// kubewasm was built from).
+    /// Depend on the `guest-sdk/` directory of a kubewasm checkout by path instead of a copy
+    /// of the SDK in the crate (`kubewasm-guest-sdk/`, the default).
     #[arg(long)]
     sdk: Option<PathBuf>,
     /// The namespace the manifests deploy into (default: NAME).
@@ -28,8 +31,48 @@ pub struct Args {
     namespace: Option<String>,
 }
 
-/// The guest SDK this binary was built with, if its source is still there.
-const BUILT_SDK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../guest-sdk");
+/// Where the crate's copy of the SDK goes, and the path its Cargo.toml depends on.
+const VENDORED_SDK: &str = "kubewasm-guest-sdk";
+
+/// The guest SDK's sources as this binary was built, by their path in `guest-sdk/`: what
+/// `kubewasm new` copies into `kubewasm-guest-sdk/` (a unit test checks none is missing).
+macro_rules! sdk_sources {
+    ($($path:literal),* $(,)?) => {
+        &[$(($path, include_str!(concat!("../../../guest-sdk/", $path)))),*]
+    };
+}
+const SDK_SOURCES: &[(&str, &str)] = sdk_sources!(
+    "src/cluster.rs",
+    "src/conditions.rs",
+    "src/error.rs",
+    "src/guest.rs",
+    "src/lib.rs",
+    "src/object.rs",
+    "src/query.rs",
+    "src/request.rs",
+    "src/response.rs",
+    "src/selector/mod.rs",
+    "src/selector/parse.rs",
+    "src/testing.rs",
+    "src/time.rs",
+    "src/wire.rs",
+    "wit/kubewasm.wit",
+    "alloc/src/lib.rs",
+    "alloc/src/tail.rs",
+);
+
+/// The copied SDK's manifests: its workspace's settings and versions written out, since the
+/// copy has no kubewasm workspace around it.
+const SDK_MANIFESTS: &[(&str, &str)] = &[
+    (
+        "Cargo.toml",
+        include_str!("new/template/sdk/Cargo.toml.tmpl"),
+    ),
+    (
+        "alloc/Cargo.toml",
+        include_str!("new/template/sdk/alloc.Cargo.toml.tmpl"),
+    ),
+];
 
 /// Every file of a new guest crate: its path in the crate and its template.
 const TEMPLATES: &[(&str, &str)] = &[
@@ -70,7 +113,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     check_name(&args.name)?;
     let namespace = args.namespace.as_deref().unwrap_or(&args.name);
     check_dns_label(namespace).with_context(|| format!("--namespace `{namespace}`"))?;
-    let sdk = find_sdk(args.sdk.as_deref())?;
+    let sdk = match args.sdk.as_deref() {
+        Some(given) => Some(find_sdk(given)?),
+        None => None,
+    };
     let dir = args.dir.unwrap_or_else(|| PathBuf::from(&args.name));
     ensure_empty(&dir)?;
     let kubewasm = std::env::current_exe().context("the path of this kubewasm binary")?;
@@ -78,20 +124,37 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         name: &args.name,
         crate_name: &args.name.replace('-', "_"),
         namespace,
-        sdk: &sdk.display().to_string(),
+        sdk: &sdk
+            .as_ref()
+            .map_or_else(|| VENDORED_SDK.to_owned(), |dir| dir.display().to_string()),
         kubewasm: &kubewasm.display().to_string(),
     };
     for (path, template) in TEMPLATES {
         write_new(&dir.join(path), &values.render(template))?;
     }
+    if sdk.is_none() {
+        let vendored = dir.join(VENDORED_SDK);
+        for (path, template) in SDK_MANIFESTS {
+            write_new(&vendored.join(path), &values.render(template))?;
+        }
+        for (path, source) in SDK_SOURCES {
+            write_new(&vendored.join(path), source)?;
+        }
+    }
     let shown = dir.display();
+    let sdk = sdk.map_or_else(
+        || format!("a copy of kubewasm-guest-sdk {VERSION} in {VENDORED_SDK}/"),
+        |dir| format!("kubewasm-guest-sdk from {}", dir.display()),
+    );
     println!(
-        "created {name} in {shown} (kubewasm-guest-sdk from {sdk})\n\n  cd {shown}\n  make test     # native tests on tests/fixtures/\n  make build    # the wasm module, checked\n  make run      # one reconcile offline\n  make deploy   # into namespace {namespace} of $KUBECONFIG's cluster, then waits for the verdict\n  make update   # after an edit\n\nmake deploy works as a user who is only `admin` of namespace {namespace}, once a cluster admin has made it\nand let it use the kubewasm runtime:\n\n  kubectl create namespace {namespace}\n  kubectl label namespace {namespace} kubewasm.dev/tenant=enabled\n",
+        "created {name} in {shown} ({sdk})\n\n  cd {shown}\n  make test     # native tests on tests/fixtures/\n  make build    # the wasm module, checked\n  make run      # one reconcile offline\n  make deploy   # into namespace {namespace} of $KUBECONFIG's cluster, then waits for the verdict\n  make update   # after an edit\n\nmake deploy works as a user who is only `admin` of namespace {namespace}, once a cluster admin has made it\nand let it use the kubewasm runtime:\n\n  kubectl create namespace {namespace}\n  kubectl label namespace {namespace} kubewasm.dev/tenant=enabled\n",
         name = args.name,
-        sdk = sdk.display(),
     );
     Ok(())
 }
+
+/// This kubewasm's version, which its SDK carries.
+const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// What the templates' placeholders become.
 struct Values<'a> {
@@ -114,6 +177,7 @@ impl Values<'_> {
                 &self.sdk.replace('\\', "\\\\").replace('"', "\\\""),
             )
             .replace("{{kubewasm}}", self.kubewasm)
+            .replace("{{version}}", VERSION)
     }
 }
 
@@ -193,6 +257,7 @@ const RESERVED: &[&str] = &[
     "std",
     "test",
     "kubewasm_guest_sdk",
+    "kubewasm_guest_alloc",
     "serde_json",
     "serde",
 ];
@@ -214,21 +279,14 @@ fn check_dns_label(value: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The guest SDK directory, absolute: `--sdk`, else the one this binary was built from.
-fn find_sdk(given: Option<&Path>) -> anyhow::Result<PathBuf> {
-    let (dir, hint) = match given {
-        Some(dir) => (dir.to_path_buf(), "--sdk"),
-        None if Path::new(BUILT_SDK).is_dir() => (PathBuf::from(BUILT_SDK), "the built-in path"),
-        None => bail!(
-            "the kubewasm-guest-sdk this kubewasm was built from ({BUILT_SDK}) is not there; pass --sdk PATH, the guest-sdk/ directory of a kubewasm checkout"
-        ),
-    };
+/// The `--sdk` directory, absolute, once it is known to be the guest SDK.
+fn find_sdk(dir: &Path) -> anyhow::Result<PathBuf> {
     let manifest = dir.join("Cargo.toml");
     let is_sdk = std::fs::read_to_string(&manifest)
         .is_ok_and(|text| text.contains("name = \"kubewasm-guest-sdk\""));
     if !is_sdk {
         bail!(
-            "{hint} `{}` is not the kubewasm-guest-sdk crate (no Cargo.toml naming it); pass --sdk PATH, the guest-sdk/ directory of a kubewasm checkout",
+            "--sdk `{}` is not the kubewasm-guest-sdk crate (no Cargo.toml naming it); pass the guest-sdk/ directory of a kubewasm checkout, or leave --sdk out for a copy of the SDK in the crate",
             dir.display()
         );
     }
@@ -297,6 +355,71 @@ mod tests {
             manifest.contains(r#"path = "/x/\"q\"\\guest-sdk""#),
             "{manifest}"
         );
+    }
+
+    /// Every file under the SDK's `src/`, `wit/` and `alloc/src/`, by its path in `guest-sdk/`.
+    fn sdk_files(dir: &Path, root: &Path, found: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                sdk_files(&path, root, found);
+            } else {
+                let relative = path.strip_prefix(root).unwrap();
+                found.push(relative.to_str().unwrap().to_owned());
+            }
+        }
+    }
+
+    #[test]
+    fn the_copied_sdk_is_every_source_of_the_sdk() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-sdk");
+        let mut found = Vec::new();
+        for dir in ["src", "wit", "alloc/src"] {
+            sdk_files(&root.join(dir), &root, &mut found);
+        }
+        found.sort();
+        let mut copied: Vec<String> = SDK_SOURCES.iter().map(|(p, _)| (*p).to_owned()).collect();
+        copied.sort();
+        assert_eq!(
+            found, copied,
+            "SDK_SOURCES in cli/new.rs lists the SDK's files"
+        );
+    }
+
+    /// The copy's manifests name each dependency of the SDK's own manifests, at the version
+    /// kubewasm's workspace pins for it.
+    #[test]
+    fn the_copied_sdk_depends_on_what_the_sdk_depends_on() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let workspace = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+        for (original, (path, template)) in ["guest-sdk/Cargo.toml", "guest-sdk/alloc/Cargo.toml"]
+            .iter()
+            .zip(SDK_MANIFESTS)
+        {
+            let manifest = std::fs::read_to_string(root.join(original)).unwrap();
+            let copy = values().render(template);
+            let dependencies = manifest
+                .split("\n[")
+                .filter(|table| table.contains("dependencies]") && !table.starts_with("dev-"))
+                .flat_map(|table| table.lines().skip(1))
+                .filter(|line| !line.starts_with('#') && line.contains('='));
+            for line in dependencies {
+                let name = line.split([' ', '.', '=']).next().unwrap();
+                let pinned = match line.contains("workspace = true") {
+                    true => workspace
+                        .lines()
+                        .find(|l| l.starts_with(&format!("{name} =")))
+                        .unwrap_or_else(|| panic!("{name} in [workspace.dependencies]"))
+                        .replace("guest-sdk/alloc", "alloc"),
+                    false => line.to_owned(),
+                };
+                assert!(
+                    copy.lines().any(|l| l == pinned),
+                    "{path} of the copied SDK lacks `{pinned}`:\n{copy}"
+                );
+            }
+            assert!(copy.contains(&format!("version = \"{VERSION}\"")), "{copy}");
+        }
     }
 
     #[test]

@@ -102,15 +102,21 @@ pub fn run(path: &Path, module: Option<&Path>, registry: &RegistryArgs) -> anyho
     }
 }
 
-/// The capsule's module: `module`, or pulled from the image its controller names; either
-/// way of the capsule's digest.
+/// The capsule's module: `module`, or pulled by the manifest digest it was pulled as (else
+/// the image its controller names); either way of the capsule's digest.
 fn module_of(
     capsule: &Capsule,
     module: Option<&Path>,
     registry: &RegistryArgs,
 ) -> anyhow::Result<Vec<u8>> {
     let want = &capsule.module.digest;
-    let (bytes, from) = match (module, &capsule.module.source.image) {
+    // The manifest it was pulled by, else the spec's reference (a tag may have moved on).
+    let image = capsule
+        .module
+        .image
+        .as_ref()
+        .or(capsule.module.source.image.as_ref());
+    let (bytes, from) = match (module, image) {
         (Some(path), _) => (module_file(path)?, path.display().to_string()),
         (None, Some(image)) => (pull_module(image, registry)?, image.clone()),
         (None, None) => {

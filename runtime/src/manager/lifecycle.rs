@@ -213,7 +213,7 @@ impl Manager {
         };
         match result {
             Ok((setup, access)) => {
-                let runner = Runner::new(setup, guest);
+                let runner = Runner::new(setup, guest, m.image.clone());
                 let task = tokio::spawn(runner.clone().run());
                 m.setup_problem = None;
                 m.access = Some(access);

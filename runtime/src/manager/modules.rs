@@ -179,7 +179,7 @@ impl Manager {
                 if changed {
                     tracing::info!(controller = %id, digest = %guest.digest(), size = guest.size(), image = image.as_deref().unwrap_or_default(), "module loaded");
                     if let Some((runner, _)) = &m.runner {
-                        runner.swap_guest(guest.clone());
+                        runner.swap_guest(guest.clone(), image.clone());
                     }
                     m.guest = Some(guest);
                 }

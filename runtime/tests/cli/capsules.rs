@@ -52,6 +52,63 @@ fn replay(dir: &Path, capsule: &Value, module: Option<&Path>) -> Run {
     kubewasm(&args)
 }
 
+/// The failure the hostile guest in mode `read-fail` returns when ConfigMap `settings` says
+/// `value`: the reason and message a capsule records for it.
+fn read_fail(value: &str) -> (&'static str, String) {
+    (
+        "ReconcileFailed",
+        format!(r#"reconcile failed: ConfigMap settings says "{value}": refused"#),
+    )
+}
+
+#[test]
+fn a_capsule_of_a_registry_module_is_replayed_by_the_manifest_it_was_pulled_as() {
+    let registry = kubewasm_test_support::registry::Registry::start().expect("docker-registry");
+    let dir = tempfile::tempdir().unwrap();
+    let tag = format!("{}/team/hostile:v1", registry.addr());
+    let hostile = common::guest("hostile");
+    let pushed = kubewasm(&[
+        OsStr::new("push"),
+        hostile.as_os_str(),
+        OsStr::new(&tag),
+        OsStr::new("--insecure"),
+    ])
+    .success();
+    let manifest = (pushed.stdout.trim().rsplit_once('@'))
+        .unwrap_or_else(|| panic!("push prints reference@digest: {}", pushed.stdout))
+        .1
+        .to_owned();
+    // The tag moves on to another module after the failure was recorded.
+    let other = common::guest("hello_world");
+    kubewasm(&[
+        OsStr::new("push"),
+        other.as_os_str(),
+        OsStr::new(&tag),
+        OsStr::new("--insecure"),
+    ])
+    .success();
+    let (reason, message) = read_fail("seven");
+    let mut recorded = capsule("seven", reason, &message);
+    recorded["module"]["source"] = json!({"image": tag});
+    let file = write(dir.path(), "capsule.json", recorded.to_string());
+    let run = |capsule: &Path| {
+        kubewasm(&[
+            OsStr::new("reconcile"),
+            OsStr::new("--capsule"),
+            capsule.as_os_str(),
+            OsStr::new("--insecure"),
+        ])
+    };
+    // By the spec's tag alone (a capsule of a runtime that did not say): today's module, told
+    // apart by its digest.
+    run(&file).failure(&["is module sha256:", "not the capsule's sha256:"]);
+    // By the manifest the runtime pulled: the module that failed, and the same failure.
+    recorded["module"]["image"] = json!(format!("{}/team/hostile@{manifest}", registry.addr()));
+    let file = write(dir.path(), "capsule.json", recorded.to_string());
+    let same = run(&file).success();
+    assert!(same.stdout.contains("the same failure"), "{}", same.stdout);
+}
+
 #[test]
 fn a_capsule_replays_to_the_same_failure_and_a_different_one_is_told() {
     let dir = tempfile::tempdir().unwrap();

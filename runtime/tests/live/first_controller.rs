@@ -7,7 +7,8 @@
 //!
 //! Builds use `CARGO_TARGET_DIR=$KUBEWASM_CACHE/first-controller/target`, so later runs are
 //! warm, and the workspace's `Cargo.lock`, so versions match what is already fetched (a user's
-//! crate resolves its own). Each phase prints how long it took.
+//! crate resolves its own). The crate carries its own copy of the guest SDK, so nothing in it
+//! points back into the repository. Each phase prints how long it took.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

@@ -127,6 +127,10 @@ impl From<CapsuleLimits> for Limits {
 pub struct CapsuleModule {
     /// `sha256:<hex>` of the component.
     pub digest: String,
+    /// The image the module was pulled as, by its manifest's digest
+    /// (`registry/repository@sha256:…`), when it came from a registry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
     /// Where the controller's spec said it comes from.
     pub source: ModuleSource,
 }

@@ -60,6 +60,7 @@ impl CapsuleStore {
             book: self.accounts.open(namespace),
             source,
             limits,
+            images: Mutex::default(),
         }
     }
 
@@ -95,9 +96,27 @@ pub struct Capsules {
     book: StateBook,
     source: ModuleSource,
     limits: Limits,
+    /// The images the controller's latest modules were pulled as (`registry/repo@sha256:…`,
+    /// the manifest's digest), by module digest: a capsule names the one it ran, so that a
+    /// replay pulls that manifest whatever its tag points at since.
+    images: Mutex<VecDeque<(String, String)>>,
 }
 
+/// How many modules' images a controller remembers: the one running and the one before it
+/// (a reconcile that began before a swap ends after it).
+const IMAGES_REMEMBERED: usize = 2;
+
 impl Capsules {
+    /// Says that the module of `digest` (`sha256:…`) was pulled as `image`.
+    pub fn pulled_as(&self, digest: String, image: String) {
+        let mut images = self.images.locked();
+        images.retain(|(d, _)| *d != digest);
+        if images.len() == IMAGES_REMEMBERED {
+            images.pop_front();
+        }
+        images.push_back((digest, image));
+    }
+
     /// Keeps a capsule of a failed reconcile of `object`: the request it was handed (`None`:
     /// failed before the call), its reads and whether they are all there, the module's digest
     /// and the failure. The same failure of the same object again replaces its capsule.
@@ -125,6 +144,9 @@ impl Capsules {
             object: object.to_owned(),
             failed_at: k8s_openapi::jiff::Timestamp::now().to_string(),
             module: CapsuleModule {
+                image: (self.images.locked().iter())
+                    .find(|(d, _)| *d == digest)
+                    .map(|(_, image)| image.clone()),
                 digest,
                 source: self.source.clone(),
             },

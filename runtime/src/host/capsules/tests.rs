@@ -293,3 +293,30 @@ fn a_recording_stops_at_its_object_cap_and_says_so() {
     let none = Recording::new(Arc::new(NoReads));
     assert!(none.take().1, "nothing read, nothing missing");
 }
+
+#[test]
+fn a_capsule_names_the_manifest_its_module_was_pulled_as() {
+    let store = CapsuleStore::new(1 << 20);
+    let capsules = store.open("team/c", Some("team"), source(), Limits::default());
+    let image = |n: u8| format!("r.example/team/c@sha256:{}", n.to_string().repeat(64));
+    capsules.pulled_as("sha256:a".into(), image(1));
+    capsules.pulled_as("sha256:b".into(), image(2));
+    let failed_on = |digest: &str| {
+        capsules.record(
+            "team/p",
+            None,
+            (vec![], true),
+            digest.into(),
+            failed_with(digest),
+        );
+        decoded(store.of("team/c").last().unwrap_or_else(|| panic!("kept"))).module
+    };
+    // A reconcile that began before the swap to b ends after it: a is still known.
+    assert_eq!(failed_on("sha256:a").image, Some(image(1)));
+    assert_eq!(failed_on("sha256:b").image, Some(image(2)));
+    // A module that did not come from a registry (or long gone) names none.
+    assert_eq!(failed_on("sha256:c").image, None);
+    capsules.pulled_as("sha256:c".into(), image(3));
+    assert_eq!(failed_on("sha256:a").image, None, "two remembered");
+    assert_eq!(failed_on("sha256:c").image, Some(image(3)));
+}

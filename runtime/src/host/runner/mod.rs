@@ -157,7 +157,12 @@ pub struct Runner {
 
 impl Runner {
     /// A controller running `guest`; call [`Runner::run`] to start it.
-    pub fn new(setup: ControllerSetup, guest: Arc<GuestPre>) -> Arc<Runner> {
+    pub fn new(setup: ControllerSetup, guest: Arc<GuestPre>, image: Option<String>) -> Arc<Runner> {
+        if let Some(image) = image {
+            setup
+                .capsules
+                .pulled_as(format!("sha256:{}", guest.digest().hex()), image);
+        }
         let events = EventRecorder::new(setup.metrics.events_dropped(&setup.id));
         Arc::new(Runner {
             setup,
@@ -210,7 +215,11 @@ impl Runner {
     }
 
     /// Swaps in a new module (hot reload) and reconciles every parent with it.
-    pub fn swap_guest(&self, guest: Arc<GuestPre>) {
+    /// `image` is the image it was pulled as (by manifest digest), if it came from a registry.
+    pub fn swap_guest(&self, guest: Arc<GuestPre>, image: Option<String>) {
+        if let Some(image) = image {
+            (self.setup.capsules).pulled_as(format!("sha256:{}", guest.digest().hex()), image);
+        }
         *self.guest.write_locked() = guest;
         self.enqueue_all();
     }
