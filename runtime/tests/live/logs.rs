@@ -6,12 +6,13 @@
 //! team-y's controller (and a controller that does not exist, in the same words), a user
 //! without the grant is refused, and a request straight to the runtime's port without the
 //! front proxy's client certificate is refused whatever headers it sends. Then as a hostile
-//! tenant: a controller logging 1 MiB lines at full rate keeps its ring at its cap and leaves
-//! its namespace's other ring alone; followers past the caps are refused; a reader that never
-//! reads is cut off.
+//! tenant, for a minute: a controller logging 1 MiB lines at its full rate keeps its ring at its
+//! cap and leaves its namespace's other ring alone; of 100 followers at once those past the caps
+//! are refused; a reader that never reads is cut off; capsules stay within the namespace's cap;
+//! team-y's controller is served throughout and the runtime's memory stays bounded.
 
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use kube::Client;
@@ -28,6 +29,10 @@ use crate::support::{ControlPlane, TeamUser, eventually, free_port, host_address
 /// The runtime's caps in this test.
 const RING: usize = 256 << 10;
 const PER_NAMESPACE: usize = 384 << 10;
+const CAPSULES_PER_NAMESPACE: usize = 512 << 10;
+
+/// How long the hostile tenant floods its log.
+const FLOOD_FOR: Duration = Duration::from_secs(60);
 const WAIT: Duration = Duration::from_secs(60);
 
 #[tokio::test]
@@ -56,6 +61,8 @@ async fn a_team_reads_its_controllers_logs_and_nothing_more() {
             "2",
             "--log-follow-stall-seconds",
             "3",
+            "--max-capsule-bytes-per-namespace",
+            "512Ki",
             "--max-log-lines-per-second",
             "5000",
             "--log-line-burst",
@@ -69,8 +76,7 @@ async fn a_team_reads_its_controllers_logs_and_nothing_more() {
         teams.capsules_replayed(cp).await?;
         teams.follow(&client).await?;
         teams.followers_capped().await?;
-        teams.flood_bounded(&client).await?;
-        teams.slow_reader_cut(cp, &client, &addr, &runtime).await
+        teams.hostile_minute(cp, &client, &addr, &runtime).await
     }
     .await;
     finish(result, &mut [&mut runtime]);
@@ -236,9 +242,12 @@ impl Teams {
                 hostile(x, "chatty"),
                 hostile(x, "flood"),
                 hostile(x, "quiet"),
+                hostile(x, "failing"),
                 hostile(y, "secret-keeper"),
                 probe(x, "x-1", "chatty", json!({"mode": "panic"})),
                 probe(y, "y-1", "secret-keeper", json!({"mode": "panic"})),
+                controller(y, "steady", json!({})),
+                probe(y, "steady", "steady", json!({"echo": "0"})),
             ],
         )
         .await?;
@@ -493,58 +502,174 @@ impl Teams {
         Ok(())
     }
 
-    /// 1 MiB lines (cut to 4 KiB) at the full rate: the ring stays at its cap, the quiet
-    /// ring of the same namespace keeps its lines, team-y's are untouched.
-    async fn flood_bounded(&self, client: &Client) -> Result<()> {
-        let x = self.x.as_str();
-        let probes: Vec<_> = (0..20)
-            .map(|i| {
-                probe(
-                    x,
-                    &format!("f-{i:02}"),
-                    "flood",
-                    json!({"mode": "huge-log"}),
-                )
-            })
-            .collect();
-        apply_all(client, &probes).await?;
-        let full = eventually("flood's ring fills", WAIT, || async {
-            let (ok, out, err) = logs(&self.alice, &["-n", x, "flood"]).await?;
-            ensure!(ok, "{err}");
-            Ok((out.len() > RING / 2).then_some(out))
-        })
-        .await?;
-        ensure!(
-            full.len() <= RING,
-            "flood's ring holds {} bytes, over its cap {RING}",
-            full.len()
-        );
-        let (_, chatty, _) = logs(&self.alice, &["-n", x, "chatty"]).await?;
-        ensure!(
-            chatty.contains("panicked on purpose"),
-            "chatty's lines were pushed out: {chatty}"
-        );
-        ensure!(
-            full.len() + chatty.len() <= PER_NAMESPACE,
-            "team-x holds more than its cap"
-        );
-        Ok(())
-    }
-
-    /// A follower that never reads while the flood goes on is cut off.
-    async fn slow_reader_cut(
+    /// A minute of a hostile tenant, all at once: `flood` logging 1 MiB lines (cut to 4 KiB)
+    /// at the full rate for 60 s, 100 followers asking for its log at once, a reader that
+    /// never reads, and `failing`'s capsules filling the namespace's cap. Throughout, flood's
+    /// ring stays at its cap, the quiet ring of the same namespace keeps its lines, team-y's
+    /// controller is served, and the runtime's memory stays bounded.
+    async fn hostile_minute(
         &self,
         cp: &ControlPlane,
         client: &Client,
         addr: &str,
         runtime: &RuntimeProcess,
     ) -> Result<()> {
-        let x = self.x.as_str();
+        let (x, y) = (self.x.as_str(), self.y.as_str());
+        let started = Instant::now();
+        let flood: Vec<_> = (0..10)
+            .map(|i| {
+                probe(
+                    x,
+                    &format!("f-{i:02}"),
+                    "flood",
+                    json!({"mode": "log-loop"}),
+                )
+            })
+            .collect();
+        apply_all(client, &flood).await?;
+        // Each failing reconcile's capsule carries its request: a Probe of ~128 KiB.
+        let pad = "p".repeat(128 << 10);
+        let failing: Vec<_> = (0..8)
+            .map(|i| {
+                let spec = json!({"mode": "huge-error", "pad": pad});
+                probe(x, &format!("e-{i:02}"), "failing", spec)
+            })
+            .collect();
+        apply_all(client, &failing).await?;
+
+        let full = eventually("flood's ring fills", WAIT, || async {
+            let (ok, out, err) = logs(&self.alice, &["-n", x, "flood"]).await?;
+            ensure!(ok, "{err}");
+            Ok((out.len() > RING / 2).then_some(()))
+        })
+        .await;
+        full?;
+        let followers = self.hundred_followers(cp, addr).await?;
+        eprintln!("100 followers of flood at once: {followers}");
+        self.stalled_reader_cut(cp, addr, runtime).await?;
+
+        // The rest of the minute: team-y served, the rings at their caps, memory sampled.
+        let mut peak = 0;
+        let mut served = Vec::new();
+        let mut echo = 0;
+        while started.elapsed() < FLOOD_FOR {
+            echo += 1;
+            let asked = Instant::now();
+            crate::isolation::probes(client, y)
+                .patch(
+                    "steady",
+                    &Default::default(),
+                    &kube::api::Patch::Merge(json!({"spec": {"echo": echo.to_string()}})),
+                )
+                .await?;
+            crate::isolation::wait_echo(client, y, "steady", &echo.to_string()).await?;
+            served.push(asked.elapsed());
+            let (ok, flood, err) = logs(&self.alice, &["-n", x, "flood"]).await?;
+            ensure!(ok, "{err}");
+            ensure!(
+                flood.len() <= RING,
+                "flood's ring holds {} bytes, over its cap {RING}",
+                flood.len()
+            );
+            let (_, chatty, _) = logs(&self.alice, &["-n", x, "chatty"]).await?;
+            ensure!(
+                chatty.contains("panicked on purpose"),
+                "chatty's lines were pushed out: {chatty}"
+            );
+            ensure!(
+                flood.len() + chatty.len() <= PER_NAMESPACE,
+                "team-x holds more than its cap"
+            );
+            peak = peak.max(crate::runtime::memory_kib(runtime.pid())?.0);
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        }
+        let (rss, high) = crate::runtime::memory_kib(runtime.pid())?;
+        eprintln!(
+            "after {:.0?} of flood: team-y's patches served in {served:.1?}; runtime VmRSS sampled up to {peak} KiB, now {rss} KiB, peak {high} KiB",
+            started.elapsed()
+        );
+        // Some 40–60 MiB here: neither the flood nor its followers are buffered for.
+        ensure!(high < 256 << 10, "the runtime peaked at {high} KiB");
+        self.capsules_at_their_cap().await?;
+        // The flood ends with its Probes; two followers of flood are served again.
+        for i in 0..10 {
+            let _ = crate::isolation::probes(client, x)
+                .delete(&format!("f-{i:02}"), &Default::default())
+                .await;
+        }
+        let (mut a, _ra) = held_follow(&self.alice, &["-n", x, "flood", "--tail", "1"]).await?;
+        let (mut b, _rb) = held_follow(&self.alice, &["-n", x, "flood", "--tail", "1"]).await?;
+        a.kill().await?;
+        b.kill().await?;
+        Ok(())
+    }
+
+    /// 100 followers of flood at once, straight to the runtime as alice (through the front
+    /// proxy's certificate, as the API server would): at most the per-controller cap are
+    /// served, the rest refused at once with the cap's words. What they were answered.
+    async fn hundred_followers(&self, cp: &ControlPlane, addr: &str) -> Result<String> {
         let (cert, key) = cp
             .front_proxy_client()
             .context("no front proxy certificate")?;
         let path = format!(
-            "https://{addr}/apis/logs.kubewasm.dev/v1alpha1/namespaces/{x}/wasmcontrollers/flood/log?follow=true"
+            "https://{addr}/apis/logs.kubewasm.dev/v1alpha1/namespaces/{}/wasmcontrollers/flood/log?follow=true",
+            self.x
+        );
+        let mut asked = Vec::new();
+        for _ in 0..100 {
+            let child = Command::new("curl")
+                .args([
+                    "-sk",
+                    "--max-time",
+                    "10",
+                    "-o",
+                    "/dev/null",
+                    "-w",
+                    "%{http_code}",
+                ])
+                .arg("--cert")
+                .arg(&cert)
+                .arg("--key")
+                .arg(&key)
+                .args([
+                    "-H",
+                    "X-Remote-User: alice",
+                    "-H",
+                    "X-Remote-Group: system:authenticated",
+                ])
+                .arg(&path)
+                .stdout(Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()?;
+            asked.push(child.wait_with_output());
+        }
+        let mut codes = std::collections::BTreeMap::<String, usize>::new();
+        for answer in futures::future::join_all(asked).await {
+            let code = String::from_utf8_lossy(&answer?.stdout).into_owned();
+            *codes.entry(code).or_default() += 1;
+        }
+        let served = codes.get("200").copied().unwrap_or_default();
+        let refused = codes.get("429").copied().unwrap_or_default();
+        ensure!(
+            served <= 2 && served + refused == 100,
+            "100 followers of one controller under --log-max-followers-per-controller 2: {codes:?}"
+        );
+        Ok(format!("{codes:?} (HTTP status: followers)"))
+    }
+
+    /// A follower that never reads while the flood goes on is cut off.
+    async fn stalled_reader_cut(
+        &self,
+        cp: &ControlPlane,
+        addr: &str,
+        runtime: &RuntimeProcess,
+    ) -> Result<()> {
+        let (cert, key) = cp
+            .front_proxy_client()
+            .context("no front proxy certificate")?;
+        let path = format!(
+            "https://{addr}/apis/logs.kubewasm.dev/v1alpha1/namespaces/{}/wasmcontrollers/flood/log?follow=true",
+            self.x
         );
         let before = runtime.log_len();
         let mut reader = Command::new("curl")
@@ -561,18 +686,6 @@ impl Teams {
             .arg(&path)
             .kill_on_drop(true)
             .spawn()?;
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let more: Vec<_> = (20..60)
-            .map(|i| {
-                probe(
-                    x,
-                    &format!("f-{i:02}"),
-                    "flood",
-                    json!({"mode": "huge-log"}),
-                )
-            })
-            .collect();
-        apply_all(client, &more).await?;
         eventually(
             "the runtime cuts the reader that does not read",
             WAIT,
@@ -584,20 +697,44 @@ impl Teams {
             },
         )
         .await?;
-        let (rss, peak) = crate::runtime::memory_kib(runtime.pid())?;
-        eprintln!(
-            "runtime VmRSS after the flood and the stalled reader: {rss} KiB (peak {peak} KiB)"
-        );
-        // Some 40 MiB here: the stalled reader is not buffered for (10 MiB went through).
-        ensure!(peak < 256 << 10, "the runtime peaked at {peak} KiB");
         reader.kill().await?;
-        // Its slot was given back: two followers of flood are served again.
-        let (mut a, mut ra) = held_follow(&self.alice, &["-n", x, "flood", "--tail", "1"]).await?;
-        let (mut b, mut rb) = held_follow(&self.alice, &["-n", x, "flood", "--tail", "1"]).await?;
-        line_with(&mut ra, "Z ").await?;
-        line_with(&mut rb, "Z ").await?;
-        a.kill().await?;
-        b.kill().await?;
+        Ok(())
+    }
+
+    /// `failing`'s reconciles all fail, each capsule ~128 KiB: its capsules stay within the
+    /// namespace's cap and chatty's are still there.
+    async fn capsules_at_their_cap(&self) -> Result<()> {
+        let x = self.x.as_str();
+        let dir = tempfile::tempdir()?;
+        let fetch = |name: &'static str| {
+            let out = dir.path().join(name);
+            async move {
+                let out_arg = out.to_string_lossy().into_owned();
+                let (ok, _, err) =
+                    kubewasm_as(&self.alice, &["capsules", "-n", x, name, "--out", &out_arg])
+                        .await?;
+                ensure!(ok, "kubewasm capsules {name}: {err}");
+                let mut sizes = Vec::new();
+                for entry in std::fs::read_dir(&out)? {
+                    sizes.push(entry?.metadata()?.len());
+                }
+                Ok(sizes)
+            }
+        };
+        let failing = eventually("failing's capsules are kept", WAIT, || async {
+            let sizes = fetch("failing").await?;
+            Ok((sizes.len() >= 2).then_some(sizes))
+        })
+        .await?;
+        let total: u64 = failing.iter().sum();
+        eprintln!("failing's capsules: {failing:?} bytes, {total} in all");
+        ensure!(
+            failing.len() <= 5 && total <= CAPSULES_PER_NAMESPACE as u64,
+            "failing keeps {} capsules, {total} bytes (cap {CAPSULES_PER_NAMESPACE})",
+            failing.len()
+        );
+        let chatty = fetch("chatty").await?;
+        ensure!(!chatty.is_empty(), "chatty's capsules were pushed out");
         Ok(())
     }
 }

@@ -19,6 +19,7 @@
 //! | `huge-error` | returns a permanent error whose message is [`HUGE_BYTES`] long |
 //! | `read-fail` | gets ConfigMap `spec.config` (default `settings`) and fails (permanently) with its `data.value` in the message |
 //! | `huge-log` | logs a [`HUGE_BYTES`] line [`HUGE_LOG_LINES`] times through the host, then behaves like `ok` |
+//! | `log-loop` | logs like `huge-log`, then asks to be reconciled again in a second (a poll, which the runtime does not damp), every time: a guest logging at its full rate for as long as it runs |
 //! | `many-actions` | returns [`MANY_ACTIONS`] `requeue-after` actions |
 //! | `log-lines` | logs [`LOG_LINES`] empty lines through the host, then behaves like `ok` |
 //! | `forge-log` | logs, prints and fails (retryable) with text that carries a line break and a [`FORGED`] runtime log line after it |
@@ -160,6 +161,13 @@ pub fn reconcile(req: &Request, cluster: &dyn Cluster) -> Result<Response, Error
                 cluster.log(LogLevel::Warn, black_box(&line));
             }
             Ok(well_behaved(req))
+        }
+        "log-loop" => {
+            let line = huge_text("hostile guest log line");
+            for _ in 0..HUGE_LOG_LINES {
+                cluster.log(LogLevel::Warn, black_box(&line));
+            }
+            Ok(Response::new().requeue_after(std::time::Duration::from_secs(1)))
         }
         "many-actions" => Ok((0..MANY_ACTIONS).fold(Response::new(), |r, _| {
             r.requeue_after(std::time::Duration::from_secs(1))
