@@ -47,6 +47,8 @@ mod logs;
 mod module_reads;
 #[path = "live/oci/mod.rs"]
 mod oci;
+#[path = "live/offline_live.rs"]
+mod offline_live;
 #[path = "live/pods.rs"]
 mod pods;
 #[path = "live/quarantine.rs"]

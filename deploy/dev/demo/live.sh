@@ -356,7 +356,7 @@ wait_for 60 "the failure of HelloWorld $LONG kept as a capsule" fetched
 step "its reconcile failed (a label of its Pod is too long); status.failingObjects: $(k -n hello-oci get wc hello-world -o jsonpath='{.status.failingObjects}')"
 step "kubewasm capsules -n hello-oci hello-world --out capsules/, as alice:"
 head -1 "$STATE/capsules.out" | cut -c1-200 | sed "s|$STATE/||; s/^/      /"
-step "kubewasm reconcile --capsule capsules/capsule-1.json --insecure, as alice (the module pulled by its image, checked against the capsule's digest):"
+step "kubewasm reconcile --capsule capsules/capsule-1.json --insecure, as alice (the module pulled by the manifest the capsule names, checked against its digest):"
 as_user alice "$KUBEWASM" reconcile --capsule "$STATE/capsules/capsule-1.json" --insecure 2>&1 | tail -2 | cut -c1-200 | sed 's/^/      /'
 k -n hello-oci delete helloworld "$LONG" >/dev/null
 if as_user bob "$KUBEWASM" logs -n hello-oci hello-world >"$STATE/bob.out" 2>&1; then fail "bob read alice's log"; fi

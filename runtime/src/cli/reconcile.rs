@@ -5,10 +5,14 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use kube::ResourceExt;
+use kube::core::{ApiResource, GroupVersionKind};
 use kubewasm::api::{ClusterWasmController, Source, Verb, WasmController, WasmControllerSpec};
+use kubewasm::controller::Cached;
 use kubewasm::host::actions::as_child;
-use kubewasm::host::{GrantedReads, ObjectSet, ObjectSource, Permissions};
-use kubewasm::sandbox::{Action, Limits, ObjectRef, Request, Sandbox, SandboxConfig, parse_time};
+use kubewasm::host::capsules::CapsuleRequest;
+use kubewasm::host::request::{self, Documents, Finalize};
+use kubewasm::host::{Finalizer, GrantedReads, ObjectSet, ObjectSource, Permissions};
+use kubewasm::sandbox::{Action, Limits, ObjectRef, Sandbox, SandboxConfig, parse_time};
 use kubewasm::sources::{self, OfflineOrigin};
 use kubewasm_guest_sdk::query::Query;
 use kubewasm_guest_sdk::selector::Selector;
@@ -38,11 +42,19 @@ pub struct Args {
     /// `state`, e.g. the restarter's data digest); by default nothing.
     #[arg(long, value_name = "STRING")]
     saved: Option<String>,
+    /// The parent as the controller last reconciled it (YAML; the request's `previous`); by
+    /// default none, as at a controller's first reconcile of the object.
+    #[arg(long, value_name = "FILE")]
+    previous: Option<PathBuf>,
+    /// Also write the request the guest is handed to FILE (JSON, as a capsule's `request`:
+    /// each object as the runtime's cache would hold it).
+    #[arg(long, value_name = "FILE")]
+    request_out: Option<PathBuf>,
     /// Replay a failed reconcile the runtime kept (`kubewasm capsules` fetches them): the same
     /// request and read answers, the module of the capsule's digest (--module, else pulled
     /// from the image its controller names), and says whether it fails the same way (exit 0)
     /// or not (exit 1).
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["controller", "object", "state", "saved"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["controller", "object", "state", "saved", "previous"])]
     capsule: Option<PathBuf>,
     /// How to reach the registry of a capsule's image.
     #[command(flatten)]
@@ -89,9 +101,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => Permissions::allow_all(&declared.name),
     };
 
-    // What the runtime checks before it calls the guest at all.
+    // What the runtime checks before it calls the guest at all, and the request it makes
+    // (host::request, the same code as the runtime's).
+    let cached = as_cached(&parent);
     if let Some(spec) = &declared.spec
-        && let Some(why) = not_reconciled(&parent, spec)?
+        && let Some(why) = not_reconciled(&parent, &cached, spec)?
     {
         println!("# {target}: not reconciled: {why}");
         eprintln!("{target} is not one of this controller's parents: the guest was not called");
@@ -101,17 +115,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let guest = sandbox
         .load(&bytes)
         .context("the module is not a usable guest")?;
-    let children = observed_children(&parent, &state, declared.spec.as_ref());
-    let declared_parent = declared.spec.as_ref().map(|spec| (spec, parent.clone()));
-    let request = Request {
-        controller: declared.name.clone(),
-        target: target.clone(),
-        parent: Some(parent),
-        children,
-        previous: None,
-        state: args.saved.clone(),
-        finalizing: false,
-    };
+    let candidates = candidates(&state, declared.spec.as_ref());
+    let children = request::children_of(&cached, candidates.iter().cloned());
+    for left in not_children(&cached, &candidates, &children) {
+        eprintln!("{left}");
+    }
+    let mut documents = Documents::of(Some(&cached), &children);
+    documents.state = args.saved.clone();
+    if let Some(path) = &args.previous {
+        documents.previous = Some(as_cached(&read_object(path)?).text().clone());
+    }
+    let finalizing = finalizing(&declared, &parent);
+    let request = documents.request(&declared.name, &target, finalizing);
+    if let Some(out) = &args.request_out {
+        let shown = serde_json::to_vec_pretty(&CapsuleRequest::from(&request))?;
+        std::fs::write(out, shown).with_context(|| format!("writing {}", out.display()))?;
+    }
+    let declared_parent = declared.spec.as_ref().map(|spec| (spec, parent));
     let state = Arc::new(ObjectSet::new(state));
     let permissions_shown = permissions.clone();
     let reads = Arc::new(GrantedReads::new(
@@ -120,7 +140,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         target.namespace.clone(),
     ));
     let outcome = guest
-        .call(&request, reads, &limits)
+        .call(request, reads, &limits)
         .with_context(|| format!("reconcile of {target} failed"))?;
     let runtime = declared_parent.as_ref().map(|(spec, parent)| AsApplied {
         spec,
@@ -217,45 +237,99 @@ fn module_bytes(args: &Args, declared: &Declared, state: &[Value]) -> anyhow::Re
     }
 }
 
-/// Objects in the state that the parent owns (ownerReference by kind and name, or by uid),
-/// restricted to the declared child kinds when there is a declaration.
-fn observed_children(
-    parent: &Value,
-    state: &[Value],
-    spec: Option<&WasmControllerSpec>,
-) -> Vec<Value> {
-    let kind = parent.get("kind").and_then(Value::as_str);
-    let name = parent.pointer("/metadata/name").and_then(Value::as_str);
-    let uid = parent.pointer("/metadata/uid").and_then(Value::as_str);
-    let owned = |o: &&Value| {
-        o.pointer("/metadata/ownerReferences")
-            .and_then(Value::as_array)
-            .is_some_and(|refs| {
-                refs.iter().any(|r| {
-                    (uid.is_some() && r.get("uid").and_then(Value::as_str) == uid)
-                        || (r.get("kind").and_then(Value::as_str) == kind
-                            && r.get("name").and_then(Value::as_str) == name)
-                })
+/// The object as the runtime's cache holds it (typed by its own `apiVersion` and `kind`).
+fn as_cached(object: &Value) -> Cached {
+    let text = |field: &str| {
+        object
+            .get(field)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    };
+    let (group, version) = match text("apiVersion").split_once('/') {
+        Some((group, version)) => (group, version),
+        None => ("", text("apiVersion")),
+    };
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, text("kind")));
+    Cached::new(object.clone(), &resource)
+}
+
+/// The objects of `state` that may be the parent's children: those of the declared child
+/// kinds, kind by kind in the spec's order (all of them without a declaration); the runtime's
+/// rule ([`request::children_of`]) picks the children among them.
+fn candidates(state: &[Value], spec: Option<&WasmControllerSpec>) -> Vec<Arc<Cached>> {
+    let of_kind = |api_version: &str, kind: &str| {
+        state
+            .iter()
+            .filter(|o| {
+                o.get("apiVersion").and_then(Value::as_str) == Some(api_version)
+                    && o.get("kind").and_then(Value::as_str) == Some(kind)
             })
+            .map(|o| Arc::new(as_cached(o)))
+            .collect::<Vec<_>>()
     };
-    let declared_kind = |o: &&Value| match spec {
-        None => true,
-        Some(spec) => spec.children.iter().any(|c| {
-            o.get("apiVersion").and_then(Value::as_str) == Some(c.api_version.as_str())
-                && o.get("kind").and_then(Value::as_str) == Some(c.kind.as_str())
-        }),
-    };
-    state
+    match spec {
+        None => state.iter().map(|o| Arc::new(as_cached(o))).collect(),
+        Some(spec) => (spec.children.iter())
+            .flat_map(|c| of_kind(&c.api_version, &c.kind))
+            .collect(),
+    }
+}
+
+/// What to say of each candidate that names the parent in an ownerReference but is not one
+/// of its children by the runtime's rule: a fixture written by hand often lacks the uid.
+fn not_children(
+    parent: &Cached,
+    candidates: &[Arc<Cached>],
+    children: &[Arc<Cached>],
+) -> Vec<String> {
+    let name = parent.metadata.name.as_deref();
+    candidates
         .iter()
-        .filter(owned)
-        .filter(declared_kind)
-        .cloned()
+        .filter(|c| !children.iter().any(|child| Arc::ptr_eq(child, c)))
+        .filter(|c| {
+            (c.metadata.owner_references.as_deref().unwrap_or_default())
+                .iter()
+                .any(|o| Some(o.name.as_str()) == name || Some(&o.uid) == parent.metadata.uid.as_ref())
+        })
+        .map(|c| {
+            format!(
+                "note: {} names the parent in an ownerReference but is not handed to the guest as a child: the runtime hands only objects of the parent's namespace whose ownerReference has `controller: true` and the parent's metadata.uid{}",
+                c.key(),
+                if parent.metadata.uid.is_none() { " (the parent has no metadata.uid: give it one, and the child's ownerReference the same)" } else { "" }
+            )
+        })
         .collect()
+}
+
+/// Whether the guest is handed the parent as finalizing, as the runtime decides it; said when
+/// the runtime would first add or remove its finalizer (offline, nothing is written: the
+/// guest is called as the runtime calls it once that is done).
+fn finalizing(declared: &Declared, parent: &Value) -> bool {
+    let Some(spec) = &declared.spec else {
+        return false;
+    };
+    let name = declared.name.rsplit('/').next().unwrap_or_default();
+    let finalizer = Finalizer::for_controller(declared.namespace.is_some(), name).ok();
+    match request::finalize_step(finalizer.as_ref(), spec.finalize, parent) {
+        Finalize::Call(finalizing) => finalizing,
+        step => {
+            let what = match step {
+                Finalize::AddFirst => "adds its finalizer to the parent",
+                _ => "removes its finalizer from the parent",
+            };
+            eprintln!("the runtime first {what} (spec.finalize), then calls the guest as here");
+            false
+        }
+    }
 }
 
 /// Why the runtime would not call the guest for `parent` at all: another kind than the
 /// spec's parent, or not matching `spec.parent.labelSelector`.
-fn not_reconciled(parent: &Value, spec: &WasmControllerSpec) -> anyhow::Result<Option<String>> {
+fn not_reconciled(
+    parent: &Value,
+    cached: &Cached,
+    spec: &WasmControllerSpec,
+) -> anyhow::Result<Option<String>> {
     let (api_version, kind) = (
         parent
             .get("apiVersion")
@@ -277,14 +351,11 @@ fn not_reconciled(parent: &Value, spec: &WasmControllerSpec) -> anyhow::Result<O
     };
     let parsed = Selector::parse(selector)
         .map_err(|e| anyhow::anyhow!("spec.parent.labelSelector `{selector}`: {e}"))?;
-    let labels: std::collections::BTreeMap<String, String> = parent
-        .pointer("/metadata/labels")
-        .cloned()
-        .map(serde_json::from_value)
-        .transpose()
-        .context("the object's metadata.labels is not a map of strings")?
-        .unwrap_or_default();
-    Ok((!parsed.matches(&labels))
+    if let Some(labels) = parent.pointer("/metadata/labels") {
+        serde_json::from_value::<std::collections::BTreeMap<String, String>>(labels.clone())
+            .context("the object's metadata.labels is not a map of strings")?;
+    }
+    Ok((!request::selected(Some(&parsed), cached))
         .then(|| format!("its labels do not match spec.parent.labelSelector `{selector}`")))
 }
 

@@ -9,6 +9,7 @@ mod finalizer;
 mod grants;
 mod kinds;
 mod reads;
+pub mod request;
 mod runner;
 mod state;
 

@@ -74,6 +74,7 @@ async fn a_team_reads_its_controllers_logs_and_nothing_more() {
         cp.expose_log_server(ip, port).await?;
         teams.read_own_and_refused(cp, &addr).await?;
         teams.capsules_replayed(cp).await?;
+        crate::offline_live::same_request(cp, &client, &teams.x, &teams.alice).await?;
         teams.follow(&client).await?;
         teams.followers_capped().await?;
         teams.hostile_minute(cp, &client, &addr, &runtime).await

@@ -16,8 +16,9 @@ use crate::sandbox::{
 
 use super::super::actions::{self, ChildKind, Executor};
 use super::super::capsules::{Recording, Stage};
-use super::super::finalizer::{Finalizer, Phase};
+use super::super::finalizer::Finalizer;
 use super::super::reads::GrantedReads;
+use super::super::request::{self, Documents, Finalize};
 use super::Runner;
 use super::spins::Inputs;
 use crate::sync::Locks as _;
@@ -40,29 +41,13 @@ pub(super) struct Prepared {
     pub(super) finalizing: bool,
     /// The request's documents as the caches hold them (shared, not copied): a failed
     /// reconcile's capsule is made of them.
-    pub(super) sent: Sent,
-}
-
-/// The documents of a request, shared with the caches.
-pub(super) struct Sent {
-    pub(super) parent: Option<Arc<str>>,
-    pub(super) children: Vec<Arc<str>>,
-    pub(super) previous: Option<Arc<str>>,
-    pub(super) state: Option<String>,
+    pub(super) sent: Documents,
 }
 
 impl Prepared {
     /// The request the guest is handed (each document copied once, for the call).
     pub(super) fn request(&self, controller: &str) -> WireRequest {
-        WireRequest {
-            controller: controller.to_owned(),
-            target: self.target.clone(),
-            parent: self.sent.parent.as_deref().map(str::to_owned),
-            children: self.sent.children.iter().map(|t| t.to_string()).collect(),
-            previous: self.sent.previous.as_deref().map(str::to_owned),
-            state: self.sent.state.clone(),
-            finalizing: self.finalizing,
-        }
+        self.sent.request(controller, &self.target, self.finalizing)
     }
 }
 
@@ -217,30 +202,38 @@ impl Runner {
         let s = &self.setup;
         let parent_watch = &s.parent;
         let parent = parent_watch.get(key);
-        if let (Some(p), Some(sel)) = (&parent, &s.parent_selector) {
-            let labels = p.metadata.labels.clone().unwrap_or_default();
-            if !sel.matches(&labels) {
-                return Prepare::Skip;
-            }
+        if let Some(p) = &parent
+            && !request::selected(s.parent_selector.as_ref(), p)
+        {
+            return Prepare::Skip;
         }
         let parent_json = parent.as_ref().map(|p| p.json());
-        let finalizing = match (&parent_json, &s.finalizer) {
-            (Some(p), Some(f)) => match (f.phase(p), s.finalize) {
-                (Phase::Missing, true) => return Prepare::Finalizer(true, p.clone()),
-                (Phase::Held | Phase::Finalizing, false) => {
-                    return Prepare::Finalizer(false, p.clone());
-                }
-                (Phase::Finalizing, true) => true,
-                _ => false,
+        let finalizing = match &parent_json {
+            Some(p) => match request::finalize_step(s.finalizer.as_ref(), s.finalize, p) {
+                Finalize::AddFirst => return Prepare::Finalizer(true, p.clone()),
+                Finalize::RemoveFirst => return Prepare::Finalizer(false, p.clone()),
+                Finalize::Call(finalizing) => finalizing,
             },
-            _ => false,
+            None => false,
         };
-        let (children, child_texts) = match &parent {
-            Some(p) => self.children_of(p),
-            None => (Vec::new(), Vec::new()),
+        let children = match &parent {
+            Some(p) => {
+                let candidates = (s.children.iter()).flat_map(|(_, watch)| {
+                    p.metadata
+                        .uid
+                        .as_deref()
+                        .map(|uid| watch.owned_by(uid))
+                        .unwrap_or_default()
+                });
+                request::children_of(p, candidates)
+            }
+            None => Vec::new(),
         };
         // The guest gets each object as the cache holds it (`Cached::text`).
-        let parent_text = parent.as_ref().map(|p| p.text().clone());
+        let mut sent = Documents::of(parent.as_deref(), &children);
+        sent.previous = self.reconciled.locked().get(key).map(|p| p.text().clone());
+        sent.state = s.state.get(&key.to_string());
+        let children = children.iter().map(|child| child.json()).collect();
         let resource = &parent_watch.kind().resource;
         let target = ObjectRef {
             api_version: resource.api_version.clone(),
@@ -248,7 +241,6 @@ impl Runner {
             namespace: key.namespace.clone(),
             name: key.name.clone(),
         };
-        let previous = self.reconciled.locked().get(key).map(|p| p.text().clone());
         let prepared = Prepared {
             key: key.clone(),
             parent,
@@ -256,12 +248,7 @@ impl Runner {
             children,
             target,
             finalizing,
-            sent: Sent {
-                parent: parent_text,
-                children: child_texts,
-                previous,
-                state: s.state.get(&key.to_string()),
-            },
+            sent,
         };
         let request = prepared.request(&s.id);
         Prepare::Call(Box::new(prepared), request)
@@ -442,31 +429,5 @@ impl Runner {
             .spins
             .settled(&key, inputs, done.wrote, asked, self.setup.requeue_floor);
         Ok(after)
-    }
-
-    /// The children the parent controls, by name: as JSON for the actions, and as each
-    /// version's text for the guest.
-    fn children_of(&self, parent: &Cached) -> (Vec<Value>, Vec<Arc<str>>) {
-        let Some(uid) = parent.metadata.uid.as_deref() else {
-            return (Vec::new(), Vec::new());
-        };
-        let mut found = Vec::new();
-        for (_, watch) in &self.setup.children {
-            for child in watch.owned_by(uid) {
-                let owned = child
-                    .metadata
-                    .owner_references
-                    .as_deref()
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|o| o.controller == Some(true) && o.uid == uid);
-                if owned && child.metadata.namespace == parent.metadata.namespace {
-                    found.push(child);
-                }
-            }
-        }
-        found.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        let texts = found.iter().map(|child| child.text().clone()).collect();
-        (found.iter().map(|child| child.json()).collect(), texts)
     }
 }
