@@ -27,7 +27,7 @@ CLUSTER_DIR ?= $(or $(KUBEWASM_CLUSTER_DIR),$(KUBEWASM_CACHE)/clusters/default-$
 include deploy/dev/local/cluster.mk
 include deploy/install.mk
 
-.PHONY: all test demo demo-offline demo-guests up down toolchain guests build lint fmt unit-test integration-test bench bench-reconcile bench-storm bench-cluster bench-cluster-venv bench-density bench-python bench-cache bench-compile bench-restart bench-fairness crds guest-sizes guest-size-typed
+.PHONY: all test demo demo-offline demo-guests up down toolchain guests build lint file-sizes fmt unit-test integration-test bench bench-reconcile bench-storm bench-cluster bench-cluster-venv bench-density bench-python bench-cache bench-compile bench-restart bench-fairness crds guest-sizes guest-size-typed
 
 all: build guests
 
@@ -86,11 +86,20 @@ fmt:
 # Every test tier (runtime/Cargo.toml's features): what `make test` runs and lints.
 ALL_TIERS := --features kubewasm/node-tests
 
-lint: toolchain
+lint: toolchain file-sizes
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets $(ALL_TIERS) -- -D warnings
 	$(CARGO) clippy --target wasm32-wasip2 $(addprefix -p ,$(GUESTS)) -- -D warnings
 	$(CARGO) clippy --target wasm32-unknown-unknown $(addprefix -p ,$(NO_WASI_GUESTS)) -p kubewasm-guest-alloc -- -D warnings
+
+## No production source file over $(MAX_CODE_LINES) code lines: comments, blank lines and a file's
+## test module (from its first `#[cfg(test)]` on) are not counted.
+MAX_CODE_LINES := 450
+file-sizes:
+	@over=$$(find runtime guest-sdk guests -path '*/target' -prune -o -path '*/src/*' -name '*.rs' -print | sort | while read -r f; do \
+		n=$$(awk '/^#\[cfg\(test\)\]/{exit} {print}' "$$f" | grep -cvE '^\s*(//|$$)'); \
+		[ "$$n" -gt $(MAX_CODE_LINES) ] && echo "  $$f: $$n"; done); \
+	if [ -n "$$over" ]; then echo "production files over $(MAX_CODE_LINES) code lines (split them along what they do):"; echo "$$over"; exit 1; fi
 
 ## Every test: lint, unit, guest-native, sandbox, CLI, integration against the local control plane.
 test: export KUBEWASM_IMAGE_TAR := $(abspath $(IMAGE_TAR))

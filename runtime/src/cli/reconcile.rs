@@ -5,20 +5,20 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use kube::ResourceExt;
-use kube::core::{ApiResource, GroupVersionKind};
 use kubewasm::api::{ClusterWasmController, Source, Verb, WasmController, WasmControllerSpec};
-use kubewasm::controller::Cached;
 use kubewasm::host::actions::as_child;
 use kubewasm::host::capsules::CapsuleRequest;
-use kubewasm::host::request::{self, Documents, Finalize};
-use kubewasm::host::{Finalizer, GrantedReads, ObjectSet, ObjectSource, Permissions};
+use kubewasm::host::request::{self, Documents};
+use kubewasm::host::{GrantedReads, ObjectSet, ObjectSource, Permissions};
 use kubewasm::sandbox::{Action, Limits, ObjectRef, Sandbox, SandboxConfig, parse_time};
 use kubewasm::sources::{self, OfflineOrigin};
 use kubewasm_guest_sdk::query::Query;
-use kubewasm_guest_sdk::selector::Selector;
 use serde_json::Value;
 
 use super::yaml::{read_object, read_objects};
+
+mod inputs;
+use inputs::{as_cached, candidates, finalizing, not_children, not_reconciled};
 
 /// Arguments of `kubewasm reconcile`.
 #[derive(Debug, clap::Args)]
@@ -235,128 +235,6 @@ fn module_bytes(args: &Args, declared: &Declared, state: &[Value]) -> anyhow::Re
             bail!("no module was read from {source}")
         }
     }
-}
-
-/// The object as the runtime's cache holds it (typed by its own `apiVersion` and `kind`).
-fn as_cached(object: &Value) -> Cached {
-    let text = |field: &str| {
-        object
-            .get(field)
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-    };
-    let (group, version) = match text("apiVersion").split_once('/') {
-        Some((group, version)) => (group, version),
-        None => ("", text("apiVersion")),
-    };
-    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, text("kind")));
-    Cached::new(object.clone(), &resource)
-}
-
-/// The objects of `state` that may be the parent's children: those of the declared child
-/// kinds, kind by kind in the spec's order (all of them without a declaration); the runtime's
-/// rule ([`request::children_of`]) picks the children among them.
-fn candidates(state: &[Value], spec: Option<&WasmControllerSpec>) -> Vec<Arc<Cached>> {
-    let of_kind = |api_version: &str, kind: &str| {
-        state
-            .iter()
-            .filter(|o| {
-                o.get("apiVersion").and_then(Value::as_str) == Some(api_version)
-                    && o.get("kind").and_then(Value::as_str) == Some(kind)
-            })
-            .map(|o| Arc::new(as_cached(o)))
-            .collect::<Vec<_>>()
-    };
-    match spec {
-        None => state.iter().map(|o| Arc::new(as_cached(o))).collect(),
-        Some(spec) => (spec.children.iter())
-            .flat_map(|c| of_kind(&c.api_version, &c.kind))
-            .collect(),
-    }
-}
-
-/// What to say of each candidate that names the parent in an ownerReference but is not one
-/// of its children by the runtime's rule: a fixture written by hand often lacks the uid.
-fn not_children(
-    parent: &Cached,
-    candidates: &[Arc<Cached>],
-    children: &[Arc<Cached>],
-) -> Vec<String> {
-    let name = parent.metadata.name.as_deref();
-    candidates
-        .iter()
-        .filter(|c| !children.iter().any(|child| Arc::ptr_eq(child, c)))
-        .filter(|c| {
-            (c.metadata.owner_references.as_deref().unwrap_or_default())
-                .iter()
-                .any(|o| Some(o.name.as_str()) == name || Some(&o.uid) == parent.metadata.uid.as_ref())
-        })
-        .map(|c| {
-            format!(
-                "note: {} names the parent in an ownerReference but is not handed to the guest as a child: the runtime hands only objects of the parent's namespace whose ownerReference has `controller: true` and the parent's metadata.uid{}",
-                c.key(),
-                if parent.metadata.uid.is_none() { " (the parent has no metadata.uid: give it one, and the child's ownerReference the same)" } else { "" }
-            )
-        })
-        .collect()
-}
-
-/// Whether the guest is handed the parent as finalizing, as the runtime decides it; said when
-/// the runtime would first add or remove its finalizer (offline, nothing is written: the
-/// guest is called as the runtime calls it once that is done).
-fn finalizing(declared: &Declared, parent: &Value) -> bool {
-    let Some(spec) = &declared.spec else {
-        return false;
-    };
-    let name = declared.name.rsplit('/').next().unwrap_or_default();
-    let finalizer = Finalizer::for_controller(declared.namespace.is_some(), name).ok();
-    match request::finalize_step(finalizer.as_ref(), spec.finalize, parent) {
-        Finalize::Call(finalizing) => finalizing,
-        step => {
-            let what = match step {
-                Finalize::AddFirst => "adds its finalizer to the parent",
-                _ => "removes its finalizer from the parent",
-            };
-            eprintln!("the runtime first {what} (spec.finalize), then calls the guest as here");
-            false
-        }
-    }
-}
-
-/// Why the runtime would not call the guest for `parent` at all: another kind than the
-/// spec's parent, or not matching `spec.parent.labelSelector`.
-fn not_reconciled(
-    parent: &Value,
-    cached: &Cached,
-    spec: &WasmControllerSpec,
-) -> anyhow::Result<Option<String>> {
-    let (api_version, kind) = (
-        parent
-            .get("apiVersion")
-            .and_then(Value::as_str)
-            .unwrap_or_default(),
-        parent
-            .get("kind")
-            .and_then(Value::as_str)
-            .unwrap_or_default(),
-    );
-    if api_version != spec.parent.api_version || kind != spec.parent.kind {
-        return Ok(Some(format!(
-            "it is a {kind} ({api_version}); the controller's parent is {} ({})",
-            spec.parent.kind, spec.parent.api_version
-        )));
-    }
-    let Some(selector) = &spec.parent.label_selector else {
-        return Ok(None);
-    };
-    let parsed = Selector::parse(selector)
-        .map_err(|e| anyhow::anyhow!("spec.parent.labelSelector `{selector}`: {e}"))?;
-    if let Some(labels) = parent.pointer("/metadata/labels") {
-        serde_json::from_value::<std::collections::BTreeMap<String, String>>(labels.clone())
-            .context("the object's metadata.labels is not a map of strings")?;
-    }
-    Ok((!request::selected(Some(&parsed), cached))
-        .then(|| format!("its labels do not match spec.parent.labelSelector `{selector}`")))
 }
 
 /// With a declaration: what the runtime does to an apply on the way to the API server.

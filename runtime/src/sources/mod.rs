@@ -14,6 +14,7 @@ mod bytes;
 mod capped;
 mod cluster;
 pub mod cosign;
+mod credentials;
 mod module_cache;
 pub mod oci;
 mod offline;
