@@ -483,6 +483,7 @@ fn tenant_of(key: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::Reason;
 
     #[test]
     fn a_namespace_is_one_tenant_and_the_cluster_controllers_another() {
