@@ -10,7 +10,7 @@
 // each remaining `expect` says in an `allow` why no input can reach it; tests may panic.
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-pub mod api;
+pub use kubewasm_api as api;
 pub mod controller;
 mod disk;
 pub mod host;

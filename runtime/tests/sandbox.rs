@@ -136,7 +136,7 @@ fn endless_loop_times_out() {
         "{err:?}"
     );
     assert!(err.to_string().contains("timed out"), "{err}");
-    assert_eq!(Reason::from(&err), Reason::Timeout);
+    assert_eq!(kubewasm::host::reason_of(&err), Reason::Timeout);
     assert_still_serves();
 }
 
@@ -152,7 +152,7 @@ fn unbounded_allocation_hits_the_memory_limit() {
         matches!(err, CallError::MemoryLimitExceeded { limit } if limit == 16 << 20),
         "{err:?}"
     );
-    assert_eq!(Reason::from(&err), Reason::MemoryLimitExceeded);
+    assert_eq!(kubewasm::host::reason_of(&err), Reason::MemoryLimitExceeded);
     assert_still_serves();
 }
 
@@ -187,7 +187,7 @@ fn endless_reads_hit_the_host_call_limit() {
         matches!(err, CallError::HostCallLimit { limit: 100 }),
         "{err:?}"
     );
-    assert_eq!(Reason::from(&err), Reason::HostCallLimitExceeded);
+    assert_eq!(kubewasm::host::reason_of(&err), Reason::HostCallLimitExceeded);
     assert_still_serves();
 }
 
@@ -290,7 +290,7 @@ fn huge_guest_error_is_cut_to_the_bound() {
         }
         other => panic!("expected a Guest error, got {other:?}"),
     }
-    assert_eq!(Reason::from(&err), Reason::ReconcileFailed);
+    assert_eq!(kubewasm::host::reason_of(&err), Reason::ReconcileFailed);
     assert_still_serves();
 }
 

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, bail, ensure};
-use kubewasm::api::{Reason, Source};
+use kubewasm::api::Source;
 use kubewasm::host::capsules::{CAPSULE_KIND, Capsule, Replayed, Stage};
 use kubewasm::sandbox::{Digest, Sandbox, SandboxConfig, WireRequest};
 use kubewasm::sources::oci::{Pulled, RegistryConfig, pull};
@@ -68,7 +68,7 @@ pub fn run(path: &Path, module: Option<&Path>, registry: &RegistryArgs) -> anyho
     let digest = &capsule.module.digest;
     match (result, recorded.stage) {
         (Err(e), _) => {
-            let (reason, message) = (Reason::from(&e), e.to_string());
+            let (reason, message) = (kubewasm::host::reason_of(&e), e.to_string());
             ensure!(
                 reason.as_str() == recorded.reason && message == recorded.message,
                 "replayed {object} with {digest}: it failed otherwise{unread}.\n  recorded: {}: {}\n  replayed: {}: {message}",

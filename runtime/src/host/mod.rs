@@ -3,6 +3,7 @@
 
 mod access;
 pub mod actions;
+mod bridge;
 mod cache;
 pub mod capsules;
 mod finalizer;
@@ -19,6 +20,7 @@ pub use access::{
     events_binding_command,
 };
 pub use actions::{ActionError, ChildKind, Executor};
+pub use bridge::{call_limits, reason_of};
 pub use cache::CacheSource;
 pub use finalizer::Finalizer;
 pub use grants::{Denied, Permissions};

@@ -39,7 +39,7 @@ impl Manager {
             .resolve()
             .map_err(|m| Problem::new(Reason::InvalidSpec, m))?;
         let (run, clamped) = self.config.caps.apply(asked);
-        let (limits, concurrency) = (run.limits, run.concurrency);
+        let (limits, concurrency) = (crate::host::call_limits(&run.limits), run.concurrency);
         let parent_selector = match &spec.parent.label_selector {
             Some(s) => Some(Selector::parse(s).map_err(|e| {
                 Problem::new(

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::api::{Problem, Reason};
+use crate::api::Problem;
 use crate::controller::{Cached, ObjectKey};
 use crate::sandbox::{
     Action, CallOutcome, EventType, ObjectRef, SharedReads, WireRequest, requeue_delay,
@@ -125,7 +125,7 @@ impl Runner {
         let outcome = match self.call(guest, request, recording.clone()).await {
             Ok(outcome) => outcome,
             Err(e) => {
-                let problem = Problem::new(Reason::from(&e), e.to_string());
+                let problem = Problem::new(super::super::reason_of(&e), e.to_string());
                 self.capsule(&prepared, &recording, &problem, Stage::Call, attempt.module);
                 self.report_failure(&prepared, &problem).await;
                 return Err(Failure {

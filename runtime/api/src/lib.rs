@@ -19,7 +19,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use limits::{
-    LimitCaps, Resolved, SPEC_LIMITS, SpecLimit, Unit, limits_description, readme_rows,
+    CallLimits, LimitCaps, Resolved, SPEC_LIMITS, SpecLimit, Unit, limits_description, readme_rows,
 };
 pub use quantity::parse_bytes;
 pub use reason::{Problem, Reason};

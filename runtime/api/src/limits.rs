@@ -7,9 +7,36 @@
 
 use std::time::Duration;
 
-use crate::sandbox::Limits;
-
 use super::{ControllerLimits, parse_bytes};
+
+/// The limits of one reconcile call that a spec sets; the sandbox's `Limits` takes these from
+/// it and holds the runtime's own beside them. The defaults are the sandbox's (the runtime's
+/// tests check that they agree).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallLimits {
+    /// Largest linear memory a guest may grow to, in bytes.
+    pub memory_bytes: usize,
+    /// Wall-clock time one reconcile may take.
+    pub timeout: Duration,
+    /// Most actions in one response.
+    pub actions: usize,
+    /// Largest response document, in bytes.
+    pub response_bytes: usize,
+    /// Bytes of log lines kept per call.
+    pub log_bytes: usize,
+}
+
+impl Default for CallLimits {
+    fn default() -> Self {
+        CallLimits {
+            memory_bytes: 64 << 20,
+            timeout: Duration::from_secs(1),
+            actions: 1000,
+            response_bytes: 1 << 20,
+            log_bytes: 64 << 10,
+        }
+    }
+}
 
 /// How a limit's values are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,7 +73,7 @@ fn quantity(bytes: u64) -> String {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Resolved {
     /// Per-call limits.
-    pub limits: Limits,
+    pub limits: CallLimits,
     /// Reconciles of the controller at once.
     pub concurrency: usize,
 }
@@ -55,7 +82,7 @@ impl Default for Resolved {
     /// What a spec that asks for nothing gets.
     fn default() -> Self {
         Resolved {
-            limits: Limits::default(),
+            limits: CallLimits::default(),
             concurrency: 1,
         }
     }

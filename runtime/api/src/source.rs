@@ -52,7 +52,7 @@ pub const MAX_IMAGE_REFERENCE_BYTES: usize = 512;
 /// `docker.io`: a tenant's typo must not send its credentials there), a repository, and a tag,
 /// a `sha256` digest or both. Parsed with the registry client's own grammar.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ImageRef(oci_client::Reference);
+pub struct ImageRef(oci_spec::distribution::Reference);
 
 impl ImageRef {
     /// Parses `text`; the error says what is wrong, for a status.
@@ -80,7 +80,7 @@ impl ImageRef {
                 "name a tag (`:v1`) or a digest (`@sha256:…`): there is no implicit `latest`",
             );
         }
-        let reference = oci_client::Reference::try_from(text)
+        let reference = oci_spec::distribution::Reference::try_from(text)
             .map_err(|e| format!("spec.module.image `{text}` is not an image reference: {e}"))?;
         if let Some(digest) = reference.digest() {
             let hex = digest.strip_prefix("sha256:").unwrap_or_default();
@@ -92,7 +92,7 @@ impl ImageRef {
     }
 
     /// The registry client's form of it.
-    pub fn reference(&self) -> &oci_client::Reference {
+    pub fn reference(&self) -> &oci_spec::distribution::Reference {
         &self.0
     }
 
@@ -239,7 +239,7 @@ impl WasmControllerSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::ConfigMapKey;
+    use crate::ConfigMapKey;
 
     fn module(cm: Option<(&str, Option<&str>)>, path: Option<&str>) -> ModuleSource {
         ModuleSource {
@@ -379,7 +379,7 @@ mod tests {
     fn a_cluster_controller_never_acts_in_a_namespace_nobody_wrote() {
         let spec = |module: ModuleSource, sa_ns: Option<&str>| WasmControllerSpec {
             module,
-            parent: crate::api::ParentResource {
+            parent: crate::ParentResource {
                 api_version: "v1".into(),
                 kind: "ConfigMap".into(),
                 label_selector: None,

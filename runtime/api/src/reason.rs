@@ -159,21 +159,3 @@ impl fmt::Display for Problem {
     }
 }
 
-impl From<&crate::sandbox::CallError> for Reason {
-    /// The reason a failed reconcile call gives in conditions, metrics and logs (the sandbox
-    /// knows nothing of them).
-    fn from(error: &crate::sandbox::CallError) -> Reason {
-        use crate::sandbox::CallError;
-        match error {
-            CallError::Timeout { .. } => Reason::Timeout,
-            CallError::MemoryLimitExceeded { .. } => Reason::MemoryLimitExceeded,
-            CallError::Panicked { .. } => Reason::Panicked,
-            CallError::StackOverflow => Reason::StackOverflow,
-            CallError::HostCallLimit { .. } => Reason::HostCallLimitExceeded,
-            CallError::InvalidResponse(_) => Reason::InvalidResponse,
-            CallError::Trap(_) => Reason::Trapped,
-            CallError::Guest { .. } => Reason::ReconcileFailed,
-            CallError::Internal(_) => Reason::InternalError,
-        }
-    }
-}
