@@ -1,9 +1,9 @@
-//! "Your first controller in 10 minutes" (docs/02-first-controller.md), step by step as a new
-//! user follows it: `kubewasm new` into a directory outside the repository, the crate's own native tests, its
-//! wasm build, an offline run, then live against the control plane — `make deploy` (its RBAC,
-//! the module by the documented one-command update, its WasmController), the child appears;
-//! an edit and `make update`, the new behaviour; a labelled ConfigMap without data, the
-//! permanent error in the status and `kubectl get wc`, not retried; an edit loaded gzipped.
+//! "Your first controller in 10 minutes" (docs/02-first-controller.md), step by step as a new user
+//! follows it: `kubewasm new` into a directory outside the repository, the crate's own native
+//! tests, its wasm build, an offline run, then live against the control plane — `make deploy` (its
+//! RBAC, the module by the documented one-command update, its WasmController), the child appears;
+//! an edit and `make update`, the new behaviour; a labelled ConfigMap without data, the permanent
+//! error in the status and `kubectl get wc`, not retried; an edit loaded gzipped.
 //!
 //! Builds use `CARGO_TARGET_DIR=$KUBEWASM_CACHE/first-controller/target`, so later runs are
 //! warm, and the workspace's `Cargo.lock`, so versions match what is already fetched (a user's
