@@ -11,8 +11,9 @@ GUEST_DIR := $(TARGET_DIR)/wasm32-wasip2/guest
 GUESTS := hello-world configmap-restarter guitar-reviewer pod-watcher hello-finalizer hostile intruder
 GUEST_WASM := $(GUEST_DIR)/hello_world.wasm $(GUEST_DIR)/configmap_restarter.wasm $(GUEST_DIR)/guitar_reviewer.wasm $(GUEST_DIR)/pod_watcher.wasm $(GUEST_DIR)/hello_finalizer.wasm $(GUEST_DIR)/hostile.wasm $(GUEST_DIR)/intruder.wasm
 export KUBEWASM_GUEST_DIR := $(GUEST_DIR)
-# Guests built without WASI too (README, "Guests without WASI"): wasm32-unknown-unknown, made a
-# component by the toolchain's wasm-component-ld (.cargo/config.toml).
+# Guests built without WASI too (docs/03-writing-a-controller.md, "Guests without WASI"):
+# wasm32-unknown-unknown, made a component by the toolchain's wasm-component-ld
+# (.cargo/config.toml).
 NO_WASI_GUESTS := hello-world hostile
 export KUBEWASM_GUEST_DIR_NO_WASI := $(TARGET_DIR)/wasm32-unknown-unknown/guest
 # The debug kubewasm binary the demo scripts run (deploy/dev/demo/*.sh read $KUBEWASM).
@@ -176,7 +177,8 @@ bench-python: guests k8s-binaries
 	KUBEWASM_DENSITY_EXAMPLE=python-hello-world KUBEWASM_DENSITY_ROUNDS=2 \
 		KUBEWASM_DENSITY_BINARY=$(TARGET_DIR)/release/kubewasm $(CARGO) test -p kubewasm --bench density -- 100 1000
 
-## Memory the runtime holds per byte a namespace's cache account is charged (the README's budget).
+## Memory the runtime holds per byte a namespace's cache account is charged (the memory budget
+## of docs/06-security-model.md).
 ## Allocations are counted, not timed: the dev profile measures the same as a release build.
 bench-cache:
 	$(CARGO) test -p kubewasm --bench cache_memory -- 1000

@@ -160,7 +160,7 @@ impl Condition {
 /// Fails (permanently) when the type or the reason is not one the API server accepts
 /// (`metav1.Condition`'s rules); a message longer than [`MAX_MESSAGE_BYTES`] is cut.
 ///
-/// Not in guests built without WASI (README, "Guests without WASI"): they have no clock;
+/// Not in guests built without WASI (docs/03-writing-a-controller.md, "Guests without WASI"): they have no clock;
 /// [`set_at`] with a time from elsewhere (e.g. the parent's) works there.
 #[cfg(not(all(target_arch = "wasm32", target_os = "unknown")))]
 pub fn set(status: &mut Value, parent: &Value, condition: Condition) -> Result<(), Error> {

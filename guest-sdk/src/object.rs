@@ -20,7 +20,7 @@
 //! ```
 //!
 //! Typed objects, e.g. k8s-openapi's, go through [`typed`] and [`to_value`]; they cost module
-//! size (README, "Typed objects"), so the JSON helpers stay the default.
+//! size (docs/03-writing-a-controller.md, "Typed objects"), so the JSON helpers stay the default.
 
 use std::collections::BTreeMap;
 

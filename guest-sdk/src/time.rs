@@ -34,8 +34,8 @@ pub fn rfc3339(t: SystemTime) -> String {
     )
 }
 
-/// The current time as [`rfc3339`] writes it. Not in guests built without WASI (README,
-/// "Guests without WASI"): they have no clock.
+/// The current time as [`rfc3339`] writes it. Not in guests built without WASI
+/// (docs/03-writing-a-controller.md, "Guests without WASI"): they have no clock.
 #[cfg(not(all(target_arch = "wasm32", target_os = "unknown")))]
 pub fn now() -> String {
     rfc3339(SystemTime::now())

@@ -1,13 +1,14 @@
 //! Cache memory: bytes the runtime holds per byte charged to a namespace's cache account.
 //!
 //! `--max-cached-bytes-per-namespace` and `--max-cached-bytes` count each object's weight
-//! (`Cached::weight`: its text, its decoded metadata and the cache entry, estimated); the
-//! process holds the object as a watch caches it (`controller::Cached`: a few metadata fields
-//! decoded, the whole object as the JSON text a guest is handed, without managedFields). For
-//! object shapes a tenant controls this bench decodes `N` objects as the watch does and prints
-//! the bytes allocated (a counting global allocator) per byte weighed, so that the README's
-//! memory budget is a product of measured factors — and, beside it, what the same objects took
-//! as they were cached before (kube's `DynamicObject` and, once handed to a guest, its text).
+//! (`Cached::weight`: its text, its decoded metadata and the cache entry, estimated); the process
+//! holds the object as a watch caches it (`controller::Cached`: a few metadata fields decoded, the
+//! whole object as the JSON text a guest is handed, without managedFields). For object shapes a
+//! tenant controls this bench decodes `N` objects as the watch does and prints the bytes allocated
+//! (a counting global allocator) per byte weighed, so that the memory budget of
+//! docs/06-security-model.md is a product of measured factors — and, beside it, what the same
+//! objects took as they were cached before (kube's `DynamicObject` and, once handed to a guest, its
+//! text).
 //!
 //! `make bench-cache` (`cargo test -p kubewasm --bench cache_memory -- N`, default 1000). No
 //! cluster and no timing: allocations are counted, the same in any profile.

@@ -476,7 +476,7 @@ fn check_same_answer(ways: &mut Ways, all: &[Way], request: &Request) {
     }
 }
 
-/// HelloWorld built without WASI (`make guests`; README, "Guests without WASI").
+/// HelloWorld built without WASI (`make guests`; docs/03-writing-a-controller.md, "Guests without WASI").
 fn no_wasi(sandbox: &Sandbox) -> Arc<GuestPre> {
     let bytes = std::fs::read(common::guest_without_wasi("hello_world"))
         .expect("reading hello_world.wasm built without WASI");

@@ -1,8 +1,8 @@
 //! Every limit a spec may ask for (`spec.limits`), defined once: its field, its default, the
 //! operator's flag that caps it and that cap's default, and how a value above the cap is
 //! clamped and said. The CLI's `--max-*` flags ([`LimitCaps`] as `clap::Args`), the clamp,
-//! the CRD's description of `spec.limits` and the README's rows are all made from
-//! [`SPEC_LIMITS`]: a limit added there has its flag, its cap and its documentation, or the
+//! the CRD's description of `spec.limits` and the rows of docs/07-reference.md are all made
+//! from [`SPEC_LIMITS`]: a limit added there has its flag, its cap and its documentation, or the
 //! drift tests fail.
 
 use std::time::Duration;
@@ -96,7 +96,7 @@ pub struct SpecLimit {
     pub flag: &'static str,
     /// How its values are written.
     pub unit: Unit,
-    /// What it bounds, for the CLI help, the CRD and the README.
+    /// What it bounds, for the CLI help, the CRD and the reference (docs/07-reference.md).
     pub what: &'static str,
     /// The cap when the operator gives no flag.
     pub default_cap: u64,
@@ -122,7 +122,7 @@ fn to_usize(value: u64) -> usize {
     usize::try_from(value).unwrap_or(usize::MAX)
 }
 
-/// Every limit a spec may ask for, in the order the CLI, the CRD and the README list them.
+/// Every limit a spec may ask for, in the order the CLI, the CRD and the reference list them.
 pub const SPEC_LIMITS: [SpecLimit; 6] = [
     SpecLimit {
         field: "memory",
@@ -335,7 +335,7 @@ pub fn limits_description() -> String {
     )
 }
 
-/// The README's rows for these limits (its limits table has them verbatim).
+/// The rows of the limits table in docs/07-reference.md (it has them verbatim).
 pub fn readme_rows() -> Vec<String> {
     SPEC_LIMITS
         .iter()
@@ -423,11 +423,11 @@ mod tests {
 
     #[test]
     fn the_readme_lists_every_limit_as_the_table_says() {
-        let readme = include_str!("../../../README.md");
+        let readme = include_str!("../../../docs/07-reference.md");
         for row in readme_rows() {
             assert!(
                 readme.contains(&row),
-                "README.md's limits table lacks (or differs from) this row; paste it:\n{row}"
+                "docs/07-reference.md's limits table lacks (or differs from) this row; paste it:\n{row}"
             );
         }
     }

@@ -11,8 +11,8 @@ pub fn guest_dir() -> PathBuf {
     }
 }
 
-/// The directory `make guests` writes the guests built without WASI to (README, "Guests
-/// without WASI"): `KUBEWASM_GUEST_DIR_NO_WASI` if set, else
+/// The directory `make guests` writes the guests built without WASI to (docs/03-writing-a-controller.md,
+/// "Guests without WASI"): `KUBEWASM_GUEST_DIR_NO_WASI` if set, else
 /// `<target>/wasm32-unknown-unknown/guest` beside the running test binary's profile.
 pub fn guest_dir_without_wasi() -> PathBuf {
     match std::env::var_os("KUBEWASM_GUEST_DIR_NO_WASI") {

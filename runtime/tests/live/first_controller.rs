@@ -1,9 +1,9 @@
-//! The README's "Your first controller in 10 minutes", step by step as a new user follows it:
-//! `kubewasm new` into a directory outside the repository, the crate's own native tests, its
-//! wasm build, an offline run, then live against the control plane — `make deploy` (its RBAC,
-//! the module by the documented one-command update, its WasmController), the child appears;
-//! an edit and `make update`, the new behaviour; a labelled ConfigMap without data, the
-//! permanent error in the status and `kubectl get wc`, not retried; an edit loaded gzipped.
+//! "Your first controller in 10 minutes" (docs/02-first-controller.md), step by step as a new user
+//! follows it: `kubewasm new` into a directory outside the repository, the crate's own native
+//! tests, its wasm build, an offline run, then live against the control plane — `make deploy` (its
+//! RBAC, the module by the documented one-command update, its WasmController), the child appears;
+//! an edit and `make update`, the new behaviour; a labelled ConfigMap without data, the permanent
+//! error in the status and `kubectl get wc`, not retried; an edit loaded gzipped.
 //!
 //! Builds use `CARGO_TARGET_DIR=$KUBEWASM_CACHE/first-controller/target`, so later runs are
 //! warm, and the workspace's `Cargo.lock`, so versions match what is already fetched (a user's
@@ -41,7 +41,7 @@ const WAIT_EVENTS: Duration = Duration::from_secs(30);
 /// What the scaffold's summary says for tests/fixtures/example.yaml (keys color, greeting).
 const SUMMARY: &str = "2 keys, 9 bytes";
 
-/// The line of src/lib.rs the README's edit changes, and what the edits make of it.
+/// The line of src/lib.rs the tutorial's edit changes, and what the edits make of it.
 const FORMAT: &str = r#""{} keys, {} bytes""#;
 
 #[tokio::test]
@@ -128,7 +128,7 @@ impl Scaffold {
         self.path.display().to_string()
     }
 
-    /// The README's offline steps: `make test`, `make build`, `make run`.
+    /// The tutorial's offline steps: `make test`, `make build`, `make run`.
     async fn offline(&self) -> Result<()> {
         self.cargo_fmt_check().await?;
         let tests = self.make(&["test"], BUILD).await?;
@@ -156,7 +156,7 @@ impl Scaffold {
         Ok(())
     }
 
-    /// The README's live steps against the control plane.
+    /// The tutorial's live steps against the control plane.
     async fn live(&self, client: &Client, ns: &str) -> Result<()> {
         let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
         let kubectl = Kubectl::new(&self.kubeconfig);
@@ -193,7 +193,7 @@ impl Scaffold {
             phase.elapsed()
         );
 
-        // The README's edit, then `make update`: the runtime swaps the module in.
+        // The tutorial's edit, then `make update`: the runtime swaps the module in.
         let phase = Instant::now();
         self.edit(" (v2)")?;
         self.make(&["update"], BUILD).await?;
@@ -349,7 +349,7 @@ impl Scaffold {
             .join(format!("{NAME}.wasm"))
     }
 
-    /// The README's edit of the summary: `"{} keys, {} bytes"` gets `suffix`.
+    /// The tutorial's edit of the summary: `"{} keys, {} bytes"` gets `suffix`.
     fn edit(&self, suffix: &str) -> Result<()> {
         let lib = self.path.join("src/lib.rs");
         let source = std::fs::read_to_string(&lib)?;
@@ -433,7 +433,7 @@ impl Scaffold {
         }
     }
 
-    /// `kubectl <args>` in the crate's directory, as the README runs it.
+    /// `kubectl <args>` in the crate's directory, as the tutorial runs it.
     async fn kubectl(&self, kubectl: &Kubectl, args: &[&str]) -> Result<String> {
         let args_here: Vec<String> = args
             .iter()

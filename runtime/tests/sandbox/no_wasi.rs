@@ -1,5 +1,5 @@
-//! Guests built without WASI (`wasm32-unknown-unknown` linked by `wasm-component-ld`, README
-//! "Guests without WASI"): they import the host's interface and nothing else, answer exactly
+//! Guests built without WASI (`wasm32-unknown-unknown` linked by `wasm-component-ld`,
+//! docs/03-writing-a-controller.md, "Guests without WASI"): they import the host's interface and nothing else, answer exactly
 //! as their `wasm32-wasip2` builds do, keep a small reconcile within their initial memory (the
 //! SDK's allocator, `guest-sdk/alloc`), and meet the sandbox's limits with the same typed
 //! errors — a panic's message included, which reaches the runtime through `log`.
