@@ -28,7 +28,7 @@ CLUSTER_DIR ?= $(or $(KUBEWASM_CLUSTER_DIR),$(KUBEWASM_CACHE)/clusters/default-$
 include deploy/dev/local/cluster.mk
 include deploy/install.mk
 
-.PHONY: all test demo demo-offline demo-guests up down toolchain guests build lint file-sizes fmt unit-test integration-test bench bench-reconcile bench-storm bench-cluster bench-cluster-venv bench-density bench-python bench-cache bench-compile bench-restart bench-fairness crds guest-sizes guest-size-typed
+.PHONY: all test demo demo-offline demo-guests up down toolchain guests build lint file-sizes layers fmt unit-test integration-test bench bench-reconcile bench-storm bench-cluster bench-cluster-venv bench-density bench-python bench-cache bench-compile bench-restart bench-fairness crds guest-sizes guest-size-typed
 
 all: build guests
 
@@ -87,11 +87,19 @@ fmt:
 # Every test tier (runtime/Cargo.toml's features): what `make test` runs and lints.
 ALL_TIERS := --features kubewasm/node-tests
 
-lint: toolchain file-sizes
+lint: toolchain file-sizes layers
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets $(ALL_TIERS) -- -D warnings
 	$(CARGO) clippy --target wasm32-wasip2 $(addprefix -p ,$(GUESTS)) -- -D warnings
 	$(CARGO) clippy --target wasm32-unknown-unknown $(addprefix -p ,$(NO_WASI_GUESTS)) -p kubewasm-guest-alloc -- -D warnings
+
+## The floors' dependencies point one way: the API types build without the engine or a
+## client (a webhook or a tool may use them), and the sandbox knows no Kubernetes.
+layers:
+	@bad=$$($(CARGO) tree -p kubewasm-api -e normal --prefix none | awk '{print $$1}' | grep -xE 'wasmtime|kubewasm-sandbox|kube-client|tokio|kubewasm' | sort -u | tr '\n' ' '); \
+	if [ -n "$$bad" ]; then echo "kubewasm-api (runtime/api) depends on: $$bad; the API types must build without them"; exit 1; fi
+	@bad=$$($(CARGO) tree -p kubewasm-sandbox -e normal --prefix none | awk '{print $$1}' | grep -xE 'kube|kube-core|kube-client|k8s-openapi|kubewasm-api|kubewasm' | sort -u | tr '\n' ' '); \
+	if [ -n "$$bad" ]; then echo "kubewasm-sandbox (runtime/sandbox) depends on: $$bad; the sandbox must know no Kubernetes"; exit 1; fi
 
 ## No production source file over $(MAX_CODE_LINES) code lines: comments, blank lines and a file's
 ## test module (from its first `#[cfg(test)]` on) are not counted.

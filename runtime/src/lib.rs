@@ -11,12 +11,12 @@
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub use kubewasm_api as api;
+pub use kubewasm_sandbox as sandbox;
+// Small helpers of the bottom floor that every floor uses.
+pub use kubewasm_sandbox::{disk, sync};
 pub mod controller;
-mod disk;
 pub mod host;
 pub mod logs;
 pub mod manager;
 pub mod metrics;
-pub mod sandbox;
 pub mod sources;
-mod sync;

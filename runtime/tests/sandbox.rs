@@ -187,7 +187,10 @@ fn endless_reads_hit_the_host_call_limit() {
         matches!(err, CallError::HostCallLimit { limit: 100 }),
         "{err:?}"
     );
-    assert_eq!(kubewasm::host::reason_of(&err), Reason::HostCallLimitExceeded);
+    assert_eq!(
+        kubewasm::host::reason_of(&err),
+        Reason::HostCallLimitExceeded
+    );
     assert_still_serves();
 }
 

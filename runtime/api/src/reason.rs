@@ -158,4 +158,3 @@ impl fmt::Display for Problem {
         write!(f, "{}: {}", self.reason, self.message)
     }
 }
-

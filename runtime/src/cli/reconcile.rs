@@ -93,7 +93,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let bytes = module_bytes(&args, &declared, &state)?;
     let limits = match &declared.spec {
-        Some(spec) => kubewasm::host::call_limits(&spec.limits.resolve().map_err(anyhow::Error::msg)?.limits),
+        Some(spec) => {
+            kubewasm::host::call_limits(&spec.limits.resolve().map_err(anyhow::Error::msg)?.limits)
+        }
         None => Limits::default(),
     };
     let permissions = match &declared.spec {

@@ -6,7 +6,7 @@
 use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// [`Mutex::lock`], poison ignored.
-pub(crate) trait Locks<T> {
+pub trait Locks<T> {
     /// The guard, whether or not a panic poisoned the lock.
     fn locked(&self) -> MutexGuard<'_, T>;
 }
@@ -18,7 +18,7 @@ impl<T> Locks<T> for Mutex<T> {
 }
 
 /// [`RwLock`]'s `read` and `write`, poison ignored.
-pub(crate) trait RwLocks<T> {
+pub trait RwLocks<T> {
     /// A read guard, whether or not a panic poisoned the lock.
     fn read_locked(&self) -> RwLockReadGuard<'_, T>;
     /// A write guard, whether or not a panic poisoned the lock.

@@ -242,7 +242,7 @@ fn check_action(action: Action) -> Result<Action, String> {
 
 /// A time as the API server writes it (RFC 3339, e.g. `2026-11-23T12:00:00Z`); the message
 /// quotes at most 64 bytes of what it got.
-pub fn parse_time(time: &str) -> Result<k8s_openapi::jiff::Timestamp, String> {
+pub fn parse_time(time: &str) -> Result<jiff::Timestamp, String> {
     time.parse().map_err(|e| {
         format!(
             "`{}` is not an RFC 3339 time such as 2026-11-23T12:00:00Z: {e}",

@@ -5,7 +5,7 @@
 
 wasmtime::component::bindgen!({
     world: "controller",
-    path: "../guest-sdk/wit",
+    path: "../../guest-sdk/wit",
     // Calls into the guest are async, so that a reconcile past its deadline is dropped
     // (and its Store and instance slot freed) wherever the guest is: computing, or blocked
     // in a host or WASI call.

@@ -54,7 +54,7 @@ pub struct Phases {
     /// Instantiating the component from its pre-linked form (a pool slot, data segments).
     pub instantiate: Duration,
     /// The request converted for WIT: its documents serialized to JSON text (when the caller
-    /// handed [`crate::sandbox::Request`]'s values) and copied into the WIT record.
+    /// handed [`crate::Request`]'s values) and copied into the WIT record.
     pub request: Duration,
     /// The export called: the request lowered into guest memory, the guest's work, its host
     /// calls, and the response checked and decoded in `respond`.

@@ -5,10 +5,10 @@
 use wasmtime::Trap;
 
 use super::CallState;
-use crate::sandbox::error::{CallError, HostCallLimitHit};
-use crate::sandbox::limits::Limits;
-use crate::sandbox::output::Captured;
-use crate::sandbox::text::{MAX_GUEST_MESSAGE_BYTES, escaped, guest_text};
+use crate::error::{CallError, HostCallLimitHit};
+use crate::limits::Limits;
+use crate::output::Captured;
+use crate::text::{MAX_GUEST_MESSAGE_BYTES, escaped, guest_text};
 
 pub(super) fn classify(
     err: wasmtime::Error,

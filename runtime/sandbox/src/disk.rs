@@ -1,6 +1,6 @@
 //! Directories of entries kept under a size on disk, least recently used first out: the
-//! pulled-layer cache ([`crate::sources::ModuleCache`]) and the compiled-module cache
-//! ([`crate::sandbox::CompiledCache`]) both keep their entries so. An entry's mtime is its last
+//! pulled-layer cache (the runtime's `sources::ModuleCache`) and the compiled-module cache
+//! ([`crate::CompiledCache`]) both keep their entries so. An entry's mtime is its last
 //! use (a hit touches it).
 
 use std::path::{Path, PathBuf};
@@ -9,7 +9,7 @@ use std::time::SystemTime;
 /// A file of the directory that could not be listed or removed.
 #[derive(Debug, thiserror::Error)]
 #[error("{what} {}: {source}", .path.display())]
-pub(crate) struct EvictError {
+pub struct EvictError {
     /// What was done.
     pub what: &'static str,
     /// The file or directory.
@@ -22,7 +22,7 @@ pub(crate) struct EvictError {
 /// Removes the least recently used entries of `dir` (oldest mtime first) until the entries
 /// (the files whose names `is_entry` accepts) take at most `max_bytes`. Other files (another
 /// process's temporary file) are neither counted nor removed.
-pub(crate) fn evict(
+pub fn evict(
     dir: &Path,
     max_bytes: u64,
     is_entry: impl Fn(&str) -> bool,
@@ -58,7 +58,7 @@ pub(crate) fn evict(
 
 /// Marks `path` used now: the last of its directory to be evicted. A failure costs only its
 /// rank.
-pub(crate) fn touch(path: &Path) {
+pub fn touch(path: &Path) {
     if let Ok(file) = std::fs::File::options().append(true).open(path) {
         let _ = file.set_modified(SystemTime::now());
     }
