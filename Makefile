@@ -84,7 +84,8 @@ guest-size-typed: toolchain
 fmt:
 	$(CARGO) fmt --all
 
-# Every test tier (runtime/Cargo.toml's features): what `make test` runs and lints.
+# Every test tier, offline, cluster and node (runtime/Cargo.toml's features): what `make test`
+# runs and lints.
 ALL_TIERS := --features kubewasm/node-tests
 
 lint: toolchain file-sizes layers
@@ -123,11 +124,12 @@ test: lint guests python-test k8s-binaries image install-files
 	KUBEWASM_RESTART_MOVES=1 $(CARGO) test -p kubewasm $(ALL_TIERS) --bench restart -- 2 >/dev/null
 	@echo "make test: all tests passed"
 
-## Tiers 1-3 only (unit, guests natively, sandbox, CLI): no cluster, no Kubernetes binaries.
+## The offline tier only (unit, guests natively, SDK vectors, sandbox, CLI): no cluster, no
+## Kubernetes binaries.
 unit-test: guests
 	$(CARGO) test --workspace
 
-## Tier 4: the tests against a local control plane (etcd and the locally built API server).
+## The cluster tier: the tests against a local control plane (etcd and the locally built API server).
 integration-test: guests k8s-binaries
 	$(CARGO) test -p kubewasm --features kubewasm/cluster-tests --test control_plane --test live --test shards --test watches
 
