@@ -54,6 +54,7 @@ fn replay(dir: &Path, capsule: &Value, module: Option<&Path>) -> Run {
 
 /// The failure the hostile guest in mode `read-fail` returns when ConfigMap `settings` says
 /// `value`: the reason and message a capsule records for it.
+#[cfg(feature = "cluster-tests")]
 fn read_fail(value: &str) -> (&'static str, String) {
     (
         "ReconcileFailed",
@@ -61,6 +62,9 @@ fn read_fail(value: &str) -> (&'static str, String) {
     )
 }
 
+/// In the cluster tier: it needs Debian's `docker-registry`, which `make k8s-binaries` installs
+/// with the control plane's binaries (the offline tier needs nothing installed).
+#[cfg(feature = "cluster-tests")]
 #[test]
 fn a_capsule_of_a_registry_module_is_replayed_by_the_manifest_it_was_pulled_as() {
     let registry = kubewasm_test_support::registry::Registry::start().expect("docker-registry");
