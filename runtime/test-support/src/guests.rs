@@ -1,6 +1,11 @@
-//! Where the built guests are (the sandbox, CLI and live tests, the benches).
+//! Where the built guests are (the sandbox, CLI and live tests, the benches), and their build
+//! when a test asks for one that is not there: `cargo test --workspace` on a fresh clone builds
+//! what `make guests` would, once, into the same place (the way wasmtime's test programs are
+//! built for its tests), so no `make` step comes first.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
 
 /// The directory `make guests` writes the guest components to: `KUBEWASM_GUEST_DIR` if set,
 /// else `<target>/wasm32-wasip2/guest` beside the running test binary's profile.
@@ -21,25 +26,115 @@ pub fn guest_dir_without_wasi() -> PathBuf {
     }
 }
 
-/// Path of one built guest, e.g. `guest("hostile")`; panics with what to do when missing.
+/// Path of one built guest, e.g. `guest("hostile")`; built first when missing (see
+/// [`build_missing`]), else panics with what to do.
 pub fn guest(name: &str) -> PathBuf {
-    built(guest_dir(), name)
+    built(guest_dir(), "KUBEWASM_GUEST_DIR", &WASIP2, name)
 }
 
-/// Path of one guest built without WASI, e.g. `guest_without_wasi("hello_world")`; panics
-/// with what to do when missing.
+/// Path of one guest built without WASI, e.g. `guest_without_wasi("hello_world")`; built
+/// first when missing, else panics with what to do.
 pub fn guest_without_wasi(name: &str) -> PathBuf {
-    built(guest_dir_without_wasi(), name)
+    built(
+        guest_dir_without_wasi(),
+        "KUBEWASM_GUEST_DIR_NO_WASI",
+        &WITHOUT_WASI,
+        name,
+    )
 }
 
-fn built(dir: PathBuf, name: &str) -> PathBuf {
+/// The Rust guests of one target, as the Makefile's `guests` target builds them.
+struct Target {
+    triple: &'static str,
+    crates: &'static [&'static str],
+}
+
+/// `GUESTS` of the Makefile.
+const WASIP2: Target = Target {
+    triple: "wasm32-wasip2",
+    crates: &[
+        "hello-world",
+        "configmap-restarter",
+        "guitar-reviewer",
+        "pod-watcher",
+        "hello-finalizer",
+        "hostile",
+        "intruder",
+    ],
+};
+
+/// `NO_WASI_GUESTS` of the Makefile.
+const WITHOUT_WASI: Target = Target {
+    triple: "wasm32-unknown-unknown",
+    crates: &["hello-world", "hostile"],
+};
+
+/// One build at a time within a test binary (across binaries: the build's own locks).
+static BUILDING: Mutex<()> = Mutex::new(());
+
+fn built(dir: PathBuf, variable: &str, target: &Target, name: &str) -> PathBuf {
     let path = dir.join(format!("{name}.wasm"));
+    if !path.is_file() && std::env::var_os(variable).is_none() {
+        let _one = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
+        if !path.is_file()
+            && let Err(why) = build_missing(target, name, &path)
+        {
+            panic!(
+                "{} is missing and could not be built ({why}): run `make guests` first",
+                path.display()
+            );
+        }
+    }
     assert!(
         path.is_file(),
         "{} is missing: run `make guests` first",
         path.display()
     );
     path
+}
+
+/// Builds guest `name` to `path` as `make guests` does: a Python guest (`python_*`) with
+/// `guest-sdk/python/build.sh` (componentize-py, installed from PyPI into the cache on first
+/// use), a Rust guest with every Rust guest of its target in one `cargo build --profile guest`
+/// into this workspace's target directory.
+fn build_missing(target: &Target, name: &str, path: &Path) -> Result<(), String> {
+    let root = crate::workspace();
+    let crate_name = name.replace('_', "-");
+    let mut command = if crate_name.starts_with("python-") {
+        let mut command = Command::new(root.join("guest-sdk/python/build.sh"));
+        command.arg(root.join("guests").join(&crate_name)).arg(path);
+        command
+    } else if target.crates.contains(&crate_name.as_str()) {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let target_dir = crate::profile_dir().join("..");
+        let mut command = Command::new(cargo);
+        command
+            .current_dir(&root)
+            .args(["build", "--profile", "guest", "--target", target.triple])
+            .arg("--target-dir")
+            .arg(&target_dir);
+        for guest in target.crates {
+            command.args(["-p", guest]);
+        }
+        command
+    } else {
+        return Err(format!(
+            "no guest crate `{crate_name}` for {}",
+            target.triple
+        ));
+    };
+    eprintln!(
+        "building the guests for {} ({name} is missing)",
+        target.triple
+    );
+    let status = command
+        .status()
+        .map_err(|e| format!("cannot run the build: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("the build failed: {status}"))
+    }
 }
 
 /// `module` with a custom section `name` holding `payload` appended: other bytes (another
