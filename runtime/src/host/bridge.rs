@@ -8,12 +8,20 @@ use crate::sandbox::{CallError, Limits};
 /// The sandbox's limits for a call of a controller whose spec resolved to `spec` (the limits
 /// no spec sets keep the sandbox's defaults).
 pub fn call_limits(spec: &CallLimits) -> Limits {
+    // Every field named: a limit added to `CallLimits` does not compile until it is passed on.
+    let CallLimits {
+        memory_bytes,
+        timeout,
+        actions,
+        response_bytes,
+        log_bytes,
+    } = *spec;
     Limits {
-        memory_bytes: spec.memory_bytes,
-        timeout: spec.timeout,
-        actions: spec.actions,
-        response_bytes: spec.response_bytes,
-        log_bytes: spec.log_bytes,
+        memory_bytes,
+        timeout,
+        actions,
+        response_bytes,
+        log_bytes,
         ..Limits::default()
     }
 }

@@ -30,7 +30,7 @@ pub fn json_log_lines(log: &str, controller: &str) -> Result<LogLines> {
             !message.contains("FORGED by a guest\n") && !message.contains('\r'),
             "a guest's line break reached the log: {line}"
         );
-        let from_guest = event["target"] == "kubewasm::sandbox::call"
+        let from_guest = event["target"] == "kubewasm_sandbox::call"
             && event.pointer("/fields/controller").and_then(Value::as_str) == Some(controller)
             && !message.contains(" dropped");
         counted.guest += u64::from(from_guest);

@@ -30,7 +30,7 @@ pub fn kubewasm_bin() -> PathBuf {
 }
 
 /// `RUST_LOG` of the runtime under test: debug lines of kubewasm, which some tests read.
-pub const TEST_LOG_FILTER: &str = "info,kubewasm=debug";
+pub const TEST_LOG_FILTER: &str = "info,kubewasm=debug,kubewasm_sandbox=debug";
 
 /// A running `kubewasm run --namespace <ns>`; killed when dropped.
 pub struct RuntimeProcess {
