@@ -609,38 +609,11 @@ impl Teams {
     /// proxy's certificate, as the API server would): at most the per-controller cap are
     /// served, the rest refused at once with the cap's words. What they were answered.
     async fn hundred_followers(&self, cp: &ControlPlane, addr: &str) -> Result<String> {
-        let (cert, key) = cp
-            .front_proxy_client()
-            .context("no front proxy certificate")?;
-        let path = format!(
-            "https://{addr}/apis/logs.kubewasm.dev/v1alpha1/namespaces/{}/wasmcontrollers/flood/log?follow=true",
-            self.x
-        );
         let mut asked = Vec::new();
         for _ in 0..100 {
-            let child = Command::new("curl")
-                .args([
-                    "-sk",
-                    "--max-time",
-                    "10",
-                    "-o",
-                    "/dev/null",
-                    "-w",
-                    "%{http_code}",
-                ])
-                .arg("--cert")
-                .arg(&cert)
-                .arg("--key")
-                .arg(&key)
-                .args([
-                    "-H",
-                    "X-Remote-User: alice",
-                    "-H",
-                    "X-Remote-Group: system:authenticated",
-                ])
-                .arg(&path)
+            let child = self
+                .follow_flood_as_alice(cp, addr, &["--max-time", "10", "-w", "%{http_code}"])?
                 .stdout(Stdio::piped())
-                .kill_on_drop(true)
                 .spawn()?;
             asked.push(child.wait_with_output());
         }
@@ -658,23 +631,21 @@ impl Teams {
         Ok(format!("{codes:?} (HTTP status: followers)"))
     }
 
-    /// A follower that never reads while the flood goes on is cut off.
-    async fn stalled_reader_cut(
+    /// `curl` following flood's log straight at the runtime as alice, through the front proxy's
+    /// certificate (as the API server would), with `extra` options; its body is thrown away.
+    fn follow_flood_as_alice(
         &self,
         cp: &ControlPlane,
         addr: &str,
-        runtime: &RuntimeProcess,
-    ) -> Result<()> {
+        extra: &[&str],
+    ) -> Result<Command> {
         let (cert, key) = cp
             .front_proxy_client()
             .context("no front proxy certificate")?;
-        let path = format!(
-            "https://{addr}/apis/logs.kubewasm.dev/v1alpha1/namespaces/{}/wasmcontrollers/flood/log?follow=true",
-            self.x
-        );
-        let before = runtime.log_len();
-        let mut reader = Command::new("curl")
-            .args(["-sk", "--limit-rate", "1", "-o", "/dev/null", "--cert"])
+        let mut curl = Command::new("curl");
+        curl.args(["-sk", "-o", "/dev/null"])
+            .args(extra)
+            .arg("--cert")
             .arg(&cert)
             .arg("--key")
             .arg(&key)
@@ -684,8 +655,24 @@ impl Teams {
                 "-H",
                 "X-Remote-Group: system:authenticated",
             ])
-            .arg(&path)
-            .kill_on_drop(true)
+            .arg(format!(
+                "https://{addr}/apis/logs.kubewasm.dev/v1alpha1/namespaces/{}/wasmcontrollers/flood/log?follow=true",
+                self.x
+            ))
+            .kill_on_drop(true);
+        Ok(curl)
+    }
+
+    /// A follower that never reads while the flood goes on is cut off.
+    async fn stalled_reader_cut(
+        &self,
+        cp: &ControlPlane,
+        addr: &str,
+        runtime: &RuntimeProcess,
+    ) -> Result<()> {
+        let before = runtime.log_len();
+        let mut reader = self
+            .follow_flood_as_alice(cp, addr, &["--limit-rate", "1"])?
             .spawn()?;
         eventually(
             "the runtime cuts the reader that does not read",
