@@ -77,8 +77,8 @@ struct Caches {
 const WARM_CYCLE: usize = 4;
 
 /// What the runtime's resident memory may grow from the warm cycle to the end: measured at
-/// +3 MiB over those 20 cycles (61 → 64 MiB; cycles 9 and 14 were at 56 MiB), against 20 × 3.6 MiB of ConfigMaps (72 MiB) and 20 modules
-/// if the cycles kept them.
+/// +3 MiB over those 20 cycles (61 → 64 MiB; cycles 9 and 14 were at 56 MiB), against
+/// 20 × 3.6 MiB of ConfigMaps (72 MiB) and 20 modules if the cycles kept them.
 const RSS_SLACK: u64 = 24 << 20;
 
 /// The runtime process's resident memory (`VmRSS`), in bytes.
