@@ -95,12 +95,15 @@ lint: toolchain file-sizes layers
 	$(CARGO) clippy --target wasm32-unknown-unknown $(addprefix -p ,$(NO_WASI_GUESTS)) -p kubewasm-guest-alloc -- -D warnings
 
 ## The floors' dependencies point one way: the API types build without the engine or a
-## client (a webhook or a tool may use them), and the sandbox knows no Kubernetes.
+## client (a webhook or a tool may use them), the sandbox knows no Kubernetes, and module
+## sources know nothing of the runtime (controllers, host, manager, metrics) above them.
 layers:
 	@bad=$$($(CARGO) tree -p kubewasm-api -e normal --prefix none | awk '{print $$1}' | grep -xE 'wasmtime|kubewasm-sandbox|kube-client|tokio|kubewasm' | sort -u | tr '\n' ' '); \
 	if [ -n "$$bad" ]; then echo "kubewasm-api (runtime/api) depends on: $$bad; the API types must build without them"; exit 1; fi
 	@bad=$$($(CARGO) tree -p kubewasm-sandbox -e normal --prefix none | awk '{print $$1}' | grep -xE 'kube|kube-core|kube-client|k8s-openapi|kubewasm-api|kubewasm' | sort -u | tr '\n' ' '); \
 	if [ -n "$$bad" ]; then echo "kubewasm-sandbox (runtime/sandbox) depends on: $$bad; the sandbox must know no Kubernetes"; exit 1; fi
+	@bad=$$($(CARGO) tree -p kubewasm-sources -e normal --prefix none | awk '{print $$1}' | grep -xE 'kubewasm|axum|prometheus-client' | sort -u | tr '\n' ' '); \
+	if [ -n "$$bad" ]; then echo "kubewasm-sources (runtime/sources) depends on: $$bad; module sources must know nothing of the runtime above them"; exit 1; fi
 
 ## No production source file over $(MAX_CODE_LINES) code lines: comments, blank lines and a file's
 ## test module (from its first `#[cfg(test)]` on) are not counted.

@@ -12,6 +12,7 @@
 
 pub use kubewasm_api as api;
 pub use kubewasm_sandbox as sandbox;
+pub use kubewasm_sources as sources;
 // Small helpers of the bottom floor that every floor uses.
 pub use kubewasm_sandbox::{disk, sync};
 pub mod controller;
@@ -19,4 +20,3 @@ pub mod host;
 pub mod logs;
 pub mod manager;
 pub mod metrics;
-pub mod sources;

@@ -32,11 +32,11 @@ use futures::StreamExt;
 use crate::api::{Reason, Source, WasmControllerSpec};
 use crate::controller::ObjectKey;
 use crate::sandbox::{Digest, GuestPre, LoadError};
-use crate::sources::{self, ClusterOrigin, ImagePuller, Version};
+use crate::sources::{self, ClusterOrigin, ImagePuller, Sourced as _, Version};
 
 use super::compile_budget::Refused;
 use super::compiles::{Compiled, Waiter};
-use super::shared_images::{Known, pin_allows, shareable};
+use super::shared_images::Known;
 use super::{ControllerId, Manager, PARALLEL_STARTS, Problem};
 
 /// What reading one controller's module found ([`Manager::read_modules`]).
@@ -141,13 +141,7 @@ impl Manager {
                 let loaded = compiled.map_err(|e| Problem::new(Reason::ModuleInvalid, e));
                 // The same bytes would fail the same way: read again only once they change.
                 if let Some(m) = self.controllers.get_mut(id) {
-                    if let Version::Image(digest) = &version
-                        && let Ok(Source::Oci {
-                            image: reference, ..
-                        }) = &m.source
-                    {
-                        image = Some(reference.at(digest));
-                    }
+                    image = m.source.as_ref().ok().and_then(|s| s.image_at(&version));
                     m.module_version = Some(version);
                     m.unreachable_since = None;
                 }
@@ -230,7 +224,7 @@ impl Manager {
         let named = self
             .controllers
             .values()
-            .filter_map(|m| shareable(m.source.as_ref().ok()?))
+            .filter_map(|m| m.source.as_ref().ok()?.shareable())
             .map(|(reference, _)| reference)
             .collect();
         self.shared_images.retain(&keep, &named);
@@ -260,13 +254,15 @@ impl Manager {
         let pin = spec.module.sha256.as_deref();
         // An image another controller already runs by the same anonymous pinned reference:
         // its module, compiled, without a pull (one reader per reference at a time).
-        let shared = shareable(&source)
+        let shared = source
+            .shareable()
             .filter(|(_, digest)| loaded != Some(&Version::Image(digest.clone())));
         let _turn = match &shared {
             Some((reference, digest)) => {
                 let turn = self.shared_images.turn(reference).await;
                 let compiled = match self.shared_images.known(reference) {
-                    Some(k) if pin_allows(pin, &k.digest) => match k.compiled {
+                    Some(k) if sources::check_pin(k.digest, pin, false).is_ok() => match k.compiled
+                    {
                         Ok(()) => self.sandbox.loaded(&k.digest).map(Ok),
                         Err(why) => Some(Err(why)),
                     },
@@ -287,9 +283,9 @@ impl Manager {
             self.config.max_module_bytes,
             self.reads.clone(),
         );
-        if let Source::Oci { pull_secret, .. } = &source {
+        if source.pulled() {
             // A pull secret is read as the controller's ServiceAccount (checked above).
-            let account = match pull_secret {
+            let account = match source.credentials() {
                 None => None,
                 Some(_) => {
                     let client = self
@@ -454,14 +450,14 @@ impl Manager {
         let ids: Vec<ControllerId> = self
             .controllers
             .iter()
-            .filter(|(_, m)| match &m.source {
-                Ok(Source::ConfigMap {
-                    namespace, name, ..
-                }) => keys.contains(&ObjectKey {
-                    namespace: Some(namespace.clone()),
-                    name: name.clone(),
-                }),
-                _ => false,
+            .filter(|(_, m)| {
+                let watched = m.source.as_ref().ok().and_then(|s| s.watched_config_map());
+                watched.is_some_and(|(namespace, name)| {
+                    keys.contains(&ObjectKey {
+                        namespace: Some(namespace.to_owned()),
+                        name: name.to_owned(),
+                    })
+                })
             })
             .map(|(id, _)| id.clone())
             .collect();
@@ -498,7 +494,7 @@ impl Manager {
         let images: HashSet<String> = self
             .controllers
             .iter()
-            .filter(|(_, m)| matches!(m.source, Ok(Source::Oci { .. })))
+            .filter(|(_, m)| m.source.as_ref().is_ok_and(|s| s.pulled()))
             .map(|(id, _)| id.to_string())
             .collect();
         self.pulls.retain(|key| images.contains(key));

@@ -17,7 +17,6 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use crate::api::Source;
 use crate::sandbox::Digest;
 use crate::sync::Locks as _;
 
@@ -37,21 +36,6 @@ pub(super) struct Known {
     pub digest: Digest,
     /// `Err`: why they do not compile.
     pub compiled: Result<(), String>,
-}
-
-/// A source whose module may be shared: an image pinned by digest, without a pull secret.
-/// Its reference (`registry/repository@digest`) and manifest digest.
-pub(super) fn shareable(source: &Source) -> Option<(String, String)> {
-    match source {
-        Source::Oci {
-            image,
-            pull_secret: None,
-        } => {
-            let digest = image.digest()?;
-            Some((image.at(digest), digest.to_owned()))
-        }
-        _ => None,
-    }
 }
 
 impl SharedImages {
@@ -89,65 +73,9 @@ impl SharedImages {
     }
 }
 
-/// Whether `pin` (a spec's `module.sha256`, `sha256:` optional) names `digest`; no pin: yes.
-pub(super) fn pin_allows(pin: Option<&str>, digest: &Digest) -> bool {
-    pin.is_none_or(|pin| {
-        pin.trim()
-            .trim_start_matches("sha256:")
-            .eq_ignore_ascii_case(&digest.hex())
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::ImageRef;
-
-    #[test]
-    fn only_anonymous_digest_pinned_images_are_shared() {
-        let digest = format!("sha256:{}", "a".repeat(64));
-        let image = |r: &str| ImageRef::parse(r).unwrap();
-        let pinned = image(&format!("registry.example/team/hello:v1@{digest}"));
-        assert_eq!(
-            shareable(&Source::Oci {
-                image: pinned.clone(),
-                pull_secret: None
-            }),
-            Some((
-                format!("registry.example/team/hello@{digest}"),
-                digest.clone()
-            )),
-            "the tag is not part of the reference"
-        );
-        assert_eq!(
-            shareable(&Source::Oci {
-                image: pinned,
-                pull_secret: Some("regcred".into())
-            }),
-            None,
-            "a pull secret's reads are its tenant's"
-        );
-        assert_eq!(
-            shareable(&Source::Oci {
-                image: image("registry.example/team/hello:v1"),
-                pull_secret: None
-            }),
-            None,
-            "a tag may move"
-        );
-    }
-
-    #[test]
-    fn a_pin_must_name_the_digest() {
-        let d = Digest::of(b"module");
-        assert!(pin_allows(None, &d));
-        assert!(pin_allows(Some(&d.hex()), &d));
-        assert!(pin_allows(
-            Some(&format!("sha256:{}", d.hex().to_uppercase())),
-            &d
-        ));
-        assert!(!pin_allows(Some(&"0".repeat(64)), &d));
-    }
 
     #[tokio::test]
     async fn one_reader_per_reference_and_forgotten_when_unloaded() {

@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::Secret;
 use oci_client::secrets::RegistryAuth;
 
 use super::oci::{PullError, docker_config_auth};
-use crate::api::Reason;
+use kubewasm_api::Reason;
 
 /// Whose credentials a pull uses.
 #[derive(Clone)]
@@ -60,7 +60,7 @@ impl Credentials {
                     Reason::Forbidden,
                     format!(
                         "ServiceAccount {ns}/{account} may not get Secret {ns}/{name} (spec.module.imagePullSecret), and the runtime reads it as that account: {}; its owner allows it with `kubectl -n {ns} create role {name}-reader --verb=get --resource=secrets --resource-name={name}` and `kubectl -n {ns} create rolebinding {name}-reader --role={name}-reader --serviceaccount={ns}:{account}`",
-                        crate::sandbox::guest_text(&e.message, 300)
+                        kubewasm_sandbox::guest_text(&e.message, 300)
                     ),
                 );
             }

@@ -1,13 +1,22 @@
 //! Modules from where a controller says they are: one seam for every source.
 //!
-//! A spec's module is parsed once into an [`api::Source`](crate::api::Source); [`fetch`] is
+//! A spec's module is parsed once into an [`api::Source`](kubewasm_api::Source); [`fetch`] is
 //! the one place that dispatches on it, and asks an [`Origin`] for what the source names: the
 //! cluster for the runtime ([`ClusterOrigin`]), the user's files and `--state` for
 //! `kubewasm reconcile` ([`OfflineOrigin`]). It returns the module's bytes (gunzipped,
 //! checked against the spec's pin) and the [`Version`] they came from, or says that the
 //! version already loaded is still current. Registries are asked beside the manager loop
-//! ([`Pulls`]): their answer may be "nothing yet" ([`Fetched::Pending`]). A new kind of source adds a variant to `Source`,
-//! a method to `Origin` and an arm to `fetch`: the compiler names every origin that lacks it.
+//! ([`Pulls`]): their answer may be "nothing yet" ([`Fetched::Pending`]). What the manager
+//! must know of a source (what to watch, what is pulled, what may be shared, what the status
+//! shows) it asks [`Sourced`], never the source's kind. A new kind of source adds a variant to
+//! `Source`, a method to `Origin`, an arm to `fetch` and to each of [`Sourced`]'s methods: the
+//! compiler names every place that lacks it, and nothing above this crate names a kind.
+//!
+//! The floor above the API types and the sandbox, below the runtime: it knows modules'
+//! bytes and digests, never the controllers that run them.
+
+// Nothing a tenant writes (a spec, a registry's answer, a ConfigMap) may reach a panic.
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod artifact;
 mod bytes;
@@ -22,13 +31,14 @@ mod pulls;
 mod reads;
 mod registry_http;
 mod signatures;
+mod sourced;
 
 use std::future::Future;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 
-use crate::api::{ImageRef, Source};
-use crate::sandbox::Digest;
+use kubewasm_api::{ImageRef, Source};
+use kubewasm_sandbox::Digest;
 
 pub use bytes::{
     DEFAULT_MAX_MODULE_BYTES, MAX_GZIP_RATIO, ModuleError, bytes_from_configmap, check_pin, gunzip,
@@ -43,6 +53,7 @@ pub use reads::{
     BUDGET_WAIT, BudgetExhausted, Charge, DEFAULT_MODULE_READ_BYTES, ModuleBytes, ModuleReads,
     ReadBudget, ReadKey,
 };
+pub use sourced::Sourced;
 
 /// What reading a module ConfigMap is charged before the request is sent: its response
 /// decoded, at most the API server's 1.5 MiB object (etcd's limit) as JSON and the 1 MiB of

@@ -63,7 +63,7 @@ impl WasmConfig {
                 Ok(t)
             }
             other => Err(PullError::WrongWorld {
-                world: other.map(|t| crate::sandbox::guest_text(t, 200).into_owned()),
+                world: other.map(|t| kubewasm_sandbox::guest_text(t, 200).into_owned()),
             }),
         }
     }

@@ -29,8 +29,8 @@ use super::module_cache::{CacheScope, ModuleCache};
 use super::reads::{BudgetExhausted, ModuleBytes, ReadBudget};
 pub use super::registry_http::{RegistryAccess, read_at_most, read_capped};
 use super::registry_http::{Session, read_body};
-use crate::api::{ImageRef, Reason};
-use crate::sandbox::Digest;
+use kubewasm_api::{ImageRef, Reason};
+use kubewasm_sandbox::Digest;
 
 /// The most bytes an image's config may have: it names a world and some interfaces.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
@@ -170,7 +170,7 @@ pub enum PullError {
     /// A blob is, or would be, larger than allowed.
     #[error(
         "the image's {what} is larger than {}, the most this runtime takes{}; nothing more of it was read",
-        crate::api::Unit::Bytes.show(*.max),
+        kubewasm_api::Unit::Bytes.show(*.max),
         if *.what == "module" { " (`kubewasm run --max-module-bytes`)" } else { "" }
     )]
     TooBig {
@@ -364,7 +364,7 @@ async fn resolve_tag(session: &mut Session, tag: &str) -> Result<String, PullErr
     let accept = [MANIFEST_MEDIA_TYPE];
     let missing = |session: &Session| PullError::Registry {
         registry: session.registry().to_owned(),
-        message: format!("it has no tag `{}`", crate::sandbox::guest_text(tag, 128)),
+        message: format!("it has no tag `{}`", kubewasm_sandbox::guest_text(tag, 128)),
     };
     let Some(head) = session.send(reqwest::Method::HEAD, &path, &accept).await? else {
         return Err(missing(session));
@@ -382,7 +382,7 @@ async fn resolve_tag(session: &mut Session, tag: &str) -> Result<String, PullErr
                 what: "manifest",
                 why: format!(
                     "the registry names its digest `{}`, not `sha256:` and 64 hex digits",
-                    crate::sandbox::guest_text(&digest, 100)
+                    kubewasm_sandbox::guest_text(&digest, 100)
                 ),
             }),
         };
@@ -424,7 +424,7 @@ fn wasm_layer(manifest: &OciImageManifest) -> Result<&OciDescriptor, String> {
     if manifest.config.media_type != CONFIG_MEDIA_TYPE {
         return Err(format!(
             "its config is `{}`, not `{CONFIG_MEDIA_TYPE}`",
-            crate::sandbox::guest_text(&manifest.config.media_type, 100)
+            kubewasm_sandbox::guest_text(&manifest.config.media_type, 100)
         ));
     }
     let [layer] = manifest.layers.as_slice() else {
@@ -433,7 +433,7 @@ fn wasm_layer(manifest: &OciImageManifest) -> Result<&OciDescriptor, String> {
     if layer.media_type != LAYER_MEDIA_TYPE {
         return Err(format!(
             "its layer is `{}`, not `{LAYER_MEDIA_TYPE}`",
-            crate::sandbox::guest_text(&layer.media_type, 100)
+            kubewasm_sandbox::guest_text(&layer.media_type, 100)
         ));
     }
     for descriptor in [&manifest.config, layer] {
@@ -464,7 +464,7 @@ pub(super) async fn read_blob(
     if !is_sha256_digest(&descriptor.digest) {
         return Err(corrupt(format!(
             "its descriptor names digest `{}`, not `sha256:` and 64 hex digits",
-            crate::sandbox::guest_text(&descriptor.digest, 100)
+            kubewasm_sandbox::guest_text(&descriptor.digest, 100)
         )));
     }
     let path = format!("blobs/{}", descriptor.digest);

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::SystemTime;
 
-use crate::sandbox::Digest;
+use kubewasm_sandbox::Digest;
 
 /// Whose layers an entry holds: everyone's (read anonymously) or one set of credentials'.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -276,7 +276,7 @@ fn evict(dir: &Path, max_bytes: u64) -> Result<(), CacheError> {
         name.strip_prefix("sha256-")
             .is_some_and(|h| hex_of(&format!("sha256:{h}")).is_some())
     };
-    crate::disk::evict(dir, max_bytes, is_entry).map_err(|e| CacheError::Io {
+    kubewasm_sandbox::disk::evict(dir, max_bytes, is_entry).map_err(|e| CacheError::Io {
         what: e.what,
         path: e.path,
         source: e.source,

@@ -17,7 +17,7 @@ use kube::{Api, Client};
 use super::oci::{PullError, Pulled};
 use super::pulls::{Credentials, Polled, Pulls};
 use super::{Found, ModuleBytes, ModuleError, ModuleReads, Origin, Version, read_module_file};
-use crate::api::ImageRef;
+use kubewasm_api::ImageRef;
 
 /// Module sources as the runtime reads them.
 pub struct ClusterOrigin {

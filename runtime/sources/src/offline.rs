@@ -7,7 +7,7 @@ use super::{
     DEFAULT_MAX_MODULE_BYTES, Found, ModuleBytes, ModuleError, ModuleReads, Origin, ReadBudget,
     Version,
 };
-use crate::api::ImageRef;
+use kubewasm_api::ImageRef;
 
 /// Module sources read on the user's machine.
 pub struct OfflineOrigin<'s> {

@@ -24,8 +24,8 @@ use std::time::Duration;
 use tokio::sync::{OnceCell, OwnedSemaphorePermit, Semaphore};
 
 use super::{ModuleError, Version};
-use crate::sandbox::Digest;
-use crate::sync::Locks as _;
+use kubewasm_sandbox::Digest;
+use kubewasm_sandbox::sync::Locks as _;
 
 /// The default of `kubewasm run --module-read-bytes`: two modules at the default
 /// `--max-module-bytes` (64 MiB) at once, such as one gzipped layer at the cap and what it
@@ -40,8 +40,8 @@ pub const BUDGET_WAIT: Duration = Duration::from_secs(20);
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "reading this module needs {} of the runtime's module read budget of {} (`kubewasm run --module-read-bytes`), {}; retrying",
-    crate::api::Unit::Bytes.show(*.needed),
-    crate::api::Unit::Bytes.show(*.budget),
+    kubewasm_api::Unit::Bytes.show(*.needed),
+    kubewasm_api::Unit::Bytes.show(*.budget),
     if .needed > .budget { "more than all of it: its operator raises the budget or lowers --max-module-bytes" } else { "and other modules being read hold the rest" }
 )]
 pub struct BudgetExhausted {

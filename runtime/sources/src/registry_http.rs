@@ -33,7 +33,7 @@ use reqwest::{Method, StatusCode, Url};
 
 pub use super::capped::{read_at_most, read_body, read_capped};
 use super::oci::{CONNECT_TIMEOUT, PullError, READ_TIMEOUT};
-use crate::sandbox::guest_text;
+use kubewasm_sandbox::guest_text;
 
 /// The most bytes a token response may have (a JWT is a few KiB).
 pub const MAX_TOKEN_BYTES: u64 = 64 << 10;
@@ -534,8 +534,8 @@ mod tests {
     use reqwest::dns::Resolve as _;
 
     use super::*;
-    use crate::api::{ImageRef, Reason};
-    use crate::sources::oci::{RegistryConfig, pull};
+    use crate::oci::{RegistryConfig, pull};
+    use kubewasm_api::{ImageRef, Reason};
 
     /// What the attacker got the runtime to read at most: the cap, plus what the kernel's
     /// socket buffers on loopback take before the reader stops (a few MiB).

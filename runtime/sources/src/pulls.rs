@@ -32,8 +32,8 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 pub use super::credentials::Credentials;
 use super::oci::{PullError, Pulled, RegistryConfig, pull};
-use crate::api::ImageRef;
-use crate::sync::Locks as _;
+use kubewasm_api::ImageRef;
+use kubewasm_sandbox::sync::Locks as _;
 
 /// Pulls under way (or done and not yet taken) at once, for all controllers.
 pub const PARALLEL_PULLS: usize = 4;
@@ -483,7 +483,7 @@ fn tenant_of(key: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::Reason;
+    use kubewasm_api::Reason;
 
     #[test]
     fn a_namespace_is_one_tenant_and_the_cluster_controllers_another() {
@@ -675,7 +675,7 @@ mod tests {
         let permit = pulls.permits.clone().acquire_owned().await.unwrap();
         let module = Pulled::Module {
             digest: digest.clone(),
-            bytes: crate::sources::ModuleBytes::uncharged(vec![0; 1 << 10]),
+            bytes: crate::ModuleBytes::uncharged(vec![0; 1 << 10]),
         };
         pulls.finish_shared(reference, Ok(module), Some(permit));
         let free = || pulls.permits.available_permits();

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 
-use crate::sandbox::Digest;
+use kubewasm_sandbox::Digest;
 
 /// Why a module's bytes could not be had.
 #[derive(Debug, thiserror::Error)]
@@ -65,7 +65,7 @@ pub enum ModuleError {
     /// More bytes than any module may have.
     #[error(
         "the module is larger than {}, the most a module may be (after gunzip; the runtime's operator sets it with `kubewasm run --max-module-bytes`)",
-        crate::api::Unit::Bytes.show(*.max)
+        kubewasm_api::Unit::Bytes.show(*.max)
     )]
     TooBig {
         /// The cap, in bytes.
@@ -124,8 +124,8 @@ pub enum ModuleError {
 
 impl ModuleError {
     /// The reason a status gives for it.
-    pub fn reason(&self) -> crate::api::Reason {
-        use crate::api::Reason;
+    pub fn reason(&self) -> kubewasm_api::Reason {
+        use kubewasm_api::Reason;
         match self {
             ModuleError::DigestMismatch { .. } => Reason::DigestMismatch,
             ModuleError::Gzip(_) | ModuleError::TooBig { .. } | ModuleError::Inflates { .. } => {
@@ -159,7 +159,7 @@ impl ModuleError {
     /// This error, said to be about the bytes of `version` when they are no module.
     pub(super) fn at(self, version: &super::Version) -> ModuleError {
         match self.reason() {
-            crate::api::Reason::ModuleInvalid => ModuleError::Invalid {
+            kubewasm_api::Reason::ModuleInvalid => ModuleError::Invalid {
                 error: Box::new(self),
                 version: version.clone(),
             },
@@ -313,8 +313,26 @@ pub fn unpack(
 mod tests {
 
     #[test]
+    fn a_pin_must_name_the_digest() {
+        let d = Digest::of(b"module");
+        assert!(check_pin(d, None, false).is_ok());
+        assert!(check_pin(d, Some(&d.hex()), false).is_ok());
+        let upper = format!(" sha256:{} ", d.hex().to_uppercase());
+        assert!(check_pin(d, Some(&upper), false).is_ok());
+        let other = "0".repeat(64);
+        assert!(matches!(
+            check_pin(d, Some(&other), false),
+            Err(ModuleError::DigestMismatch { actual: None, .. })
+        ));
+        assert!(matches!(
+            check_pin(d, Some(&other), true),
+            Err(ModuleError::DigestMismatch { actual: Some(a), .. }) if a == d
+        ));
+    }
+
+    #[test]
     fn the_sandbox_compiles_what_may_be_fetched() {
-        let sandbox = crate::sandbox::SandboxConfig::default().max_module_bytes as u64;
+        let sandbox = kubewasm_sandbox::SandboxConfig::default().max_module_bytes as u64;
         assert_eq!(sandbox, DEFAULT_MAX_MODULE_BYTES);
     }
     use super::*;

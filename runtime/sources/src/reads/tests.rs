@@ -4,8 +4,8 @@ use std::sync::atomic::AtomicUsize;
 use k8s_openapi::api::core::v1::ConfigMap;
 
 use super::*;
-use crate::api::{ImageRef, Source};
-use crate::sources::{Fetched, Found, Origin, fetch, gunzip};
+use crate::{Fetched, Found, Origin, fetch, gunzip};
+use kubewasm_api::{ImageRef, Source};
 
 fn gzipped(bytes: &[u8]) -> Vec<u8> {
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
@@ -151,7 +151,7 @@ async fn a_failed_read_is_the_answer_of_every_reader_waiting_for_it() {
         .collect();
     for reader in readers {
         let e = reader.await.unwrap().unwrap_err();
-        assert_eq!(e.reason(), crate::api::Reason::ModuleInvalid, "{e}");
+        assert_eq!(e.reason(), kubewasm_api::Reason::ModuleInvalid, "{e}");
     }
     assert_eq!(ran.load(Ordering::SeqCst), 1);
     assert_eq!(reads.kept(), 0);
@@ -163,7 +163,7 @@ fn a_gzip_bomb_stops_at_its_ratio_and_a_real_module_inflates() {
     let bomb = gzipped(&vec![0; 64 << 20]);
     let e = gunzip(&bomb, 64 * MIB).unwrap_err();
     let message = e.to_string();
-    assert_eq!(e.reason(), crate::api::Reason::ModuleInvalid);
+    assert_eq!(e.reason(), kubewasm_api::Reason::ModuleInvalid);
     assert!(
         message.contains("inflates to more than 32× its size")
             && message.contains("nothing past that was inflated")
@@ -271,7 +271,7 @@ async fn thirty_two_controllers_naming_one_gzip_bomb_read_and_inflate_it_once() 
     let budget = origin.reads.budget();
     assert_eq!(budget.in_use(), 0);
     // Charged before the read: the response, then the bomb and its bound (32 × ~64 KiB).
-    let bound = crate::sources::CONFIG_MAP_READ_BYTES;
+    let bound = crate::CONFIG_MAP_READ_BYTES;
     assert!(budget.peak() <= bound, "peak {}", budget.peak());
 
     // A real module, gzipped: read once, shared, credited when the last holder drops it.

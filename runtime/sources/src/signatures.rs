@@ -6,7 +6,7 @@ use oci_client::manifest::OciImageManifest;
 use super::cosign;
 use super::oci::{MANIFEST_MEDIA_TYPE, PullError, RegistryConfig, read_blob, read_manifest};
 use super::registry_http::Session;
-use crate::api::ImageRef;
+use kubewasm_api::ImageRef;
 
 /// Media types a signature manifest may have: cosign writes OCI manifests, older releases
 /// Docker's (the same shape).

@@ -181,7 +181,7 @@ pub fn check<'k>(
     let named = signed.critical.image.docker_manifest_digest;
     if named != digest {
         return Err(Refused::OtherDigest(
-            crate::sandbox::guest_text(&named, 100).into_owned(),
+            kubewasm_sandbox::guest_text(&named, 100).into_owned(),
         ));
     }
     Ok(key)
