@@ -518,6 +518,9 @@ fn live_holder(lease: &Lease, now: Timestamp, default: Duration) -> Option<Strin
 }
 
 #[cfg(test)]
+mod lease_api;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
