@@ -23,7 +23,9 @@ pub use limits::{
 };
 pub use quantity::parse_bytes;
 pub use reason::{Problem, Reason};
-pub use source::{ImageRef, MAX_IMAGE_REFERENCE_BYTES, Source};
+pub use source::{
+    CLUSTER_ONLY_SOURCES, ImageRef, MAX_IMAGE_REFERENCE_BYTES, Source, source_fields,
+};
 pub use state::{STATE_OF_LABEL, WasmControllerState, WasmControllerStateSpec, state_prefix};
 
 /// What the CRD schema lets through as an `apiVersion`: `VERSION` or `GROUP/VERSION`, the
@@ -363,7 +365,8 @@ pub const NO_MODULE_FILES: &str = "a WasmController may not load a module from a
 /// must refuse: a `WasmController` takes no `spec.module.path` (the 1.20 API server has no
 /// CEL, so `maxLength: 0` does it) and needs exactly one of `configMap` and `image`; a
 /// `ClusterWasmController` needs exactly one of the three (`oneOf` of `required`, which a
-/// structural schema allows).
+/// structural schema allows). Both `oneOf` lists are made from [`source_fields`], the
+/// fields of [`ModuleSource`] the parse reads too.
 #[allow(clippy::expect_used)]
 pub fn crds_yaml() -> String {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps;
@@ -374,19 +377,19 @@ pub fn crds_yaml() -> String {
     };
     let mut namespaced = WasmController::crd();
     with_module_schema(&mut namespaced, |module| {
-        if let Some(path) = module.properties.as_mut().and_then(|p| p.get_mut("path")) {
-            path.max_length = Some(0);
-            path.description = Some(format!("Must be empty: {NO_MODULE_FILES}."));
+        for field in CLUSTER_ONLY_SOURCES {
+            if let Some(path) = module.properties.as_mut().and_then(|p| p.get_mut(field)) {
+                path.max_length = Some(0);
+                path.description = Some(format!("Must be empty: {NO_MODULE_FILES}."));
+            }
         }
-        module.one_of = Some(vec![required("configMap"), required("image")]);
+        let allowed = source_fields().into_iter();
+        let allowed = allowed.filter(|f| !CLUSTER_ONLY_SOURCES.contains(&f.as_str()));
+        module.one_of = Some(allowed.map(|f| required(&f)).collect());
     });
     let mut cluster = ClusterWasmController::crd();
     with_module_schema(&mut cluster, |module| {
-        module.one_of = Some(vec![
-            required("configMap"),
-            required("path"),
-            required("image"),
-        ]);
+        module.one_of = Some(source_fields().iter().map(|f| required(f)).collect());
     });
     for crd in [&mut namespaced, &mut cluster] {
         with_spec_field(crd, "limits", |limits| {
@@ -432,6 +435,39 @@ fn with_spec_field(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_crds_union_is_every_source_field_of_the_spec() {
+        assert_eq!(source_fields(), ["configMap", "image", "path"]);
+        let one_of = |crd: &str| -> Vec<String> {
+            let yaml = crds_yaml();
+            let doc = yaml
+                .split("---\n")
+                .find(|d| d.contains(&format!("kind: {crd}\n")))
+                .unwrap();
+            let crd: serde_json::Value = serde_yaml::from_str(doc).unwrap();
+            let module = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+                ["spec"]["properties"]["module"];
+            let one_of = module["oneOf"].as_array().unwrap();
+            one_of
+                .iter()
+                .map(|r| r["required"][0].as_str().unwrap().to_owned())
+                .collect()
+        };
+        assert_eq!(one_of("ClusterWasmController"), source_fields());
+        assert_eq!(one_of("WasmController"), ["configMap", "image"]);
+        let none = ModuleSource {
+            config_map: None,
+            path: None,
+            image: None,
+            image_pull_secret: None,
+            sha256: Some("0".repeat(64)),
+        };
+        assert_eq!(
+            none.source(None).unwrap_err(),
+            "spec.module names none of configMap, image, path; name exactly one"
+        );
+    }
 
     #[test]
     fn deploy_crds_match_the_rust_types() {

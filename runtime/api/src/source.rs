@@ -138,20 +138,32 @@ impl ModuleSource {
     /// may name a file or another namespace's ConfigMap; `imagePullSecret` only with `image`.
     /// The error says what to change.
     pub fn source(&self, namespace: Option<&str>) -> Result<Source, String> {
-        let given: Vec<&str> = [
-            self.config_map.as_ref().map(|_| "configMap"),
-            self.path.as_ref().map(|_| "path"),
-            self.image.as_ref().map(|_| "image"),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
-        if given.len() > 1 {
-            let names = match given.as_slice() {
-                [a, b] => format!("both {a} and {b}"),
-                all => all.join(", "),
-            };
-            return Err(format!("spec.module names {names}; name exactly one"));
+        let fields = source_fields();
+        let set = serde_json::to_value(self).unwrap_or_default();
+        let given: Vec<&str> = fields
+            .iter()
+            .map(String::as_str)
+            .filter(|field| set.get(field).is_some())
+            .collect();
+        match given.as_slice() {
+            [] => {
+                return Err(format!(
+                    "spec.module names none of {}; name exactly one",
+                    fields.join(", ")
+                ));
+            }
+            [_] => {}
+            [a, b] => {
+                return Err(format!(
+                    "spec.module names both {a} and {b}; name exactly one"
+                ));
+            }
+            all => {
+                return Err(format!(
+                    "spec.module names {}; name exactly one",
+                    all.join(", ")
+                ));
+            }
         }
         if self.image_pull_secret.is_some() && self.image.is_none() {
             return Err(
@@ -168,33 +180,55 @@ impl ModuleSource {
                 pull_secret: self.image_pull_secret.clone(),
             });
         }
-        match (&self.config_map, &self.path) {
-            (Some(_), Some(_)) => {
-                Err("spec.module names both configMap and path; name exactly one".into())
+        if let Some(path) = &self.path {
+            if namespace.is_some() {
+                return Err(NO_MODULE_FILES.into());
             }
-            (None, None) => Err("spec.module names none of configMap, path and image".into()),
-            (None, Some(_)) if namespace.is_some() => Err(NO_MODULE_FILES.into()),
-            (None, Some(path)) => Ok(Source::File { path: path.clone() }),
-            (Some(cm), None) => {
-                let namespace = match (namespace, &cm.namespace) {
-                    // A WasmController reads from its own namespace, whatever it writes.
-                    (Some(own), _) => own.to_owned(),
-                    (None, Some(named)) => named.clone(),
-                    (None, None) => {
-                        return Err(
-                            "a ClusterWasmController must give spec.module.configMap.namespace"
-                                .into(),
-                        );
-                    }
-                };
-                Ok(Source::ConfigMap {
-                    namespace,
-                    name: cm.name.clone(),
-                    key: cm.key.clone(),
-                })
-            }
+            return Ok(Source::File { path: path.clone() });
         }
+        let Some(cm) = &self.config_map else {
+            return Err(format!(
+                "spec.module.{} is not read by this runtime; name one of configMap, path and image",
+                given.join("")
+            ));
+        };
+        let namespace = match (namespace, &cm.namespace) {
+            // A WasmController reads from its own namespace, whatever it writes.
+            (Some(own), _) => own.to_owned(),
+            (None, Some(named)) => named.clone(),
+            (None, None) => {
+                return Err(
+                    "a ClusterWasmController must give spec.module.configMap.namespace".into(),
+                );
+            }
+        };
+        Ok(Source::ConfigMap {
+            namespace,
+            name: cm.name.clone(),
+            key: cm.key.clone(),
+        })
     }
+}
+
+/// The fields of `spec.module` that change how a source is read rather than name one.
+const MODULE_MODIFIERS: [&str; 2] = ["imagePullSecret", "sha256"];
+
+/// The fields of `spec.module` only a ClusterWasmController may give.
+pub const CLUSTER_ONLY_SOURCES: [&str; 1] = ["path"];
+
+/// The fields of `spec.module` that each name a source, of which a spec gives exactly one:
+/// every field of [`ModuleSource`]'s schema but the modifiers. The parse ([`ModuleSource::source`])
+/// and the CRD's `oneOf` ([`crate::crds_yaml`]) both read them here, so a new source field
+/// is in both.
+pub fn source_fields() -> Vec<String> {
+    let schema = schemars::schema_for!(ModuleSource);
+    let properties = schema.get("properties").and_then(|p| p.as_object());
+    properties
+        .into_iter()
+        .flat_map(|p| p.keys())
+        .filter(|field| !MODULE_MODIFIERS.contains(&field.as_str()))
+        .cloned()
+        .collect()
 }
 
 impl WasmControllerSpec {
