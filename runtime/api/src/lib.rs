@@ -446,8 +446,8 @@ mod tests {
                 .find(|d| d.contains(&format!("kind: {crd}\n")))
                 .unwrap();
             let crd: serde_json::Value = serde_yaml::from_str(doc).unwrap();
-            let module = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
-                ["spec"]["properties"]["module"];
+            let module = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+                ["properties"]["module"];
             let one_of = module["oneOf"].as_array().unwrap();
             one_of
                 .iter()

@@ -40,7 +40,7 @@ pub struct ManagerConfig {
     /// Distinct modules one namespace's WasmControllers may run.
     pub max_modules_per_namespace: usize,
     /// New modules compiled per tenant (namespace) per hour, after a burst
-    /// ([`compile_budget`]).
+    /// ([`compile_budget`](super::compile_budget)).
     pub compiles_per_hour: u32,
     /// New modules compiled per tenant at once, after a quiet spell.
     pub compile_burst: u32,
@@ -60,7 +60,7 @@ pub struct ManagerConfig {
     pub verify_keys: Vec<crate::sources::cosign::TrustedKey>,
     /// Layers pulled before, kept on disk by digest; [`ModuleCache::off`](crate::sources::ModuleCache::off): none.
     pub module_cache: crate::sources::ModuleCache,
-    /// The namespace of the ConfigMap of quarantined modules (see [`quarantine`]); `None`:
+    /// The namespace of the ConfigMap of quarantined modules (see [`quarantine`](super::quarantine)); `None`:
     /// this replica remembers them until it restarts.
     pub quarantine_namespace: Option<String>,
     /// The most bytes of objects the caches hold for one namespace, and in all (see

@@ -14,7 +14,7 @@ use super::super::accounts::{Admit, CacheAccounts, WatchBook};
 use super::{Cached, Change, ObjectKey, OwnerIndex, owner_uids, watch_config};
 use crate::sync::Locks as _;
 
-/// The task behind one [`Watch`]: applies what the watcher brings to the cache, weighing
+/// The task behind one [`Watch`](super::Watch): applies what the watcher brings to the cache, weighing
 /// every object against its namespace's account ([`CacheAccounts`]), and announces changes.
 pub(super) struct WatchTask {
     pub(super) what: String,
