@@ -203,6 +203,20 @@ pub struct ParentResource {
     pub label_selector: Option<String>,
 }
 
+impl ParentResource {
+    /// `labelSelector`, parsed by the one parser guests' selectors use too; the error names
+    /// the field and says what is wrong (the runtime's setup and `kubewasm reconcile` both
+    /// read the selector here).
+    pub fn selector(&self) -> Result<Option<kubewasm_guest_sdk::selector::Selector>, String> {
+        let Some(text) = &self.label_selector else {
+            return Ok(None);
+        };
+        kubewasm_guest_sdk::selector::Selector::parse(text)
+            .map(Some)
+            .map_err(|e| format!("spec.parent.labelSelector `{text}`: {e}"))
+    }
+}
+
 /// An owned child kind.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -466,6 +480,27 @@ mod tests {
         assert_eq!(
             none.source(None).unwrap_err(),
             "spec.module names none of configMap, image, path; name exactly one"
+        );
+    }
+
+    #[test]
+    fn a_parents_selector_is_parsed_once_and_its_error_names_the_field() {
+        let parent = |selector: Option<&str>| ParentResource {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            label_selector: selector.map(str::to_owned),
+        };
+        assert!(parent(None).selector().unwrap().is_none());
+        assert!(
+            parent(Some("tier=web,app!=x"))
+                .selector()
+                .unwrap()
+                .is_some()
+        );
+        let err = parent(Some("tier in (web")).selector().unwrap_err();
+        assert!(
+            err.starts_with("spec.parent.labelSelector `tier in (web`: "),
+            "{err}"
         );
     }
 

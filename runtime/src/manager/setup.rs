@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use kubewasm_guest_sdk::query::{self, GroupVersion};
-use kubewasm_guest_sdk::selector::Selector;
 
 use crate::api::{Reason, Verb, WasmControllerSpec};
 use crate::controller::{Kind, ResolveError, WriteGate};
@@ -40,15 +39,10 @@ impl Manager {
             .map_err(|m| Problem::new(Reason::InvalidSpec, m))?;
         let (run, clamped) = self.config.caps.apply(asked);
         let (limits, concurrency) = (crate::host::call_limits(&run.limits), run.concurrency);
-        let parent_selector = match &spec.parent.label_selector {
-            Some(s) => Some(Selector::parse(s).map_err(|e| {
-                Problem::new(
-                    Reason::InvalidSpec,
-                    format!("spec.parent.labelSelector `{s}`: {e}"),
-                )
-            })?),
-            None => None,
-        };
+        let parent_selector = spec
+            .parent
+            .selector()
+            .map_err(|e| Problem::new(Reason::InvalidSpec, e))?;
         // Every declared kind costs a discovery, a watch and three access reviews: bounded.
         let declared_kinds = 1 + spec.children.len() + spec.grants.len();
         if declared_kinds > MAX_DECLARED_KINDS {

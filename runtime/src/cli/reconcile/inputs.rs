@@ -11,7 +11,6 @@ use kubewasm::api::WasmControllerSpec;
 use kubewasm::controller::Cached;
 use kubewasm::host::Finalizer;
 use kubewasm::host::request::{self, Finalize};
-use kubewasm_guest_sdk::selector::Selector;
 use serde_json::Value;
 
 use super::Declared;
@@ -125,11 +124,10 @@ pub(super) fn not_reconciled(
             spec.parent.kind, spec.parent.api_version
         )));
     }
-    let Some(selector) = &spec.parent.label_selector else {
+    let Some(parsed) = spec.parent.selector().map_err(anyhow::Error::msg)? else {
         return Ok(None);
     };
-    let parsed = Selector::parse(selector)
-        .map_err(|e| anyhow::anyhow!("spec.parent.labelSelector `{selector}`: {e}"))?;
+    let selector = spec.parent.label_selector.as_deref().unwrap_or_default();
     if let Some(labels) = parent.pointer("/metadata/labels") {
         serde_json::from_value::<std::collections::BTreeMap<String, String>>(labels.clone())
             .context("the object's metadata.labels is not a map of strings")?;
