@@ -20,16 +20,8 @@ use kube::Api;
 use crate::api::{ClusterWasmController, WasmController};
 use crate::controller::{Fence, Held, ShardHolder, shard_of, tenant_of};
 
+use super::status::Place;
 use super::{ControllerId, Manager, PARALLEL_STARTS, lifecycle};
-
-/// Where a controller runs, as its status says.
-#[derive(Debug, Clone, Default)]
-pub(super) struct Place {
-    /// This replica's identity (`None` without `--leader-elect`).
-    pub(super) replica: Option<String>,
-    /// The shard Lease its tenant belongs to.
-    pub(super) shard: Option<String>,
-}
 
 /// The shards this replica takes part in.
 pub(super) struct Sharding {

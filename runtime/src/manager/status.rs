@@ -12,7 +12,6 @@ use crate::api::{ClusterWasmController, Reason, WasmController, WasmControllerSt
 
 use prometheus_client::metrics::counter::Counter;
 
-use super::sharding::Place;
 use super::{ControllerId, Managed, Manager};
 use crate::host::MAX_LISTED_FINALIZING;
 use crate::sync::Locks as _;
@@ -36,6 +35,15 @@ fn condition(
         observed_generation: generation,
         last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
     }
+}
+
+/// Where a controller runs, as its status says.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Place {
+    /// This replica's identity (`None` without `--leader-elect`).
+    pub(super) replica: Option<String>,
+    /// The shard Lease its tenant belongs to.
+    pub(super) shard: Option<String>,
 }
 
 /// The status this controller should show now, run where `place` says.
