@@ -162,6 +162,12 @@ impl Manager {
     /// which also releases its finalizers once it has).
     async fn remove(&mut self, id: &ControllerId) {
         self.stop(id).await; // already stopped by `on_declared`: returns at once
+        self.forget(id);
+    }
+
+    /// Forgets a stopped controller whose declaration is gone, with its metrics' series and
+    /// its log lines.
+    fn forget(&mut self, id: &ControllerId) {
         self.controllers.remove(id);
         self.metrics.forget(&id.to_string());
         tracing::info!(controller = %id, "controller removed");
@@ -186,11 +192,13 @@ impl Manager {
             .collect();
         self.stop_all(&gone, releasing);
         for id in gone {
-            self.controllers.remove(&id);
-            self.metrics.forget(&id.to_string());
+            self.forget(&id);
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
 
 pub(super) async fn watch_declared<K, F>(
     api: Api<K>,
