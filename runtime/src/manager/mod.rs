@@ -22,6 +22,7 @@ mod declared;
 mod lifecycle;
 mod messages;
 mod modules;
+mod phase;
 mod quarantine;
 mod setup;
 mod sharding;

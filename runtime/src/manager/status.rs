@@ -12,6 +12,7 @@ use crate::api::{ClusterWasmController, Reason, WasmController, WasmControllerSt
 
 use prometheus_client::metrics::counter::Counter;
 
+use super::phase::Phase;
 use super::{ControllerId, Managed, Manager};
 use crate::host::MAX_LISTED_FINALIZING;
 use crate::sync::Locks as _;
@@ -114,22 +115,22 @@ fn desired(m: &Managed, place: Place, namespaced: bool) -> WasmControllerStatus 
         None => (0, 0, (0, None, Vec::new()), Vec::new(), Vec::new()),
     };
     let (failing_count, last_error, failing_objects) = failing;
-    let ready = match (&m.runner, &m.setup_problem, &m.module_problem) {
-        (Some((runner, _)), _, _) if !runner.synced() => condition(
+    let ready = match m.phase() {
+        Phase::Running(runner) if !runner.synced() => condition(
             "Ready",
             false,
             Reason::WaitingForCaches,
             super::messages::waiting_for_caches(&runner.watched_kinds(), &runner.unlisted()),
             g,
         ),
-        (Some((runner, _)), _, _) if let Some(why) = runner.withheld() => condition(
+        Phase::Running(runner) if let Some(why) = runner.withheld() => condition(
             "Ready",
             false,
             Reason::CacheBudgetExceeded,
             why.to_string(),
             g,
         ),
-        (Some(_), _, _) => {
+        Phase::Running(_) => {
             // The operator's clamps first: a long failure message must not cut them off.
             let mut message = format!("reconciling {} objects", m.spec.parent.kind);
             let clamped = m.access.as_ref().map(|a| a.clamped.join("; "));
@@ -169,11 +170,18 @@ fn desired(m: &Managed, place: Place, namespaced: bool) -> WasmControllerStatus 
                 None => condition("Ready", true, Reason::Running, message, g),
             }
         }
-        (None, Some(p), _) => condition("Ready", false, p.reason, p.message.clone(), g),
-        (None, None, Some(p)) => {
+        Phase::Refused(p) => condition("Ready", false, p.reason, p.message.clone(), g),
+        Phase::ModuleFailed(p) => {
             condition("Ready", false, Reason::ModuleNotReady, p.message.clone(), g)
         }
-        (None, None, None) => condition("Ready", false, Reason::Starting, "starting".into(), g),
+        Phase::Compiling(digest) => condition(
+            "Ready",
+            false,
+            Reason::Starting,
+            format!("starting: its module {digest} is being compiled"),
+            g,
+        ),
+        Phase::Starting => condition("Ready", false, Reason::Starting, "starting".into(), g),
     };
     let degraded = match &last_error {
         Some(p) => condition(

@@ -10,6 +10,7 @@ use serde_json::json;
 use super::*;
 use crate::logs::ControllerKey;
 use crate::manager::ManagerConfig;
+use crate::manager::phase::Phase;
 
 /// A manager whose API server refuses every connection (port 1 on loopback).
 fn manager() -> Manager {
@@ -81,13 +82,15 @@ async fn a_changed_declaration_starts_anew_and_keeps_the_guests_saved_state() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_start_that_cannot_reach_the_api_server_says_why_and_runs_nothing() {
+async fn a_start_that_cannot_reach_the_api_server_is_refused_and_says_why() {
     let mut manager = manager();
     let a = id(Some("team"), "a");
     manager.on_declared(vec![seen(&a, 1)]).await;
     let m = &manager.controllers[&a];
-    assert!(m.runner.is_none() && m.guest.is_none());
-    let problem = m.setup_problem.as_ref().expect("a setup problem");
+    assert!(m.guest.is_none(), "nothing was read");
+    let Phase::Refused(problem) = m.phase() else {
+        panic!("not refused")
+    };
     assert_eq!(
         problem.reason,
         crate::api::Reason::AccessReviewFailed,
@@ -101,7 +104,9 @@ async fn a_start_that_cannot_reach_the_api_server_says_why_and_runs_nothing() {
     };
     file.spec = spec(json!({"path": "/modules/m.wasm"}));
     manager.on_declared(vec![Declared::Upsert(file)]).await;
-    let problem = manager.controllers[&b].module_problem.as_ref().unwrap();
+    let Phase::ModuleFailed(problem) = manager.controllers[&b].phase() else {
+        panic!("its module did not fail")
+    };
     assert_eq!(problem.reason, crate::api::Reason::InvalidSpec);
     assert_eq!(problem.message, crate::api::NO_MODULE_FILES);
 }
