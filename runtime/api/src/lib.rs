@@ -397,9 +397,9 @@ pub fn crds_yaml() -> String {
                 path.description = Some(format!("Must be empty: {NO_MODULE_FILES}."));
             }
         }
-        let allowed = source_fields().into_iter();
+        let allowed = source_fields().iter();
         let allowed = allowed.filter(|f| !CLUSTER_ONLY_SOURCES.contains(&f.as_str()));
-        module.one_of = Some(allowed.map(|f| required(&f)).collect());
+        module.one_of = Some(allowed.map(|f| required(f)).collect());
     });
     let mut cluster = ClusterWasmController::crd();
     with_module_schema(&mut cluster, |module| {

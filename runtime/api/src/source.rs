@@ -219,16 +219,19 @@ pub const CLUSTER_ONLY_SOURCES: [&str; 1] = ["path"];
 /// The fields of `spec.module` that each name a source, of which a spec gives exactly one:
 /// every field of [`ModuleSource`]'s schema but the modifiers. The parse ([`ModuleSource::source`])
 /// and the CRD's `oneOf` ([`crate::crds_yaml`]) both read them here, so a new source field
-/// is in both.
-pub fn source_fields() -> Vec<String> {
-    let schema = schemars::schema_for!(ModuleSource);
-    let properties = schema.get("properties").and_then(|p| p.as_object());
-    properties
-        .into_iter()
-        .flat_map(|p| p.keys())
-        .filter(|field| !MODULE_MODIFIERS.contains(&field.as_str()))
-        .cloned()
-        .collect()
+/// is in both. Made from the schema once per process (a parse runs per declared controller).
+pub fn source_fields() -> &'static [String] {
+    static FIELDS: std::sync::LazyLock<Vec<String>> = std::sync::LazyLock::new(|| {
+        let schema = schemars::schema_for!(ModuleSource);
+        let properties = schema.get("properties").and_then(|p| p.as_object());
+        properties
+            .into_iter()
+            .flat_map(|p| p.keys())
+            .filter(|field| !MODULE_MODIFIERS.contains(&field.as_str()))
+            .cloned()
+            .collect()
+    });
+    &FIELDS
 }
 
 impl WasmControllerSpec {
