@@ -146,6 +146,17 @@ fn holders(store: &Store) -> BTreeMap<String, Option<String>> {
         .collect()
 }
 
+/// Makes every Lease in the store last renewed `seconds` ago (its holder stopped renewing).
+fn renewed_ago(store: &Store, seconds: i64) {
+    let then = Timestamp::now()
+        .checked_sub(SignedDuration::from_secs(seconds))
+        .unwrap()
+        .to_string();
+    for lease in store.lock().unwrap().values_mut() {
+        lease["spec"]["renewTime"] = json!(then);
+    }
+}
+
 /// Says that the runners of every shard `replica` is giving up are stopped.
 fn stop_leaving(replica: &ShardHolder) {
     for shard in replica.leaving() {
@@ -208,13 +219,7 @@ async fn the_shards_of_a_replica_that_stopped_renewing_go_to_the_others_and_its_
     let fences = a.held();
     assert_eq!(fences.len(), 3);
     // a freezes for a minute: every Lease it wrote was last renewed a minute ago.
-    let minute_ago = Timestamp::now()
-        .checked_sub(SignedDuration::from_secs(60))
-        .unwrap()
-        .to_string();
-    for lease in store.lock().unwrap().values_mut() {
-        lease["spec"]["renewTime"] = json!(minute_ago);
-    }
+    renewed_ago(&store, 60);
     b.round().await.unwrap();
     assert_eq!(
         held(&b),
@@ -245,15 +250,7 @@ async fn a_member_lease_long_expired_is_deleted_and_not_counted() {
     // A replica that crashed long ago: its Leases were last renewed twenty Leases back.
     gone.round().await.unwrap();
     assert_eq!(held(&gone), [0, 1]);
-    let long_ago = Timestamp::now()
-        .checked_sub(SignedDuration::from_secs(
-            15 * i64::from(STALE_MEMBER_LEASES) + 60,
-        ))
-        .unwrap()
-        .to_string();
-    for lease in store.lock().unwrap().values_mut() {
-        lease["spec"]["renewTime"] = json!(long_ago);
-    }
+    renewed_ago(&store, 15 * i64::from(STALE_MEMBER_LEASES) + 60);
     a.round().await.unwrap();
     assert_eq!(
         held(&a),
