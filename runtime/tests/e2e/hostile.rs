@@ -594,8 +594,10 @@ fn leader_host_pid(pod: &Pod) -> Result<u32> {
         .and_then(|id| id.split("://").nth(1))
         .context("the runtime Pod has no container ID")?
         .to_owned();
-    for entry in std::fs::read_dir("/proc")? {
-        let entry = entry?;
+    // The runtime's compiler processes are the same binary in the same cgroup, and end when
+    // their compile does: the runtime is the one whose parent is none of them.
+    let mut found = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir("/proc")?.flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
             continue;
         };
@@ -603,11 +605,23 @@ fn leader_host_pid(pod: &Pod) -> Result<u32> {
             continue;
         };
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        if cgroup.contains(&id) && comm.trim() == "kubewasm" {
-            return Ok(pid);
+        if !cgroup.contains(&id) || comm.trim() != "kubewasm" {
+            continue;
         }
+        let parent = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("PPid:"))
+                    .and_then(|p| p.trim().parse::<u32>().ok())
+            });
+        found.insert(pid, parent);
     }
-    bail!("no kubewasm process in the cgroup of container {id}")
+    found
+        .iter()
+        .find(|(_, parent)| parent.is_none_or(|p| !found.contains_key(&p)))
+        .map(|(pid, _)| *pid)
+        .with_context(|| format!("no kubewasm process in the cgroup of container {id}"))
 }
 
 /// VmRSS and VmHWM (the peak) of a process, in bytes.
