@@ -24,6 +24,7 @@ mod capped;
 mod cluster;
 pub mod cosign;
 mod credentials;
+mod fetches;
 mod module_cache;
 pub mod oci;
 mod offline;
@@ -46,6 +47,7 @@ pub use bytes::{
 };
 use bytes::{is_gzip, take_key};
 pub use cluster::{ClusterOrigin, ImagePuller};
+pub use fetches::{Asked, FETCHES_PER_TENANT, Fetches, PARALLEL_FETCHES, UNTAKEN_TTL};
 pub use module_cache::ModuleCache;
 pub use offline::OfflineOrigin;
 pub use pulls::{Credentials, PARALLEL_PULLS, Pulls};

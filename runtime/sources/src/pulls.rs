@@ -31,6 +31,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 pub use super::credentials::Credentials;
+use super::fetches::{Turns, tenant_of};
 use super::oci::{PullError, Pulled, RegistryConfig, pull};
 use kubewasm_api::ImageRef;
 use kubewasm_sandbox::sync::Locks as _;
@@ -38,8 +39,7 @@ use kubewasm_sandbox::sync::Locks as _;
 /// Pulls under way (or done and not yet taken) at once, for all controllers.
 pub const PARALLEL_PULLS: usize = 4;
 
-/// How long a pulled module waits to be taken before it is dropped (and its permit freed).
-pub const UNTAKEN_TTL: Duration = Duration::from_secs(30);
+use super::fetches::UNTAKEN_TTL;
 
 /// What asking for a controller's module found.
 #[derive(Debug)]
@@ -79,7 +79,7 @@ pub struct Pulls {
     poll: Duration,
     permits: Arc<Semaphore>,
     /// One pull at a time per tenant (the namespace part of a key).
-    tenants: Mutex<HashMap<String, Arc<Semaphore>>>,
+    tenants: Turns,
     slots: Mutex<HashMap<String, Slot>>,
     shared: Mutex<SharedPulls>,
     done: Mutex<HashSet<String>>,
@@ -135,7 +135,7 @@ impl Pulls {
             config,
             poll,
             permits: Arc::new(Semaphore::new(PARALLEL_PULLS)),
-            tenants: Mutex::default(),
+            tenants: Turns::new(1),
             slots: Mutex::default(),
             shared: Mutex::default(),
             done: Mutex::default(),
@@ -198,12 +198,7 @@ impl Pulls {
             let generation = slot.generation;
             let this = self.clone();
             let (key, image, known) = (key.to_owned(), image.clone(), known.map(str::to_owned));
-            let tenant = this
-                .tenants
-                .locked()
-                .entry(tenant_of(&key).to_owned())
-                .or_insert_with(new_turn)
-                .clone();
+            let tenant = this.tenants.of(tenant_of(&key));
             tokio::spawn(async move {
                 let _turn = tenant.acquire_owned().await.ok();
                 let permit = this.permits.clone().acquire_owned().await.ok();
@@ -302,11 +297,7 @@ impl Pulls {
                         return None;
                     }
                 };
-                let mut all = self.tenants.locked();
-                tenants
-                    .into_iter()
-                    .map(|t| all.entry(t).or_insert_with(new_turn).clone())
-                    .collect()
+                tenants.iter().map(|t| self.tenants.of(t)).collect()
             };
             let any = futures::future::select_all(
                 turns.into_iter().map(|turn| Box::pin(turn.acquire_owned())),
@@ -454,9 +445,7 @@ impl Pulls {
             .chain(shared.waiting_on.keys())
             .map(|k| tenant_of(k))
             .collect();
-        self.tenants.locked().retain(|tenant, turn| {
-            tenants.contains(tenant.as_str()) || turn.available_permits() == 0
-        });
+        self.tenants.retain(|tenant| tenants.contains(tenant));
         for slot in slots.values_mut() {
             if slot
                 .finished
@@ -470,26 +459,10 @@ impl Pulls {
     }
 }
 
-/// A tenant's turn: one pull at a time.
-fn new_turn() -> Arc<Semaphore> {
-    Arc::new(Semaphore::new(1))
-}
-
-/// The tenant of a controller's key: its namespace (`ns/name`), or `""` for the cluster's.
-fn tenant_of(key: &str) -> &str {
-    key.split_once('/').map_or("", |(ns, _)| ns)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use kubewasm_api::Reason;
-
-    #[test]
-    fn a_namespace_is_one_tenant_and_the_cluster_controllers_another() {
-        assert_eq!(tenant_of("team-a/hello"), "team-a");
-        assert_eq!(tenant_of("pod-watcher"), "");
-    }
 
     #[tokio::test]
     async fn a_pull_answers_at_once_and_wakes_the_manager_when_it_ends() {

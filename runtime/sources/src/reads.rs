@@ -13,7 +13,11 @@
 //! ConfigMap's uid, resourceVersion and key; an image's manifest digest): concurrent readers
 //! of one key wait for the first and get the same [`ModuleBytes`], and a later reader gets
 //! them too while any holder still has them. The map holds weak references only: once the
-//! last controller has compiled (or refused) them, nothing of them is kept.
+//! last controller has compiled (or refused) them, nothing of them is kept. Bytes that are no
+//! module are the exception: that version of that key never becomes one, so the failure is
+//! remembered ([`FAILED_KEPT`], at most [`MAX_FAILED`] of them, the oldest forgotten first) and
+//! every later reader of the key is told it without a read — a tenant's thirty-two controllers
+//! naming one gzip bomb cause one read however their fetches are spread in time.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -35,6 +39,12 @@ pub const DEFAULT_MODULE_READ_BYTES: u64 = 128 << 20;
 
 /// How long a read waits for room in the budget before it fails (and is retried).
 pub const BUDGET_WAIT: Duration = Duration::from_secs(20);
+
+/// How long the failure of bytes that are no module is remembered by their key.
+pub const FAILED_KEPT: Duration = Duration::from_secs(3600);
+
+/// The most such failures remembered at once (each an error message: a few hundred bytes).
+pub const MAX_FAILED: usize = 1024;
 
 /// A read that found no room in the budget.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -287,11 +297,13 @@ pub enum ReadKey {
 /// A read's outcome, as every reader of its key gets it.
 type Outcome = Result<(ModuleBytes, Version), Arc<ModuleError>>;
 
-/// Reads of one key: in flight (readers wait on the cell), or done (the bytes, while held).
+/// Reads of one key: in flight (readers wait on the cell), or done (the bytes, while held;
+/// or why they are no module, for [`FAILED_KEPT`]).
 #[derive(Default)]
 struct Entry {
     flight: Weak<OnceCell<Outcome>>,
     done: Option<(Weak<Held>, Version)>,
+    failed: Option<(Arc<ModuleError>, std::time::Instant)>,
 }
 
 /// The runtime's module reads: the budget, and one read per module version (see the module
@@ -354,6 +366,9 @@ impl ModuleReads {
             {
                 return Ok((ModuleBytes(held), version.clone()));
             }
+            if let Some((failed, _)) = &entry.failed {
+                return Err(ModuleError::Shared(failed.clone()));
+            }
             match entry.flight.upgrade() {
                 Some(cell) => cell,
                 None => {
@@ -367,19 +382,53 @@ impl ModuleReads {
             .get_or_init(|| async { read().await.map_err(Arc::new) })
             .await
             .clone();
-        if let Ok((bytes, version)) = &outcome {
-            let mut entries = self.entries.locked();
-            let entry = entries.entry(key).or_default();
-            entry.done = Some((Arc::downgrade(&bytes.0), version.clone()));
+        match &outcome {
+            Ok((bytes, version)) => {
+                let mut entries = self.entries.locked();
+                let entry = entries.entry(key).or_default();
+                entry.done = Some((Arc::downgrade(&bytes.0), version.clone()));
+            }
+            Err(e) if e.invalid_at().is_some() => {
+                let mut entries = self.entries.locked();
+                let entry = entries.entry(key).or_default();
+                entry.failed = Some((e.clone(), std::time::Instant::now()));
+            }
+            Err(_) => {}
         }
         outcome.map_err(ModuleError::Shared)
     }
 }
 
-/// Forgets the keys nobody holds or reads any more.
+/// Forgets the keys nobody holds or reads any more, and failures older than [`FAILED_KEPT`]
+/// or past the [`MAX_FAILED`] newest.
 fn prune(entries: &mut HashMap<ReadKey, Entry>) {
+    let now = std::time::Instant::now();
+    for entry in entries.values_mut() {
+        if entry
+            .failed
+            .as_ref()
+            .is_some_and(|(_, at)| now.duration_since(*at) >= FAILED_KEPT)
+        {
+            entry.failed = None;
+        }
+    }
+    let mut failed: Vec<std::time::Instant> = entries
+        .values()
+        .filter_map(|e| Some(e.failed.as_ref()?.1))
+        .collect();
+    if failed.len() > MAX_FAILED {
+        failed.sort_unstable();
+        let oldest_kept = failed[failed.len() - MAX_FAILED];
+        for entry in entries.values_mut() {
+            if entry.failed.as_ref().is_some_and(|(_, at)| *at < oldest_kept) {
+                entry.failed = None;
+            }
+        }
+    }
     entries.retain(|_, e| {
-        e.flight.strong_count() > 0 || e.done.as_ref().is_some_and(|(h, _)| h.strong_count() > 0)
+        e.flight.strong_count() > 0
+            || e.done.as_ref().is_some_and(|(h, _)| h.strong_count() > 0)
+            || e.failed.is_some()
     });
 }
 

@@ -169,6 +169,7 @@ impl Manager {
     /// its log lines.
     fn forget(&mut self, id: &ControllerId) {
         self.controllers.remove(id);
+        self.fetches.forget(&id.to_string());
         self.metrics.forget(&id.to_string());
         tracing::info!(controller = %id, "controller removed");
         self.config.logs.forget(&crate::logs::ControllerKey {

@@ -26,6 +26,7 @@ mod phase;
 mod quarantine;
 mod setup;
 mod sharding;
+mod fetching;
 mod shared_images;
 mod status;
 
@@ -196,10 +197,12 @@ pub struct Manager {
     module_config_maps: Option<reflector::Store<PartialObjectMeta<ConfigMap>>>,
     /// Registry pulls, beside the loop.
     pulls: Arc<crate::sources::Pulls>,
+    /// Every controller's module fetch, beside the loop (see [`fetching`]).
+    fetches: Arc<crate::sources::Fetches<fetching::Answer>>,
     /// Module reads in flight: one per module version, charged to `--module-read-bytes`.
     reads: Arc<crate::sources::ModuleReads>,
     /// Compiled modules of anonymous digest-pinned images, by reference.
-    shared_images: shared_images::SharedImages,
+    shared_images: Arc<shared_images::SharedImages>,
     /// The shards this replica holds, when replicas share the work (`None`: it runs all).
     sharding: Option<sharding::Sharding>,
     /// Every declared controller as last seen, run here or not (see [`sharding`]).
@@ -261,7 +264,8 @@ impl Manager {
         Ok(Manager {
             pulls,
             reads: Arc::new(crate::sources::ModuleReads::new(budget)),
-            shared_images: shared_images::SharedImages::default(),
+            fetches: crate::sources::Fetches::new(),
+            shared_images: Arc::default(),
             watches: SharedWatches::new(
                 watch_client.clone(),
                 config.namespace.clone(),
@@ -409,6 +413,7 @@ impl Manager {
         );
         let fence = self.fence.clone();
         let pulls = self.pulls.clone();
+        let fetches = self.fetches.clone();
         let mut compiled = self.compiles.ended();
         // Marked changed: the shards taken before this loop started are taken up at once.
         let mut shard_changes = self.sharding.as_ref().map(|s| {
@@ -455,7 +460,8 @@ impl Manager {
                 _ = retry_tick.tick() => self.retry_failed().await,
                 _ = access_tick.tick() => self.recheck_access().await,
                 _ = poll_tick.tick() => self.reload_polled().await,
-                pulled = pulls.notified() => self.on_pulled(&pulled).await,
+                pulled = pulls.notified() => self.on_fetched(&pulled).await,
+                fetched = fetches.notified() => self.on_fetched(&fetched).await,
                 Some(done) = async { compiled.as_mut()?.recv().await } => {
                     // Statuses of the controllers it concerns are written soon.
                     self.on_compiled(done).await;

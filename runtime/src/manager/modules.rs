@@ -32,10 +32,11 @@ use futures::StreamExt;
 use crate::api::{Reason, Source, WasmControllerSpec};
 use crate::controller::ObjectKey;
 use crate::sandbox::{Digest, GuestPre, LoadError};
-use crate::sources::{self, ClusterOrigin, ImagePuller, Sourced as _, Version};
+use crate::sources::{Asked, Sourced as _, Version};
 
 use super::compile_budget::Refused;
 use super::compiles::{Compiled, Waiter};
+use super::fetching::{Asking, Read};
 use super::shared_images::Known;
 use super::{ControllerId, Manager, PARALLEL_STARTS, Problem};
 
@@ -231,7 +232,8 @@ impl Manager {
         self.sandbox.retain(&keep.into_iter().collect::<Vec<_>>());
     }
 
-    /// The module, compiled, or [`Fetched::Unchanged`] when its source is still at `loaded`.
+    /// The module, compiled, or [`Fetched::Unchanged`] when its source is still at `loaded`,
+    /// or [`Fetched::Pending`] while it is fetched beside the loop ([`super::fetching`]).
     async fn read_module(
         &self,
         id: &ControllerId,
@@ -251,68 +253,24 @@ impl Manager {
             Ok(account) => account,
             Err(problem) => return Ok(Fetched::Refused(problem)),
         };
-        let pin = spec.module.sha256.as_deref();
-        // An image another controller already runs by the same anonymous pinned reference:
-        // its module, compiled, without a pull (one reader per reference at a time).
+        let asking = Asking {
+            source: &source,
+            pin: spec.module.sha256.as_deref(),
+            loaded,
+            account,
+        };
+        let (bytes, version) = match self.ask_module(id, asking) {
+            Asked::Running => return Ok(Fetched::Pending),
+            Asked::Done(answer) => match answer? {
+                Read::Unchanged => return Ok(Fetched::Unchanged),
+                Read::Shared(compiled, version) => return Ok(Fetched::Compiled(compiled, version)),
+                Read::Invalid(why, version) => return Ok(Fetched::Compiled(Err(why), version)),
+                Read::Bytes(bytes, version) => (bytes, version),
+            },
+        };
         let shared = source
             .shareable()
             .filter(|(_, digest)| loaded != Some(&Version::Image(digest.clone())));
-        let _turn = match &shared {
-            Some((reference, digest)) => {
-                let turn = self.shared_images.turn(reference).await;
-                let compiled = match self.shared_images.known(reference) {
-                    Some(k) if sources::check_pin(k.digest, pin, false).is_ok() => match k.compiled
-                    {
-                        Ok(()) => self.sandbox.loaded(&k.digest).map(Ok),
-                        Err(why) => Some(Err(why)),
-                    },
-                    _ => None,
-                };
-                if let Some(compiled) = compiled {
-                    self.pulls.settled(&id.to_string());
-                    return Ok(Fetched::Compiled(compiled, Version::Image(digest.clone())));
-                }
-                Some(turn)
-            }
-            None => None,
-        };
-        let mut origin = ClusterOrigin::new(
-            self.client.clone(),
-            self.module_config_maps.clone(),
-            self.config.module_dir.clone(),
-            self.config.max_module_bytes,
-            self.reads.clone(),
-        );
-        if source.pulled() {
-            // A pull secret is read as the controller's ServiceAccount (checked above).
-            let account = match source.credentials() {
-                None => None,
-                Some(_) => {
-                    let client = self
-                        .impersonating(&account.namespace, &account.name)
-                        .map_err(|e| Problem::new(Reason::ClientError, e.to_string()))?;
-                    Some((account.namespace, account.name, client))
-                }
-            };
-            origin = origin.with_puller(ImagePuller {
-                pulls: self.pulls.clone(),
-                key: id.to_string(),
-                account,
-            });
-        }
-        let fetched = match sources::fetch(&origin, &source, pin, loaded).await {
-            Ok(fetched) => fetched,
-            // Bytes that are no module fail the same way: read again only once they change.
-            Err(e) => match e.invalid_at() {
-                Some(version) => return Ok(Fetched::Compiled(Err(e.to_string()), version.clone())),
-                None => return Err(Problem::new(e.reason(), e.to_string())),
-            },
-        };
-        let (bytes, version) = match fetched {
-            sources::Fetched::Unchanged => return Ok(Fetched::Unchanged),
-            sources::Fetched::Pending => return Ok(Fetched::Pending),
-            sources::Fetched::Module { bytes, version } => (bytes, version),
-        };
         // Compiled beside the manager loop, in a child process, once per digest (a compile
         // takes as long as the tenant's module makes it, up to its CPU limit): the loop is
         // handed the result (`on_compiled`). A module whose compile ended the compiler is not
@@ -466,7 +424,7 @@ impl Manager {
 
     /// Loads the modules of running controllers again (swapped in when changed), and starts
     /// the others.
-    async fn reload(&mut self, ids: &[ControllerId]) {
+    pub(super) async fn reload(&mut self, ids: &[ControllerId]) {
         let (running, stopped): (Vec<ControllerId>, Vec<ControllerId>) = ids
             .iter()
             .cloned()
@@ -474,30 +432,6 @@ impl Manager {
         self.load_modules(&running).await;
         self.retain_modules();
         self.start_all(&stopped).await;
-    }
-
-    /// Pulls of these controllers' images ended: they load what was pulled (or start).
-    /// Pulls of controllers that are gone, or no longer name an image, are forgotten.
-    pub(super) async fn on_pulled(&mut self, keys: &HashSet<String>) {
-        let ids: Vec<ControllerId> = self
-            .controllers
-            .keys()
-            .filter(|id| keys.contains(&id.to_string()))
-            .cloned()
-            .collect();
-        self.forget_pulls();
-        self.reload(&ids).await;
-    }
-
-    /// Forgets the pulls of controllers that no longer name an image.
-    fn forget_pulls(&self) {
-        let images: HashSet<String> = self
-            .controllers
-            .iter()
-            .filter(|(_, m)| m.source.as_ref().is_ok_and(|s| s.pulled()))
-            .map(|(id, _)| id.to_string())
-            .collect();
-        self.pulls.retain(|key| images.contains(key));
     }
 
     /// Loads again the modules whose source nothing watches ([`Source::is_polled`]): every

@@ -193,6 +193,8 @@ fn a_gzip_bomb_stops_at_its_ratio_and_a_real_module_inflates() {
 /// An origin holding one gzipped ConfigMap, counting its reads.
 struct OneConfigMap {
     bytes: Vec<u8>,
+    /// Its version (a digest of this byte).
+    version: u8,
     reads: ModuleReads,
     listed: AtomicUsize,
 }
@@ -211,7 +213,7 @@ impl Origin for OneConfigMap {
         cm.metadata.name = Some(name.into());
         cm.binary_data =
             Some([(key.to_owned(), k8s_openapi::ByteString(self.bytes.clone()))].into());
-        Ok(Found::At(cm, Version::Digest(Digest([1; 32]))))
+        Ok(Found::At(cm, Version::Digest(Digest([self.version; 32]))))
     }
 
     fn config_map_seen(
@@ -220,7 +222,7 @@ impl Origin for OneConfigMap {
         _name: &str,
         _key: &str,
     ) -> Result<Option<Version>, ModuleError> {
-        Ok(Some(Version::Digest(Digest([1; 32]))))
+        Ok(Some(Version::Digest(Digest([self.version; 32]))))
     }
 
     fn reads(&self) -> &ModuleReads {
@@ -253,6 +255,7 @@ impl Origin for OneConfigMap {
 async fn thirty_two_controllers_naming_one_gzip_bomb_read_and_inflate_it_once() {
     let origin = OneConfigMap {
         bytes: gzipped(&vec![0; 64 << 20]),
+        version: 1,
         reads: ModuleReads::new(ReadBudget::new(128 * MIB, Duration::from_secs(5))),
         listed: AtomicUsize::new(0),
     };
@@ -273,6 +276,15 @@ async fn thirty_two_controllers_naming_one_gzip_bomb_read_and_inflate_it_once() 
     // Charged before the read: the response, then the bomb and its bound (32 × ~64 KiB).
     let bound = crate::CONFIG_MAP_READ_BYTES;
     assert!(budget.peak() <= bound, "peak {}", budget.peak());
+    // Named again later, one by one (fetches spread in time): that version is no module,
+    // remembered, not read again.
+    for _ in 0..32 {
+        let e = fetch(&origin, &source, None, None).await.unwrap_err();
+        assert!(e.to_string().contains("inflates to more than 32×"), "{e}");
+        assert!(e.invalid_at().is_some(), "{e}");
+    }
+    assert_eq!(origin.listed.load(Ordering::SeqCst), 1, "still read once");
+    assert_eq!(origin.reads.kept(), 1, "the failure, remembered");
 
     // A real module, gzipped: read once, shared, credited when the last holder drops it.
     let mut state: u32 = 1;
@@ -284,6 +296,7 @@ async fn thirty_two_controllers_naming_one_gzip_bomb_read_and_inflate_it_once() 
         .collect();
     let origin = OneConfigMap {
         bytes: gzipped(&module),
+        version: 2,
         ..origin
     };
     let fetches = (0..32).map(|_| fetch(&origin, &source, None, None));
@@ -301,5 +314,35 @@ async fn thirty_two_controllers_naming_one_gzip_bomb_read_and_inflate_it_once() 
     assert_eq!(origin.reads.budget().in_use(), MIB, "the module, once");
     drop(all);
     assert_eq!(origin.reads.budget().in_use(), 0);
-    assert_eq!(origin.reads.kept(), 0);
+    assert_eq!(origin.reads.kept(), 1, "only the bomb's failure is kept");
+}
+
+#[test]
+fn failures_remembered_are_bounded_in_number() {
+    let reads = ModuleReads::new(ReadBudget::unbounded());
+    let invalid = |i: usize| {
+        Arc::new(ModuleError::Invalid {
+            error: Box::new(ModuleError::Inflates {
+                compressed: 1024,
+                ratio: 32,
+            }),
+            version: Version::Digest(Digest([(i % 251) as u8; 32])),
+        })
+    };
+    let start = std::time::Instant::now();
+    {
+        let mut entries = reads.entries.locked();
+        for i in 0..MAX_FAILED + 100 {
+            let at = start + Duration::from_millis(i as u64);
+            entries.entry(ReadKey::Image(format!("sha256:{i}"))).or_default().failed =
+                Some((invalid(i), at));
+        }
+    }
+    assert_eq!(reads.kept(), MAX_FAILED);
+    let entries = reads.entries.locked();
+    assert!(
+        !entries.contains_key(&ReadKey::Image("sha256:0".into())),
+        "the oldest forgotten first"
+    );
+    assert!(entries.contains_key(&ReadKey::Image(format!("sha256:{}", MAX_FAILED + 99))));
 }
