@@ -5,8 +5,10 @@
 //! cluster for the runtime ([`ClusterOrigin`]), the user's files and `--state` for
 //! `kubewasm reconcile` ([`OfflineOrigin`]). It returns the module's bytes (gunzipped,
 //! checked against the spec's pin) and the [`Version`] they came from, or says that the
-//! version already loaded is still current. Registries are asked beside the manager loop
-//! ([`Pulls`]): their answer may be "nothing yet" ([`Fetched::Pending`]). What the manager
+//! version already loaded is still current. The runtime runs every fetch beside its manager
+//! loop ([`Fetches`]: one at a time per controller, fair between tenants, its answer held a
+//! bounded time); registries are asked beside it too ([`Pulls`]), and their answer may be
+//! "nothing yet" ([`Fetched::Pending`]). What the manager
 //! must know of a source (what to watch, what is pulled, what may be shared, what the status
 //! shows) it asks [`Sourced`], never the source's kind. A new kind of source adds a variant to
 //! `Source`, a method to `Origin`, an arm to `fetch` and to each of [`Sourced`]'s methods: the

@@ -420,7 +420,11 @@ fn prune(entries: &mut HashMap<ReadKey, Entry>) {
         failed.sort_unstable();
         let oldest_kept = failed[failed.len() - MAX_FAILED];
         for entry in entries.values_mut() {
-            if entry.failed.as_ref().is_some_and(|(_, at)| *at < oldest_kept) {
+            if entry
+                .failed
+                .as_ref()
+                .is_some_and(|(_, at)| *at < oldest_kept)
+            {
                 entry.failed = None;
             }
         }

@@ -88,10 +88,8 @@ impl Manager {
                 Some(_) => match self.impersonating(&account.namespace, &account.name) {
                     Ok(client) => Some((account.namespace, account.name, client)),
                     Err(e) => {
-                        impersonating = Err(Problem::new(
-                            crate::api::Reason::ClientError,
-                            e.to_string(),
-                        ));
+                        impersonating =
+                            Err(Problem::new(crate::api::Reason::ClientError, e.to_string()));
                         None
                     }
                 },

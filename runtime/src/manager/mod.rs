@@ -19,6 +19,7 @@ mod compile_budget;
 mod compiles;
 mod config;
 mod declared;
+mod fetching;
 mod lifecycle;
 mod messages;
 mod modules;
@@ -26,7 +27,6 @@ mod phase;
 mod quarantine;
 mod setup;
 mod sharding;
-mod fetching;
 mod shared_images;
 mod status;
 

@@ -17,8 +17,9 @@
 //! is read for a controller before the runtime knows it may act as its ServiceAccount (its
 //! namespace and the account opted in): a tenant that did not opt in costs no read.
 //!
-//! Images are pulled beside the manager loop ([`sources::Pulls`]): asking for one answers at
-//! once, and the loop is woken when a pull ends ([`Manager::on_pulled`]). A tag is resolved
+//! Every module is fetched beside the manager loop ([`super::fetching`]): asking answers at
+//! once, and the loop is woken when a fetch (or a registry's pull, [`sources::Pulls`]) has
+//! found something ([`Manager::on_fetched`]). A tag is resolved
 //! again every `--module-poll-seconds` with the files; a moved tag loads like a changed
 //! ConfigMap (the last good module keeps running if the new one fails). An image pinned by
 //! digest and pulled anonymously is pulled and compiled once for every controller naming it

@@ -29,7 +29,11 @@ async fn woken_for(fetches: &Fetches<u32>, keys: &[&str]) -> HashSet<String> {
 async fn asking_answers_at_once_and_wakes_the_manager_when_the_fetch_ends() {
     let fetches = Fetches::new();
     let (tx, rx) = tokio::sync::oneshot::channel::<u32>();
-    let first = fetches.ask("team/hello", "configMap hello", || async move { rx.await.ok() });
+    let first = fetches.ask(
+        "team/hello",
+        "configMap hello",
+        || async move { rx.await.ok() },
+    );
     assert!(matches!(first, Asked::Running), "{first:?}");
     // Asked again while it runs: no second fetch (the job is not even made).
     let again = fetches.ask("team/hello", "configMap hello", || async {
@@ -93,7 +97,11 @@ async fn all_tenants_together_run_at_most_the_parallel_fetches() {
 async fn a_fetch_of_an_older_spec_ends_unheard() {
     let fetches = Fetches::new();
     let (tx, rx) = tokio::sync::oneshot::channel::<u32>();
-    fetches.ask("team/hello", "configMap v1", || async move { rx.await.ok() });
+    fetches.ask(
+        "team/hello",
+        "configMap v1",
+        || async move { rx.await.ok() },
+    );
     // The spec names another module: a fetch of it starts beside the old one.
     fetches.ask("team/hello", "image v2", || async { Some(2) });
     woken_for(&fetches, &["team/hello"]).await;
@@ -137,7 +145,11 @@ async fn an_answer_nobody_takes_is_dropped_and_a_forgotten_controller_holds_noth
     let fetches: Arc<Fetches<Arc<Vec<u8>>>> = Fetches::new();
     let bytes = Arc::new(vec![0u8; 1 << 20]);
     let held: Weak<Vec<u8>> = Arc::downgrade(&bytes);
-    fetches.ask("team/untaken", "configMap", move || async move { Some(bytes) });
+    fetches.ask(
+        "team/untaken",
+        "configMap",
+        move || async move { Some(bytes) },
+    );
     let other = Arc::new(vec![1u8; 1 << 20]);
     let other_held = Arc::downgrade(&other);
     fetches.ask("team/gone", "configMap", move || async move { Some(other) });

@@ -334,8 +334,10 @@ fn failures_remembered_are_bounded_in_number() {
         let mut entries = reads.entries.locked();
         for i in 0..MAX_FAILED + 100 {
             let at = start + Duration::from_millis(i as u64);
-            entries.entry(ReadKey::Image(format!("sha256:{i}"))).or_default().failed =
-                Some((invalid(i), at));
+            entries
+                .entry(ReadKey::Image(format!("sha256:{i}")))
+                .or_default()
+                .failed = Some((invalid(i), at));
         }
     }
     assert_eq!(reads.kept(), MAX_FAILED);
