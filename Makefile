@@ -95,8 +95,9 @@ lint: toolchain file-sizes layers
 	$(CARGO) clippy --target wasm32-unknown-unknown $(addprefix -p ,$(NO_WASI_GUESTS)) -p kubewasm-guest-alloc -- -D warnings
 
 ## The floors' dependencies point one way: the API types build without the engine or a
-## client (a webhook or a tool may use them), the sandbox knows no Kubernetes, and module
-## sources know nothing of the runtime (controllers, host, manager, metrics) above them.
+## client (a webhook or a tool may use them), the sandbox knows no Kubernetes, module
+## sources know nothing of the runtime (controllers, host, manager, metrics) above them. (The
+## runtime cannot depend on the command that runs it: cargo refuses the cycle.)
 layers:
 	@bad=$$($(CARGO) tree -p kubewasm-api -e normal --prefix none | awk '{print $$1}' | grep -xE 'wasmtime|kubewasm-sandbox|kube-client|tokio|kubewasm' | sort -u | tr '\n' ' '); \
 	if [ -n "$$bad" ]; then echo "kubewasm-api (runtime/api) depends on: $$bad; the API types must build without them"; exit 1; fi

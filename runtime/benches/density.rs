@@ -630,7 +630,7 @@ async fn floor_once(client: &Client, n: usize, module_bytes: usize) -> Result<Du
 }
 
 /// Requests the runtime has in flight when it starts controllers (`PARALLEL_STARTS` and
-/// `PARALLEL_STATUS_WRITES` in `runtime/src/manager`).
+/// `PARALLEL_STATUS_WRITES` in `runtime/core/src/manager`).
 const RUNTIME_IN_FLIGHT: usize = 32;
 
 /// With `KUBEWASM_DENSITY_PERF` set: `perf record -g` of the runtime until all are Ready,

@@ -1,22 +1,5 @@
-//! kubewasm: runs Kubernetes controllers as sandboxed WebAssembly components.
-//!
-//! - [`sandbox`] knows wasmtime only: compiles guests, runs one reconcile per fresh Store.
-//! - [`api`] is the `kubewasm.dev/v1alpha1` API (`WasmController`, `ClusterWasmController`).
-//! - [`host`] joins them: grants, guest reads, actions turned into API calls.
-//! - [`logs`] keeps each controller's log lines and serves them to its team (RBAC).
-//! - [`sources`] fetches modules from where a spec says they are (one seam for every source).
+//! The `kubewasm` command's library face: the runtime ([`kubewasm_runtime`]) and the floors
+//! below it under one name, for the tests and benches that drive them (`kubewasm::manager`,
+//! `kubewasm::api`, …). The command itself is `main.rs` and `cli/`, one file per subcommand.
 
-// Nothing a tenant writes (a spec, an object, a module, a guest's answer) may reach a panic:
-// each remaining `expect` says in an `allow` why no input can reach it; tests may panic.
-#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-pub use kubewasm_api as api;
-pub use kubewasm_sandbox as sandbox;
-pub use kubewasm_sources as sources;
-// Small helpers of the bottom floor that every floor uses.
-pub use kubewasm_sandbox::{disk, sync};
-pub mod controller;
-pub mod host;
-pub mod logs;
-pub mod manager;
-pub mod metrics;
+pub use kubewasm_runtime::*;
