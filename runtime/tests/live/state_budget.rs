@@ -239,12 +239,15 @@ async fn bounded(
     );
     let kept = Stored::read(client, b).await?;
     kept.print("team-b");
-    // What the replica holds of them, on /metrics: the two namespaces' states, no more.
-    let held = full.bytes() + kept.bytes();
+    // What the replica holds of them, on /metrics: the two namespaces' states, no more. Read
+    // again at each check: a state the runtime charged may still be on its way to its object
+    // when the first snapshot above was taken.
     eventually(
         "kubewasm_state_bytes counts the states both namespaces saved",
         crate::cluster::WAIT,
         || async {
+            let held =
+                Stored::read(client, a).await?.bytes() + Stored::read(client, b).await?.bytes();
             let (_, metrics) = runtime.http_get("/metrics").await?;
             let line = metrics
                 .lines()
