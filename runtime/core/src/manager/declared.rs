@@ -11,6 +11,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use crate::api::WasmControllerSpec;
 use crate::host::{GuestState, Runner, StateOwner};
 
+use super::life::Life;
 use super::{ControllerId, Managed, Manager, lifecycle};
 
 /// A declared controller as its object says.
@@ -118,8 +119,7 @@ impl Manager {
         }
         self.stop(&id).await; // already stopped by `on_declared`: returns at once
         let old = self.controllers.remove(&id);
-        let guest = old.as_ref().and_then(|m| m.guest.clone());
-        let image = old.as_ref().and_then(|m| m.image.clone());
+        let life = Life::after(old.as_ref().map(|m| &m.life));
         // The state in memory is at least as new as what is stored (this process wrote it);
         // it is read from its objects only the first time ([`GuestState::load`], at setup).
         let state = match old {
@@ -142,17 +142,8 @@ impl Manager {
             spec,
             state,
             generation,
-            runner: None,
-            guest,
-            module_version: None,
-            image,
-            unreachable_since: None,
-            module_problem: None,
-            setup_problem: None,
-            access: None,
+            life,
             written: None,
-            retry: lifecycle::Retry::default(),
-            compiling: None,
         };
         self.controllers.insert(id.clone(), managed);
         Some(id)

@@ -41,7 +41,7 @@ impl Manager {
     /// exists.
     pub(super) fn finalizing_runner(&self, id: &ControllerId) -> Option<Arc<Runner>> {
         let m = self.controllers.get(id)?;
-        let (runner, _) = m.runner.as_ref()?;
+        let runner = m.life.runner()?;
         (m.spec.finalize && self.fence_of(id).is_open()).then(|| runner.clone())
     }
 
@@ -62,7 +62,7 @@ impl Manager {
         mut releasing: HashMap<ControllerId, Arc<Runner>>,
     ) {
         for id in ids {
-            let Some((runner, task)) = self.controllers.get_mut(id).and_then(|m| m.runner.take())
+            let Some((runner, task)) = self.controllers.get_mut(id).and_then(|m| m.life.stop())
             else {
                 continue;
             };
@@ -85,7 +85,7 @@ impl Manager {
         let stopping: Vec<_> = ids
             .iter()
             .filter_map(|id| {
-                let (runner, task) = self.controllers.get_mut(id)?.runner.take()?;
+                let (runner, task) = self.controllers.get_mut(id)?.life.stop()?;
                 runner.stop();
                 Some((id.clone(), task))
             })
@@ -152,7 +152,7 @@ impl Manager {
         }
         let cap = self.config.max_controllers_per_namespace;
         if let Some(m) = self.controllers.get_mut(id) {
-            m.setup_problem = Some(Problem::new(
+            m.life.refuse(Problem::new(
                 Reason::TooManyControllers,
                 format!(
                     "namespace {} has more WasmControllers than the {cap} this runtime's operator allows per namespace (`kubewasm run --max-controllers-per-namespace`); the first {cap} by name run: remove one",
@@ -173,7 +173,7 @@ impl Manager {
                     id.clone(),
                     m.spec.clone(),
                     m.state.clone(),
-                    m.guest.clone()?,
+                    m.life.guest()?.clone(),
                 ))
             })
             .collect();
@@ -213,19 +213,17 @@ impl Manager {
         };
         match result {
             Ok((setup, access)) => {
-                let runner = Runner::new(setup, guest, m.image.clone());
+                let runner = Runner::new(setup, guest, m.life.image().map(str::to_owned));
                 let task = tokio::spawn(runner.clone().run());
-                m.setup_problem = None;
-                m.access = Some(access);
-                m.runner = Some((runner, task));
+                m.life.start(runner, task, access);
                 tracing::info!(controller = %id, "controller started");
             }
             Err(problem) => {
                 // Said once per new problem: retries of the same one stay quiet.
-                if m.setup_problem.as_ref() != Some(&problem) {
-                    tracing::warn!(controller = %id, reason = %problem.reason, "controller cannot start: {}", problem.message);
+                let (reason, message) = (problem.reason, problem.message.clone());
+                if m.life.refuse(problem) {
+                    tracing::warn!(controller = %id, %reason, "controller cannot start: {message}");
                 }
-                m.setup_problem = Some(problem);
             }
         }
     }
@@ -237,14 +235,14 @@ impl Manager {
         let ids: Vec<ControllerId> = self
             .controllers
             .iter()
-            .filter(|(_, m)| m.runner.is_none() && m.retry.at.is_none_or(|at| at <= now))
+            .filter(|(_, m)| !m.life.running() && m.life.retry.at.is_none_or(|at| at <= now))
             .map(|(id, _)| id.clone())
             .collect();
         for id in &ids {
             if let Some(problem) = self
                 .controllers
                 .get(id)
-                .and_then(|m| m.setup_problem.as_ref())
+                .and_then(|m| m.life.refused())
                 && problem.reason == Reason::KindNotFound
             {
                 let spec = &self.controllers[id].spec;
@@ -260,15 +258,14 @@ impl Manager {
             .max(self.config.access_review_ttl);
         for id in &ids {
             if let Some(m) = self.controllers.get_mut(id) {
-                m.retry = match m.runner {
-                    Some(_) => Retry::default(),
-                    None => {
-                        let failures = m.retry.failures.saturating_add(1);
-                        let delay = retry_delay(failures, self.config.retry_interval, cap);
-                        Retry {
-                            failures,
-                            at: Some(tokio::time::Instant::now() + delay),
-                        }
+                m.life.retry = if m.life.running() {
+                    Retry::default()
+                } else {
+                    let failures = m.life.retry.failures.saturating_add(1);
+                    let delay = retry_delay(failures, self.config.retry_interval, cap);
+                    Retry {
+                        failures,
+                        at: Some(tokio::time::Instant::now() + delay),
                     }
                 };
             }

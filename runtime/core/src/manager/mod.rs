@@ -20,10 +20,10 @@ mod compiles;
 mod config;
 mod declared;
 mod fetching;
+mod life;
 mod lifecycle;
 mod messages;
 mod modules;
-mod phase;
 mod quarantine;
 mod setup;
 mod sharding;
@@ -127,25 +127,10 @@ struct Managed {
     /// The guest's saved states, kept across restarts of the controller in this process.
     state: Arc<GuestState>,
     generation: Option<i64>,
-    runner: Option<(Arc<Runner>, JoinHandle<()>)>,
-    guest: Option<Arc<GuestPre>>,
-    /// The version of its source `guest` was read from.
-    module_version: Option<crate::sources::Version>,
-    /// The image (`registry/repository@sha256:…`) `guest` was pulled as, if it was.
-    image: Option<String>,
-    /// Its source could not be read: the module problem before that, shown again once the
-    /// source answers that it is still at the version loaded.
-    unreachable_since: Option<Option<Problem>>,
-    module_problem: Option<Problem>,
-    setup_problem: Option<Problem>,
-    /// What its ServiceAccount was found allowed to read when it started.
-    access: Option<ReadAccess>,
+    /// Whether it runs, its module, its backoff: every change of them is a transition of
+    /// [`life::Life`].
+    life: life::Life,
     written: Option<crate::api::WasmControllerStatus>,
-    /// Failed starts in a row, and when to try again.
-    retry: lifecycle::Retry,
-    /// The module its last read found being compiled: the compile's end applies to it only
-    /// while this is still the module (a later read decides otherwise).
-    compiling: Option<crate::sandbox::Digest>,
 }
 
 /// Keys of ConfigMaps that changed since the manager last took them.
@@ -483,7 +468,7 @@ impl Manager {
         if !self.fence.is_open() {
             tracing::warn!("leadership lost: aborting every controller");
             for m in self.controllers.values_mut() {
-                if let Some((runner, task)) = m.runner.take() {
+                if let Some((runner, task)) = m.life.stop() {
                     runner.stop();
                     task.abort();
                 }
@@ -552,7 +537,7 @@ impl Manager {
 
     /// Running controllers whose caches have not listed yet.
     fn waiting_for_caches(&self) -> usize {
-        let waiting = |m: &&Managed| m.runner.as_ref().is_some_and(|(r, _)| !r.synced());
+        let waiting = |m: &&Managed| m.life.runner().is_some_and(|r| !r.synced());
         self.controllers.values().filter(waiting).count()
     }
 }

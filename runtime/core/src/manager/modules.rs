@@ -38,6 +38,7 @@ use crate::sources::{Asked, Sourced as _, Version};
 use super::compile_budget::Refused;
 use super::compiles::{Compiled, Waiter};
 use super::fetching::{Asking, Read};
+use super::life::{Change, Found};
 use super::shared_images::Known;
 use super::{ControllerId, Manager, PARALLEL_STARTS, Problem};
 
@@ -77,7 +78,7 @@ impl Manager {
             .filter_map(|id| {
                 let m = self.controllers.get(id)?;
                 let source = m.source.clone();
-                Some((id.clone(), m.spec.clone(), source, m.module_version.clone()))
+                Some((id.clone(), m.spec.clone(), source, m.life.version().cloned()))
             })
             .collect();
         futures::stream::iter(wanted)
@@ -103,92 +104,56 @@ impl Manager {
         self.metrics.set_module_reads(&self.reads);
     }
 
-    /// Validates (compiles once per digest) and swaps in what [`Manager::read_module`] found.
+    /// Validates (compiles once per digest) and swaps in what [`Manager::read_module`] found:
+    /// the controller's life takes it ([`Life::read`]), and what it changed is carried out.
     fn load_module(&mut self, id: &ControllerId, fetched: Result<Fetched, Problem>) {
-        // The last read that found something decides: a compile it did not start applies no
-        // more (a pull under way found nothing yet).
-        if let Some(m) = self.controllers.get_mut(id) {
-            m.compiling = match &fetched {
-                Ok(Fetched::Compiling(digest)) => Some(*digest),
-                Ok(Fetched::Pending) => m.compiling,
-                _ => None,
-            };
-        }
-        let mut image = None;
-        let loaded = match fetched {
-            Ok(Fetched::Pending | Fetched::Compiling(_)) => return,
-            Ok(Fetched::Refused(problem)) => {
-                // A running one is stopped by `recheck_access`; one not running says why.
-                if let Some(m) = self.controllers.get_mut(id)
-                    && m.runner.is_none()
-                {
-                    if m.setup_problem.as_ref() != Some(&problem) {
-                        tracing::warn!(controller = %id, reason = %problem.reason, "module not read: {}", problem.message);
-                    }
-                    m.setup_problem = Some(problem);
-                }
-                return;
-            }
-            Ok(Fetched::Unchanged) => {
-                // The source answers again, at the version loaded: what was wrong before it
-                // stopped answering is what is wrong now.
-                if let Some(m) = self.controllers.get_mut(id)
-                    && let Some(before) = m.unreachable_since.take()
-                {
-                    m.module_problem = before;
-                }
-                return;
-            }
+        let found = match fetched {
+            Ok(Fetched::Pending) => Found::Pending,
+            Ok(Fetched::Compiling(digest)) => Found::Compiling(digest),
+            Ok(Fetched::Refused(problem)) => Found::Refused(problem),
+            Ok(Fetched::Unchanged) => Found::Unchanged,
+            Err(problem) => Found::Unreachable(problem),
             Ok(Fetched::Compiled(compiled, version)) => {
-                let loaded = compiled.map_err(|e| Problem::new(Reason::ModuleInvalid, e));
-                // The same bytes would fail the same way: read again only once they change.
-                if let Some(m) = self.controllers.get_mut(id) {
-                    image = m.source.as_ref().ok().and_then(|s| s.image_at(&version));
-                    m.module_version = Some(version);
-                    m.unreachable_since = None;
+                let image = self
+                    .controllers
+                    .get(id)
+                    .and_then(|m| m.source.as_ref().ok()?.image_at(&version));
+                // Each distinct module stays compiled while a controller runs it: a namespace
+                // may hold only so many (its controllers running one module share it).
+                let guest = compiled
+                    .map_err(|e| Problem::new(Reason::ModuleInvalid, e))
+                    .and_then(|guest| self.module_cap(id, guest.digest()).map(|()| guest));
+                Found::Loaded {
+                    version,
+                    image,
+                    guest,
                 }
-                loaded
-            }
-            Err(problem) => {
-                if let Some(m) = self.controllers.get_mut(id)
-                    && m.unreachable_since.is_none()
-                {
-                    m.unreachable_since = Some(m.module_problem.clone());
-                }
-                Err(problem)
             }
         };
-        // Each distinct module stays compiled while a controller runs it: a namespace may
-        // hold only so many (its controllers running one module share it).
-        let loaded = loaded.and_then(|guest| self.module_cap(id, guest.digest()).map(|()| guest));
         let Some(m) = self.controllers.get_mut(id) else {
             return;
         };
-        match loaded {
-            Ok(guest) => {
-                self.metrics.module_loaded(&id.to_string(), "success");
-                m.module_problem = None;
-                let changed = m.guest.as_ref().map(|g| g.digest()) != Some(guest.digest());
-                if image.is_some() || changed {
-                    m.image = image.clone();
-                }
-                if changed {
-                    tracing::info!(controller = %id, digest = %guest.digest(), size = guest.size(), image = image.as_deref().unwrap_or_default(), "module loaded");
-                    if let Some((runner, _)) = &m.runner {
-                        runner.swap_guest(guest.clone(), image.clone());
-                    }
-                    m.guest = Some(guest);
+        match m.life.read(found) {
+            Change::Nothing => {}
+            Change::Refused { problem, new } => {
+                if new {
+                    tracing::warn!(controller = %id, reason = %problem.reason, "module not read: {}", problem.message);
                 }
             }
-            Err(problem) => {
+            Change::Kept => self.metrics.module_loaded(&id.to_string(), "success"),
+            Change::Swapped(guest) => {
+                self.metrics.module_loaded(&id.to_string(), "success");
+                tracing::info!(controller = %id, digest = %guest.digest(), size = guest.size(), image = m.life.image().unwrap_or_default(), "module loaded");
+            }
+            Change::Failed(problem) => {
                 self.metrics
                     .module_loaded(&id.to_string(), problem.reason.as_str());
                 let keeping = m
-                    .guest
-                    .as_ref()
-                    .map(|g| format!("; still running the last good module {}", g.digest()));
-                tracing::warn!(controller = %id, reason = %problem.reason, "module not loaded: {}{}", problem.message, keeping.clone().unwrap_or_default());
-                m.module_problem = Some(problem);
+                    .life
+                    .guest()
+                    .map(|g| format!("; still running the last good module {}", g.digest()))
+                    .unwrap_or_default();
+                tracing::warn!(controller = %id, reason = %problem.reason, "module not loaded: {}{keeping}", problem.message);
             }
         }
     }
@@ -203,7 +168,7 @@ impl Manager {
             .controllers
             .iter()
             .filter(|(other, _)| *other != id && other.namespace.as_ref() == Some(ns))
-            .filter_map(|(_, m)| m.guest.as_ref().map(|g| g.digest()));
+            .filter_map(|(_, m)| m.life.guest().map(|g| g.digest()));
         let cap = self.config.max_modules_per_namespace;
         if module_fits(others, digest, cap) {
             return Ok(());
@@ -221,7 +186,7 @@ impl Manager {
         let keep: HashSet<_> = self
             .controllers
             .values()
-            .filter_map(|m| m.guest.as_ref().map(|g| g.digest()))
+            .filter_map(|m| m.life.guest().map(|g| g.digest()))
             .collect();
         let named = self
             .controllers
@@ -382,7 +347,7 @@ impl Manager {
             shared,
         } in waiters
         {
-            if self.controllers.get(&id).and_then(|m| m.compiling) != Some(digest) {
+            if self.controllers.get(&id).and_then(|m| m.life.compiling()) != Some(digest) {
                 continue;
             }
             let fetched = match &result {
@@ -398,7 +363,7 @@ impl Manager {
         self.retain_modules();
         let stopped: Vec<ControllerId> = ids
             .into_iter()
-            .filter(|id| self.controllers.get(id).is_some_and(|m| m.runner.is_none()))
+            .filter(|id| self.controllers.get(id).is_some_and(|m| !m.life.running()))
             .collect();
         self.set_up_all(&stopped).await;
     }
@@ -429,7 +394,7 @@ impl Manager {
         let (running, stopped): (Vec<ControllerId>, Vec<ControllerId>) = ids
             .iter()
             .cloned()
-            .partition(|id| self.controllers.get(id).is_some_and(|m| m.runner.is_some()));
+            .partition(|id| self.controllers.get(id).is_some_and(|m| m.life.running()));
         self.load_modules(&running).await;
         self.retain_modules();
         self.start_all(&stopped).await;

@@ -242,8 +242,7 @@ impl Manager {
         let running: Vec<(ControllerId, ReadAccess)> = self
             .controllers
             .iter()
-            .filter(|(_, m)| m.runner.is_some())
-            .filter_map(|(id, m)| Some((id.clone(), m.access.clone()?)))
+            .filter_map(|(id, m)| Some((id.clone(), m.life.access()?.clone())))
             .collect();
         let this = &*self;
         let lost: Vec<(ControllerId, Problem)> = futures::stream::iter(running)
@@ -259,7 +258,7 @@ impl Manager {
             tracing::warn!(controller = %id, reason = %problem.reason, "stopping the controller: {}", problem.message);
             self.stop(&id).await;
             if let Some(m) = self.controllers.get_mut(&id) {
-                m.setup_problem = Some(problem);
+                m.life.refuse(problem);
             }
         }
         self.watches.release_unused();
@@ -307,6 +306,19 @@ pub(super) struct ReadAccess {
     kinds: Vec<Kind>,
     /// The RBAC rules the spec needs, for the fix a refusal names.
     needed: NeededRules,
+}
+
+#[cfg(test)]
+impl ReadAccess {
+    /// A controller allowed to read nothing, clamped in nothing (a test of its life).
+    pub(super) fn nothing(account: ServiceAccount) -> ReadAccess {
+        ReadAccess {
+            clamped: Vec::new(),
+            account,
+            kinds: Vec::new(),
+            needed: NeededRules::default(),
+        }
+    }
 }
 
 /// The RBAC rules a spec needs of its ServiceAccount: the parent read and patched (applying

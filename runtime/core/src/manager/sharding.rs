@@ -105,7 +105,7 @@ impl Manager {
             .map(|shard| (settings.shard_lease(*shard), 0))
             .collect();
         for (id, m) in &self.controllers {
-            if m.runner.is_some() {
+            if m.life.running() {
                 *running
                     .entry(settings.shard_lease(s.shard(id)))
                     .or_default() += 1;
@@ -140,12 +140,13 @@ impl Manager {
             .collect();
         let mut stopping: std::collections::BTreeMap<u32, Vec<_>> = Default::default();
         for id in &out {
-            let Some(m) = self.controllers.remove(id) else {
+            let Some(mut m) = self.controllers.remove(id) else {
                 continue;
             };
             self.metrics.forget(&id.to_string());
             let shard = self.sharding.as_ref().map_or(0, |s| s.shard(id));
-            if let Some((runner, task)) = m.runner {
+            self.fetches.forget(&id.to_string());
+            if let Some((runner, task)) = m.life.stop() {
                 runner.stop();
                 stopping.entry(shard).or_default().push((id.clone(), task));
             }

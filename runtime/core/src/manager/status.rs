@@ -12,7 +12,7 @@ use crate::api::{ClusterWasmController, Reason, WasmController, WasmControllerSt
 
 use prometheus_client::metrics::counter::Counter;
 
-use super::phase::Phase;
+use super::life::Phase;
 use super::{ControllerId, Managed, Manager};
 use crate::host::MAX_LISTED_FINALIZING;
 use crate::sync::Locks as _;
@@ -50,13 +50,13 @@ pub(super) struct Place {
 /// The status this controller should show now, run where `place` says.
 fn desired(m: &Managed, place: Place, namespaced: bool) -> WasmControllerStatus {
     let g = m.generation;
-    let digest = m.guest.as_ref().map(|g| g.digest().to_string());
+    let digest = m.life.guest().map(|g| g.digest().to_string());
     // The image a module was pulled as: `module sha256:… (image registry/repo@sha256:…)`.
-    let shown = digest.as_ref().map(|d| match &m.image {
+    let shown = digest.as_ref().map(|d| match m.life.image() {
         Some(image) => format!("{d} (image {image})"),
         None => d.clone(),
     });
-    let module_ready = match (&m.module_problem, &shown) {
+    let module_ready = match (m.life.module_problem(), &shown) {
         (None, Some(d)) => condition(
             "ModuleReady",
             true,
@@ -81,8 +81,8 @@ fn desired(m: &Managed, place: Place, namespaced: bool) -> WasmControllerStatus 
         ),
     };
     let mut events_refused = None;
-    let (reconciles, failures, failing, finalizing, unowned) = match &m.runner {
-        Some((runner, _)) => {
+    let (reconciles, failures, failing, finalizing, unowned) = match m.life.runner() {
+        Some(runner) => {
             let s = runner.stats();
             events_refused = s.events_refused.locked().clone();
             let unowned: Vec<String> = s.unowned.locked().iter().cloned().collect();
@@ -115,7 +115,7 @@ fn desired(m: &Managed, place: Place, namespaced: bool) -> WasmControllerStatus 
         None => (0, 0, (0, None, Vec::new()), Vec::new(), Vec::new()),
     };
     let (failing_count, last_error, failing_objects) = failing;
-    let ready = match m.phase() {
+    let ready = match m.life.phase() {
         Phase::Running(runner) if !runner.synced() => condition(
             "Ready",
             false,
@@ -133,12 +133,12 @@ fn desired(m: &Managed, place: Place, namespaced: bool) -> WasmControllerStatus 
         Phase::Running(_) => {
             // The operator's clamps first: a long failure message must not cut them off.
             let mut message = format!("reconciling {} objects", m.spec.parent.kind);
-            let clamped = m.access.as_ref().map(|a| a.clamped.join("; "));
+            let clamped = m.life.access().map(|a| a.clamped.join("; "));
             if let Some(c) = clamped.filter(|c| !c.is_empty()) {
                 message = format!("{message}; {c}");
             }
             // A refused update: READY still True (the last good module runs), and says so.
-            if let (Some(p), Some(d)) = (&m.module_problem, &shown) {
+            if let (Some(p), Some(d)) = (m.life.module_problem(), &shown) {
                 message = format!(
                     "{message} with the last good module {d}; the module now declared is refused ({}): {}",
                     p.reason, p.message
@@ -151,7 +151,7 @@ fn desired(m: &Managed, place: Place, namespaced: bool) -> WasmControllerStatus 
                 );
             }
             if let Some(why) = &events_refused {
-                let account = m.access.as_ref().map(|a| &a.account);
+                let account = m.life.access().map(|a| &a.account);
                 message = format!(
                     "{message}; {}",
                     super::messages::events_refused(account, why, namespaced)
@@ -203,7 +203,7 @@ fn desired(m: &Managed, place: Place, namespaced: bool) -> WasmControllerStatus 
         conditions: vec![module_ready, ready, degraded],
         module_digest: digest,
         observed_generation: g,
-        module_revision: m.module_version.as_ref().and_then(|v| v.shown()),
+        module_revision: m.life.version().and_then(|v| v.shown()),
         replica: place.replica,
         shard: place.shard,
         reconciles,
@@ -263,7 +263,7 @@ impl Manager {
         let running = self
             .controllers
             .values()
-            .filter(|m| m.runner.is_some())
+            .filter(|m| m.life.running())
             .count();
         self.metrics.set_controllers(running);
         self.metrics

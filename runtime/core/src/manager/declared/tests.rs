@@ -10,7 +10,7 @@ use serde_json::json;
 use super::*;
 use crate::logs::ControllerKey;
 use crate::manager::ManagerConfig;
-use crate::manager::phase::Phase;
+use crate::manager::life::Phase;
 
 /// A manager whose API server refuses every connection (port 1 on loopback).
 fn manager() -> Manager {
@@ -87,8 +87,8 @@ async fn a_start_that_cannot_reach_the_api_server_is_refused_and_says_why() {
     let a = id(Some("team"), "a");
     manager.on_declared(vec![seen(&a, 1)]).await;
     let m = &manager.controllers[&a];
-    assert!(m.guest.is_none(), "nothing was read");
-    let Phase::Refused(problem) = m.phase() else {
+    assert!(m.life.guest().is_none(), "nothing was read");
+    let Phase::Refused(problem) = m.life.phase() else {
         panic!("not refused")
     };
     assert_eq!(
@@ -104,7 +104,7 @@ async fn a_start_that_cannot_reach_the_api_server_is_refused_and_says_why() {
     };
     file.spec = spec(json!({"path": "/modules/m.wasm"}));
     manager.on_declared(vec![Declared::Upsert(file)]).await;
-    let Phase::ModuleFailed(problem) = manager.controllers[&b].phase() else {
+    let Phase::ModuleFailed(problem) = manager.controllers[&b].life.phase() else {
         panic!("its module did not fail")
     };
     assert_eq!(problem.reason, crate::api::Reason::InvalidSpec);
