@@ -12,7 +12,7 @@ use crate::api::WasmControllerSpec;
 use crate::host::{GuestState, Runner, StateOwner};
 
 use super::life::Life;
-use super::{ControllerId, Managed, Manager, lifecycle};
+use super::{ControllerId, Managed, Manager};
 
 /// A declared controller as its object says.
 #[derive(Clone)]

@@ -40,16 +40,14 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, ResourceExt};
-use tokio::task::JoinHandle;
 
 use crate::api::{ClusterWasmController, WasmController, WasmControllerSpec};
 use crate::controller::{Fence, ObjectKey, Resolver, SharedWatches};
-use crate::host::{AccessReviews, GuestState, Runner};
+use crate::host::{AccessReviews, GuestState};
 use crate::metrics::Metrics;
-use crate::sandbox::{GuestPre, Sandbox};
+use crate::sandbox::Sandbox;
 
 use declared::{Seen, watch_declared};
-use setup::ReadAccess;
 
 pub use crate::api::LimitCaps;
 pub use crate::api::Problem;
