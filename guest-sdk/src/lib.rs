@@ -27,6 +27,8 @@
 //! Build it with `cargo build --target wasm32-wasip2` (the crate needs
 //! `crate-type = ["cdylib", "rlib"]`); the guest crate needs no wit-bindgen dependency.
 
+#![warn(missing_docs)]
+
 // Lets paths generated for guest crates (`kubewasm_guest_sdk::...`) resolve inside the SDK too.
 extern crate self as kubewasm_guest_sdk;
 

@@ -4,6 +4,8 @@
 //! The CRD manifests in `deploy/crds/` are generated from these types
 //! (`kubewasm crds > deploy/crds/kubewasm.dev.yaml`); a test fails when they drift.
 
+#![warn(missing_docs)]
+
 mod limits;
 mod quantity;
 mod reason;

@@ -110,7 +110,6 @@ impl std::fmt::Debug for GuestPre {
 }
 
 impl GuestPre {
-    /// The module's digest.
     pub fn digest(&self) -> Digest {
         self.digest
     }

@@ -143,9 +143,7 @@ pub(crate) struct LogBudget {
 /// started first.
 #[derive(Debug, Clone)]
 pub struct SharedLines {
-    /// The rate.
     pub rate: std::sync::Arc<super::TenantRate>,
-    /// The tenant.
     pub tenant: String,
 }
 

@@ -42,9 +42,7 @@ pub enum ModuleError {
     /// the source changes, so they are not read again before ([`ModuleError::invalid_at`]).
     #[error("{error}")]
     Invalid {
-        /// Why.
         error: Box<ModuleError>,
-        /// The version read.
         version: super::Version,
     },
     /// The read this one waited for failed (every controller naming that version of the
@@ -92,7 +90,6 @@ pub enum ModuleError {
     /// A file could not be read.
     #[error("cannot read module file `{path}`: {source}")]
     File {
-        /// The path.
         path: String,
         /// The I/O error.
         #[source]
@@ -103,9 +100,7 @@ pub enum ModuleError {
         "ConfigMap {namespace}/{name} does not exist; create it with `kubectl -n {namespace} create configmap {name} --from-file={key}=<guest>.wasm`"
     )]
     NoConfigMap {
-        /// Its namespace.
         namespace: String,
-        /// Its name.
         name: String,
         /// The key the spec names.
         key: String,

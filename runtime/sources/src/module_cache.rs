@@ -78,7 +78,6 @@ enum CacheError {
     Io {
         /// What was done.
         what: &'static str,
-        /// The file.
         path: PathBuf,
         /// Why it failed.
         #[source]

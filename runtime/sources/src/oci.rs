@@ -153,7 +153,6 @@ pub enum PullError {
         "{image} is not a wasm component artifact: {why}; push it with `kubewasm push FILE {image}`"
     )]
     NotWasm {
-        /// The image.
         image: String,
         /// What differs.
         why: String,
@@ -176,7 +175,6 @@ pub enum PullError {
     TooBig {
         /// `module`, `config`, `manifest` or `signature`.
         what: &'static str,
-        /// The cap.
         max: u64,
     },
     /// A blob's bytes differ from its descriptor (digest or size): the registry lies.
@@ -190,17 +188,13 @@ pub enum PullError {
     /// The pull took longer than its deadline.
     #[error("pulling {image} took more than {}s; retrying", .after.as_secs())]
     TimedOut {
-        /// The image.
         image: String,
         /// The deadline.
         after: Duration,
     },
     /// A first pull is under way.
     #[error("pulling {image}")]
-    Pulling {
-        /// The image.
-        image: String,
-    },
+    Pulling { image: String },
     /// The digest carries no good signature by a trusted key (`--verify-key`).
     #[error(
         "{image} resolves to {digest}, which is not signed by a key this runtime trusts (`kubewasm run --verify-key`): {why}; its publisher signs it with `kubewasm sign --key KEY {repository}@{digest}` (or `cosign sign --key`)"

@@ -285,7 +285,6 @@ pub enum ReadKey {
     ConfigMap {
         /// `namespace/name`.
         config_map: String,
-        /// The key.
         key: String,
         /// Its uid and resourceVersion.
         version: String,
@@ -325,7 +324,6 @@ impl ModuleReads {
         }
     }
 
-    /// The budget.
     pub fn budget(&self) -> &ReadBudget {
         &self.budget
     }

@@ -143,7 +143,6 @@ impl ShardHolder {
         }
     }
 
-    /// The settings.
     pub fn settings(&self) -> &ShardSettings {
         &self.settings
     }

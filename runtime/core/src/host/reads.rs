@@ -37,7 +37,6 @@ impl ObjectSet {
         ObjectSet { objects }
     }
 
-    /// The objects.
     pub fn objects(&self) -> &[Value] {
         &self.objects
     }

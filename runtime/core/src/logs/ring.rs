@@ -38,7 +38,6 @@ pub const DEFAULT_NAMESPACE_BYTES: usize = 1 << 20;
 pub struct ControllerKey {
     /// The namespace of a WasmController; `None` for a ClusterWasmController.
     pub namespace: Option<String>,
-    /// Its name.
     pub name: String,
 }
 

@@ -25,7 +25,6 @@ use super::ControllerId;
 
 /// A controller waiting for a compile: what it read its module as.
 pub(super) struct Waiter {
-    /// The controller.
     pub id: ControllerId,
     /// The version of its source the bytes came from.
     pub version: Version,
@@ -35,7 +34,6 @@ pub(super) struct Waiter {
 
 /// A compile that ended, and the controllers that waited for it.
 pub(super) struct Compiled {
-    /// The module's digest.
     pub digest: Digest,
     /// The tenant whose turn it was (who started it), charged its CPU time.
     pub tenant: Option<String>,

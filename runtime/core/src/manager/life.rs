@@ -29,7 +29,6 @@ use super::setup::ReadAccess;
 
 /// A compiled module as a life holds it: what names it (a test's stand-in needs no engine).
 pub(super) trait Guest: Clone {
-    /// The module's digest.
     fn digest(&self) -> Digest;
 }
 
@@ -160,7 +159,6 @@ pub(super) enum Change<G = Arc<GuestPre>> {
     Failed(Problem),
     /// Not read, for this reason; `new`: the reason differs from the last one said.
     Refused {
-        /// Why.
         problem: Problem,
         /// Whether it is news (said once, not on every retry).
         new: bool,
@@ -300,7 +298,6 @@ impl<G: Guest, R: Runs<G>> Life<G, R> {
         }
     }
 
-    /// Whether it runs.
     pub(super) fn running(&self) -> bool {
         matches!(self.run, Run::Running { .. })
     }

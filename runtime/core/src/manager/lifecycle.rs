@@ -239,10 +239,7 @@ impl Manager {
             .map(|(id, _)| id.clone())
             .collect();
         for id in &ids {
-            if let Some(problem) = self
-                .controllers
-                .get(id)
-                .and_then(|m| m.life.refused())
+            if let Some(problem) = self.controllers.get(id).and_then(|m| m.life.refused())
                 && problem.reason == Reason::KindNotFound
             {
                 let spec = &self.controllers[id].spec;

@@ -103,7 +103,6 @@ fn watch_config(mut config: kube::Config) -> kube::Config {
 pub struct ControllerId {
     /// Namespace of a WasmController.
     pub namespace: Option<String>,
-    /// Name.
     pub name: String,
 }
 

@@ -78,7 +78,12 @@ impl Manager {
             .filter_map(|id| {
                 let m = self.controllers.get(id)?;
                 let source = m.source.clone();
-                Some((id.clone(), m.spec.clone(), source, m.life.version().cloned()))
+                Some((
+                    id.clone(),
+                    m.spec.clone(),
+                    source,
+                    m.life.version().cloned(),
+                ))
             })
             .collect();
         futures::stream::iter(wanted)

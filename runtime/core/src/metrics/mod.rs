@@ -34,7 +34,6 @@ pub struct ControllerLabels {
 /// Labels of per-namespace series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NamespaceLabels {
-    /// The namespace.
     pub namespace: String,
 }
 

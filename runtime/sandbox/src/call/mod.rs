@@ -21,7 +21,6 @@ use ended::classify;
 /// What a successful call produced, besides the response.
 #[derive(Debug)]
 pub struct CallOutcome {
-    /// The checked response.
     pub response: Response,
     /// What the guest wrote to stdout.
     pub stdout: Captured,

@@ -228,7 +228,6 @@ impl CacheAccounts {
         self
     }
 
-    /// The caps.
     pub fn caps(&self) -> CacheCaps {
         self.caps
     }

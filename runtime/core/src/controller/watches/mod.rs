@@ -28,7 +28,6 @@ use task::WatchTask;
 pub struct ObjectKey {
     /// Namespace, `None` for cluster-scoped objects.
     pub namespace: Option<String>,
-    /// Name.
     pub name: String,
 }
 
@@ -146,7 +145,6 @@ impl Watch {
         &self.store
     }
 
-    /// The kind watched.
     pub fn kind(&self) -> &Kind {
         &self.kind
     }

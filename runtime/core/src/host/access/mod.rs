@@ -49,9 +49,7 @@ pub const READ_VERBS: [&str; 3] = ["get", "list", "watch"];
 /// A controller's ServiceAccount.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ServiceAccount {
-    /// Its namespace.
     pub namespace: String,
-    /// Its name.
     pub name: String,
 }
 

@@ -220,7 +220,6 @@ pub struct RecordedRead {
     pub op: ReadOp,
     /// The kind's apiVersion.
     pub api_version: String,
-    /// The kind.
     pub kind: String,
     /// The namespace asked for (`None`: the target's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -242,7 +241,6 @@ pub struct RecordedRead {
 /// A read's error, as the guest got it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReadError {
-    /// Its message.
     pub message: String,
     /// Whether it was retryable.
     pub retryable: bool,

@@ -179,7 +179,6 @@ impl Runner {
         })
     }
 
-    /// The counters.
     pub fn stats(&self) -> &Stats {
         &self.stats
     }

@@ -13,9 +13,7 @@ pub enum StateError {
         "cannot save state for {key}: this controller's states would take more than its quota of {quota} bytes (--max-state-bytes-per-controller; {used} used by {objects} objects); state is forgotten when its object is gone, or the guest can forget it with setState(null)"
     )]
     Full {
-        /// The object's key.
         key: String,
-        /// The quota.
         quota: usize,
         /// Bytes used now.
         used: usize,
@@ -28,11 +26,9 @@ pub enum StateError {
         "cannot save state for {key}: the saved states of {whose} would take more than the operator's cap of {cap} bytes per namespace (--max-state-bytes-per-namespace; {used} bytes used, {mine} of them by this controller); forget states the controllers no longer need (setState(null); a state is also forgotten when its object is gone) or delete controllers the namespace no longer needs; only the runtime's operator can raise the cap"
     )]
     NamespaceFull {
-        /// The object's key.
         key: String,
         /// Whose states: `namespace team-a's controllers`, or the ClusterWasmControllers.
         whose: String,
-        /// The cap.
         cap: usize,
         /// Bytes the namespace's states take now (at worst: saves being written count).
         used: usize,
@@ -43,23 +39,14 @@ pub enum StateError {
     #[error(
         "cannot save state for {key}: its shard of this controller's states would hold more than {MAX_SHARD_BYTES} bytes; keep smaller states"
     )]
-    ShardFull {
-        /// The object's key.
-        key: String,
-    },
+    ShardFull { key: String },
     /// Larger than an entry may be (checked where the response enters, so only reached by a
     /// caller that skipped that).
     #[error("cannot save state for {key}: {len} bytes, more than {MAX_GUEST_STATE_BYTES}")]
-    TooLarge {
-        /// The object's key.
-        key: String,
-        /// Its length.
-        len: usize,
-    },
+    TooLarge { key: String, len: usize },
     /// The API server refused or failed the write.
     #[error("saving state for {key} in its WasmControllerState failed: {message}")]
     Api {
-        /// The object's key.
         key: String,
         /// What the API server said.
         message: String,

@@ -76,7 +76,6 @@ pub struct Shared {
     pub reviews: Arc<auth::Reviews>,
     /// The runtime's client (whether a controller exists).
     pub client: kube::Client,
-    /// The settings.
     pub config: ServeConfig,
     /// Followers at present.
     pub followers: log::Followers,

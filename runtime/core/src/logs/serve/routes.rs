@@ -30,7 +30,6 @@ pub type Handler =
 pub struct Subresource {
     /// Its name in the path (`log`).
     pub name: &'static str,
-    /// Its handler.
     pub handle: Handler,
 }
 

@@ -148,7 +148,11 @@ fn a_source_that_stops_answering_shows_why_then_what_was_wrong_before() {
     // Still unreachable: what was wrong before it stopped answering is still remembered.
     life.read(Found::Unreachable(gone.clone()));
     life.read(Found::Unchanged);
-    assert_eq!(life.module_problem(), Some(&invalid), "the same bytes again");
+    assert_eq!(
+        life.module_problem(),
+        Some(&invalid),
+        "the same bytes again"
+    );
     // A source that answers with nothing wrong before: no problem.
     let mut life = TestLife::default();
     life.read(loaded("10", Ok(Module(1))));
@@ -165,7 +169,11 @@ fn a_compile_no_later_read_started_applies_no_more() {
     let mut life = TestLife::default();
     life.read(Found::Compiling(Digest([1; 32])));
     life.read(Found::Unreachable(problem(Reason::ClientError, "gone")));
-    assert_eq!(life.compiling(), None, "the read that found something decides");
+    assert_eq!(
+        life.compiling(),
+        None,
+        "the read that found something decides"
+    );
     life.read(Found::Compiling(Digest([2; 32])));
     life.read(Found::Unchanged);
     assert_eq!(life.compiling(), None);
@@ -194,7 +202,10 @@ async fn a_controller_refused_says_why_once_and_a_running_one_is_not_refused_by_
         Change::Nothing
     ));
     assert_eq!(phase(&life), "running");
-    assert_eq!(life.access().map(|a| a.account.name.as_str()), Some("controller"));
+    assert_eq!(
+        life.access().map(|a| a.account.name.as_str()),
+        Some("controller")
+    );
 }
 
 #[tokio::test]
