@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 
 mod limits;
+mod plan;
 mod quantity;
 mod reason;
 mod source;
@@ -23,6 +24,7 @@ use serde::{Deserialize, Serialize};
 pub use limits::{
     CallLimits, LimitCaps, Resolved, SPEC_LIMITS, SpecLimit, Unit, limits_description, readme_rows,
 };
+pub use plan::{ControllerPlan, KindName, MAX_DECLARED_KINDS, Plan};
 pub use quantity::parse_bytes;
 pub use reason::{Problem, Reason};
 pub use source::{

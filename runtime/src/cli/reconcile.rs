@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use kube::ResourceExt;
-use kubewasm::api::{ClusterWasmController, Source, Verb, WasmController, WasmControllerSpec};
+use kubewasm::api::{
+    ClusterWasmController, ControllerPlan, Plan, Source, Verb, WasmController, WasmControllerSpec,
+};
 use kubewasm::host::actions::as_child;
 use kubewasm::host::capsules::CapsuleRequest;
 use kubewasm::host::request::{self, Documents};
@@ -64,7 +66,21 @@ pub struct Args {
 struct Declared {
     name: String,
     spec: Option<WasmControllerSpec>,
+    /// The spec parsed as the runtime parses it ([`Plan`]).
+    plan: Option<Plan>,
     namespace: Option<String>,
+}
+
+impl Declared {
+    /// What the controller reconciles, owns and may use, as the runtime would set it up; the
+    /// error says why the runtime would not.
+    fn controller(&self) -> anyhow::Result<Option<&ControllerPlan>> {
+        match self.plan.as_ref().map(|p| &p.controller) {
+            None => Ok(None),
+            Some(Ok(c)) => Ok(Some(c)),
+            Some(Err(e)) => bail!("the controller's spec: {e}; the runtime would not set it up"),
+        }
+    }
 }
 
 /// Runs the reconcile and prints the actions.
@@ -88,14 +104,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => Declared {
             name: "offline/reconcile".into(),
             spec: None,
+            plan: None,
             namespace: None,
         },
     };
     let bytes = module_bytes(&args, &declared, &state)?;
-    let limits = match &declared.spec {
-        Some(spec) => {
-            kubewasm::host::call_limits(&spec.limits.resolve().map_err(anyhow::Error::msg)?.limits)
-        }
+    let controller = declared.controller()?;
+    let limits = match controller {
+        Some(c) => kubewasm::host::call_limits(&c.limits.limits),
         None => Limits::default(),
     };
     let permissions = match &declared.spec {
@@ -106,8 +122,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // What the runtime checks before it calls the guest at all, and the request it makes
     // (host::request, the same code as the runtime's).
     let cached = as_cached(&parent);
-    if let Some(spec) = &declared.spec
-        && let Some(why) = not_reconciled(&parent, &cached, spec)?
+    if let Some(c) = controller
+        && let Some(why) = not_reconciled(&parent, &cached, c)?
     {
         println!("# {target}: not reconciled: {why}");
         eprintln!("{target} is not one of this controller's parents: the guest was not called");
@@ -117,7 +133,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let guest = sandbox
         .load(&bytes)
         .context("the module is not a usable guest")?;
-    let candidates = candidates(&state, declared.spec.as_ref());
+    let candidates = candidates(&state, controller);
     let children = request::children_of(&cached, candidates.iter().cloned());
     for left in not_children(&cached, &candidates, &children) {
         eprintln!("{left}");
@@ -127,7 +143,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(path) = &args.previous {
         documents.previous = Some(as_cached(&read_object(path)?).text().clone());
     }
-    let finalizing = finalizing(&declared, &parent);
+    let finalizing = finalizing(&declared, controller, &parent);
     let request = documents.request(&declared.name, &target, finalizing);
     if let Some(out) = &args.request_out {
         let shown = serde_json::to_vec_pretty(&CapsuleRequest::from(&request))?;
@@ -200,6 +216,7 @@ fn read_controller(path: &Path) -> anyhow::Result<Declared> {
     }
     Ok(Declared {
         name,
+        plan: Some(Plan::of(&spec, namespace.as_deref())),
         spec: Some(spec),
         namespace,
     })
@@ -210,19 +227,16 @@ fn read_controller(path: &Path) -> anyhow::Result<Declared> {
 fn module_bytes(args: &Args, declared: &Declared, state: &[Value]) -> anyhow::Result<Vec<u8>> {
     let spec = declared.spec.as_ref();
     let pin = spec.and_then(|s| s.module.sha256.as_deref());
-    let source = match (&args.module, spec) {
+    let source = match (&args.module, spec.zip(declared.plan.as_ref())) {
         (Some(path), _) => Source::File {
             path: path.to_string_lossy().into_owned(),
         },
-        (None, Some(spec)) => spec
-            .module
-            .source(declared.namespace.as_deref())
-            .map_err(|e| match &spec.module.path {
-                Some(_) if declared.namespace.is_some() => {
-                    anyhow::anyhow!("{e}; offline, give the module with --module")
-                }
-                _ => anyhow::Error::msg(e),
-            })?,
+        (None, Some((spec, plan))) => plan.source.clone().map_err(|e| match &spec.module.path {
+            Some(_) if declared.namespace.is_some() => {
+                anyhow::anyhow!("{e}; offline, give the module with --module")
+            }
+            _ => anyhow::Error::msg(e),
+        })?,
         (None, None) => bail!("no module: give --module or --controller"),
     };
     let origin = OfflineOrigin::new(state);

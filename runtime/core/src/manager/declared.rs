@@ -138,7 +138,7 @@ impl Manager {
             )),
         };
         let managed = Managed {
-            source: spec.module.source(id.namespace.as_deref()),
+            plan: Arc::new(crate::api::Plan::of(&spec, id.namespace.as_deref())),
             spec,
             state,
             generation,

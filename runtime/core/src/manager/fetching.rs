@@ -171,7 +171,7 @@ impl Manager {
         let images: HashSet<String> = self
             .controllers
             .iter()
-            .filter(|(_, m)| m.source.as_ref().is_ok_and(|s| s.pulled()))
+            .filter(|(_, m)| m.plan.source.as_ref().is_ok_and(|s| s.pulled()))
             .map(|(id, _)| id.to_string())
             .collect();
         self.pulls.retain(|key| images.contains(key));

@@ -171,7 +171,7 @@ impl Manager {
                 let m = self.controllers.get(id)?;
                 Some((
                     id.clone(),
-                    m.spec.clone(),
+                    (m.spec.clone(), m.plan.clone()),
                     m.state.clone(),
                     m.life.guest()?.clone(),
                 ))
@@ -179,8 +179,9 @@ impl Manager {
             .collect();
         let this = &*self;
         let set_up: Vec<_> = futures::stream::iter(loaded)
-            .map(|(id, spec, state, guest)| async move {
-                let result = tokio::time::timeout(SETUP_TIMEOUT, this.setup(&id, &spec, state))
+            .map(|(id, (spec, plan), state, guest)| async move {
+                let setup = this.setup(&id, &spec, &plan, state);
+                let result = tokio::time::timeout(SETUP_TIMEOUT, setup)
                     .await
                     .unwrap_or_else(|_| {
                         Err(Problem::new(

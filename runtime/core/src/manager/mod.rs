@@ -118,9 +118,10 @@ impl std::fmt::Display for ControllerId {
 /// What the manager knows of one declared controller.
 struct Managed {
     spec: WasmControllerSpec,
-    /// `spec.module`, parsed once (an image reference is parsed by a regex: not once per
-    /// controller at every reload of ten thousand).
-    source: Result<crate::api::Source, String>,
+    /// The spec, parsed once ([`crate::api::Plan`]): its module's source (an image reference
+    /// is parsed by a regex: not once per controller at every reload of ten thousand), its
+    /// account, and what its setup acts on.
+    plan: Arc<crate::api::Plan>,
     /// The guest's saved states, kept across restarts of the controller in this process.
     state: Arc<GuestState>,
     generation: Option<i64>,

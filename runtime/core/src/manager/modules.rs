@@ -77,18 +77,19 @@ impl Manager {
             .iter()
             .filter_map(|id| {
                 let m = self.controllers.get(id)?;
-                let source = m.source.clone();
                 Some((
                     id.clone(),
-                    m.spec.clone(),
-                    source,
+                    m.spec.module.sha256.clone(),
+                    m.plan.clone(),
                     m.life.version().cloned(),
                 ))
             })
             .collect();
         futures::stream::iter(wanted)
-            .map(|(id, spec, source, version)| async move {
-                let fetched = self.read_module(&id, &spec, source, version.as_ref()).await;
+            .map(|(id, pin, plan, version)| async move {
+                let fetched = self
+                    .read_module(&id, pin.as_deref(), &plan, version.as_ref())
+                    .await;
                 ModuleRead(id, fetched)
             })
             .buffered(PARALLEL_STARTS)
@@ -122,7 +123,7 @@ impl Manager {
                 let image = self
                     .controllers
                     .get(id)
-                    .and_then(|m| m.source.as_ref().ok()?.image_at(&version));
+                    .and_then(|m| m.plan.source.as_ref().ok()?.image_at(&version));
                 // Each distinct module stays compiled while a controller runs it: a namespace
                 // may hold only so many (its controllers running one module share it).
                 let guest = compiled
@@ -196,7 +197,7 @@ impl Manager {
         let named = self
             .controllers
             .values()
-            .filter_map(|m| m.source.as_ref().ok()?.shareable())
+            .filter_map(|m| m.plan.source.as_ref().ok()?.shareable())
             .map(|(reference, _)| reference)
             .collect();
         self.shared_images.retain(&keep, &named);
@@ -208,15 +209,18 @@ impl Manager {
     async fn read_module(
         &self,
         id: &ControllerId,
-        spec: &WasmControllerSpec,
-        source: Result<Source, String>,
+        pin: Option<&str>,
+        plan: &Plan,
         loaded: Option<&Version>,
     ) -> Result<Fetched, Problem> {
-        let source = source.map_err(|e| Problem::new(Reason::InvalidSpec, e))?;
+        let source = plan
+            .source
+            .as_ref()
+            .map_err(|e| Problem::new(Reason::InvalidSpec, e.clone()))?;
         // Nothing of a controller's module is read (nor shared with it) before the runtime
         // knows it may act as the controller's ServiceAccount: its namespace and the account
         // opted in. A tenant that did not opt in costs no read.
-        let acting = match super::setup::service_account(id, spec) {
+        let acting = match super::setup::service_account(plan) {
             Ok(account) => self.check_acting(&account).await.map(|()| account),
             Err(problem) => Err(problem),
         };
@@ -225,8 +229,8 @@ impl Manager {
             Err(problem) => return Ok(Fetched::Refused(problem)),
         };
         let asking = Asking {
-            source: &source,
-            pin: spec.module.sha256.as_deref(),
+            source,
+            pin,
             loaded,
             account,
         };
@@ -380,7 +384,7 @@ impl Manager {
             .controllers
             .iter()
             .filter(|(_, m)| {
-                let watched = m.source.as_ref().ok().and_then(|s| s.watched_config_map());
+                let watched = m.plan.source.as_ref().ok().and_then(|s| s.watched_config_map());
                 watched.is_some_and(|(namespace, name)| {
                     keys.contains(&ObjectKey {
                         namespace: Some(namespace.to_owned()),
@@ -412,7 +416,7 @@ impl Manager {
         let ids: Vec<ControllerId> = self
             .controllers
             .iter()
-            .filter(|(_, m)| m.source.as_ref().is_ok_and(|s| s.is_polled()))
+            .filter(|(_, m)| m.plan.source.as_ref().is_ok_and(|s| s.is_polled()))
             .map(|(id, _)| id.clone())
             .collect();
         self.reload(&ids).await;

@@ -5,9 +5,8 @@
 use std::sync::Arc;
 
 use futures::StreamExt;
-use kubewasm_guest_sdk::query::{self, GroupVersion};
 
-use crate::api::{Reason, Verb, WasmControllerSpec};
+use crate::api::{ControllerPlan, Plan, Reason, Verb, WasmControllerSpec};
 use crate::controller::{Kind, ResolveError, WriteGate};
 use crate::host::{
     Acting, CacheSource, ChildKind, ControllerSetup, DeclaredKinds, Finalizer, GuestState,
@@ -17,52 +16,38 @@ use crate::host::{
 
 use super::{ControllerId, Manager, Problem};
 
-/// Most kinds one controller may declare (parent, children and grants together).
-pub const MAX_DECLARED_KINDS: usize = 32;
-
 impl Manager {
+    /// Sets up the controller `id` declared with `spec`, as its `plan` says (the spec's
+    /// names, selector and limits were parsed there, once: [`Plan`]).
     pub(super) async fn setup(
         &self,
         id: &ControllerId,
         spec: &WasmControllerSpec,
+        plan: &Plan,
         state: Arc<GuestState>,
     ) -> Result<(ControllerSetup, ReadAccess), Problem> {
+        // Parsed before anything else sees them: every apiVersion and kind the spec names
+        // becomes part of a discovery URL, a cache key and an allowlist match.
+        let c = plan
+            .controller
+            .as_ref()
+            .map_err(|e| Problem::new(Reason::InvalidSpec, e.clone()))?;
         let finalizer = Finalizer::for_controller(id.namespace.is_some(), &id.name);
-        if spec.finalize
+        if c.finalize
             && let Err(why) = &finalizer
         {
             return Err(Problem::new(Reason::InvalidSpec, why.clone()));
         }
-        let asked = spec
-            .limits
-            .resolve()
-            .map_err(|m| Problem::new(Reason::InvalidSpec, m))?;
-        let (run, clamped) = self.config.caps.apply(asked);
+        let (run, clamped) = self.config.caps.apply(c.limits.clone());
         let (limits, concurrency) = (crate::host::call_limits(&run.limits), run.concurrency);
-        let parent_selector = spec
-            .parent
-            .selector()
-            .map_err(|e| Problem::new(Reason::InvalidSpec, e))?;
-        // Every declared kind costs a discovery, a watch and three access reviews: bounded.
-        let declared_kinds = 1 + spec.children.len() + spec.grants.len();
-        if declared_kinds > MAX_DECLARED_KINDS {
-            return Err(Problem::new(
-                Reason::InvalidSpec,
-                format!(
-                    "the spec declares {declared_kinds} kinds (parent, children and grants); at most {MAX_DECLARED_KINDS} are allowed: split the controller"
-                ),
-            ));
-        }
-        // Parsed before anything else sees them: every apiVersion and kind the spec names
-        // becomes part of a discovery URL, a cache key and an allowlist match.
-        validate_declarations(spec)?;
         // The guest's saved states, read before its first reconcile (once per controller).
         state
             .load()
             .await
             .map_err(|e| Problem::new(Reason::StateUnavailable, e.to_string()))?;
         // The operator's rules come first: nothing is looked up for a kind it does not allow.
-        for (field, api_version, kind) in readable_declarations(spec) {
+        for (field, k) in c.readable() {
+            let (api_version, kind) = (&k.api_version, &k.kind);
             if !self.config.watchable.allows(api_version, kind) {
                 return Err(Problem::new(
                     Reason::NotWatchable,
@@ -75,10 +60,8 @@ impl Manager {
         }
         // Resolve every declared kind (and only those): scope is known before any check.
         let mut kinds = DeclaredKinds::default();
-        let declared = std::iter::once((&spec.parent.api_version, &spec.parent.kind))
-            .chain(spec.children.iter().map(|c| (&c.api_version, &c.kind)))
-            .chain(spec.grants.iter().map(|g| (&g.api_version, &g.kind)));
-        for (api_version, kind) in declared {
+        for (_, k) in c.declared() {
+            let (api_version, kind) = (&k.api_version, &k.kind);
             let resolved = self.resolver.resolve(api_version, kind).await.map_err(|e| match e {
                 ResolveError::Invalid(e) => Problem::new(Reason::InvalidSpec, e.to_string()),
                 ResolveError::TimedOut => Problem::new(Reason::KindNotFound,
@@ -119,31 +102,32 @@ impl Manager {
         // Authorize: the ServiceAccount must be allowed to read whatever it will be handed.
         let access = ReadAccess {
             clamped,
-            account: service_account(id, spec)?,
-            kinds: readable_declarations(spec)
-                .map(|(_, api_version, kind)| kind_of(api_version, kind))
+            account: service_account(plan)?,
+            kinds: c
+                .readable()
+                .map(|(_, k)| kind_of(&k.api_version, &k.kind))
                 .collect::<Result<_, _>>()?,
-            needed: needed_rules(spec, &kind_of)?,
+            needed: needed_rules(c, &kind_of)?,
         };
         self.check_access(id, &access).await?;
 
-        let parent_kind = kind_of(&spec.parent.api_version, &spec.parent.kind)?;
+        let parent_kind = kind_of(&c.parent.api_version, &c.parent.kind)?;
         let parent = self.watches.watch(&parent_kind);
         let mut children = Vec::new();
         let mut readable = vec![parent.clone()];
-        for c in &spec.children {
-            let watch = self.watches.watch(&kind_of(&c.api_version, &c.kind)?);
+        for (child, strategy) in &c.children {
+            let watch = self.watches.watch(&kind_of(&child.api_version, &child.kind)?);
             readable.push(watch.clone());
             children.push((
                 ChildKind {
                     kind: watch.kind().clone(),
-                    strategy: c.update_strategy,
+                    strategy: *strategy,
                 },
                 watch,
             ));
         }
-        for g in spec.grants.iter().filter(|g| g.verbs.iter().any(is_read)) {
-            readable.push(self.watches.watch(&kind_of(&g.api_version, &g.kind)?));
+        for (grant, _) in c.grants.iter().filter(|(_, verbs)| verbs.iter().any(Verb::reads)) {
+            readable.push(self.watches.watch(&kind_of(&grant.api_version, &grant.kind)?));
         }
         let client = self
             .impersonating(&access.account.namespace, &access.account.name)
@@ -152,7 +136,7 @@ impl Manager {
             id: id.to_string(),
             namespace: id.namespace.clone(),
             parent,
-            parent_selector,
+            parent_selector: c.selector.clone(),
             children,
             reads: CacheSource::new(readable),
             permissions: Arc::new(Permissions::from_spec(
@@ -162,7 +146,7 @@ impl Manager {
             )),
             limits,
             concurrency,
-            resync: spec.resync_period(),
+            resync: c.resync,
             requeue_floor: self.config.requeue_floor,
             writes: WriteGate::new(
                 self.writes.lane(
@@ -178,7 +162,7 @@ impl Manager {
             metrics: self.metrics.clone(),
             state,
             finalizer: finalizer.ok(),
-            finalize: spec.finalize,
+            finalize: c.finalize,
             capsules: self.capsules.open(
                 &id.to_string(),
                 id.namespace.as_deref(),
@@ -326,27 +310,27 @@ impl ReadAccess {
 /// grant's verbs (a read: get, list, watch — the controller is handed a watch's objects; apply:
 /// create and patch, server-side apply; delete: delete, and list for delete-all-of); Events.
 fn needed_rules(
-    spec: &WasmControllerSpec,
+    c: &ControllerPlan,
     kind_of: &dyn Fn(&str, &str) -> Result<Kind, Problem>,
 ) -> Result<NeededRules, Problem> {
     const READ: [&str; 3] = ["get", "list", "watch"];
     let mut needed = NeededRules::default();
-    let parent = kind_of(&spec.parent.api_version, &spec.parent.kind)?;
+    let parent = kind_of(&c.parent.api_version, &c.parent.kind)?;
     needed.add_kind(&parent, &["get", "list", "watch", "patch"]);
     if parent.has_status {
         let status = format!("{}/status", parent.resource.plural);
         needed.add(&parent.resource.group, &status, &["patch"]);
     }
-    for c in &spec.children {
-        let child = kind_of(&c.api_version, &c.kind)?;
+    for (child, _) in &c.children {
+        let child = kind_of(&child.api_version, &child.kind)?;
         needed.add_kind(
             &child,
             &["get", "list", "watch", "create", "patch", "delete"],
         );
     }
-    for g in &spec.grants {
-        let kind = kind_of(&g.api_version, &g.kind)?;
-        for verb in &g.verbs {
+    for (grant, verbs) in &c.grants {
+        let kind = kind_of(&grant.api_version, &grant.kind)?;
+        for verb in verbs {
             let rbac: &[&'static str] = match verb {
                 Verb::Get | Verb::List => &READ,
                 Verb::Apply => &["create", "patch"],
@@ -359,78 +343,11 @@ fn needed_rules(
     Ok(needed)
 }
 
-fn is_read(verb: &Verb) -> bool {
-    matches!(verb, Verb::Get | Verb::List)
-}
-
-/// The kinds a controller is handed objects of: parent, children, read grants (with the
-/// field that declares each, for messages).
-fn readable_declarations(
-    spec: &WasmControllerSpec,
-) -> impl Iterator<Item = (&'static str, &str, &str)> {
-    std::iter::once((
-        "spec.parent",
-        spec.parent.api_version.as_str(),
-        spec.parent.kind.as_str(),
-    ))
-    .chain(
-        spec.children
-            .iter()
-            .map(|c| ("spec.children", c.api_version.as_str(), c.kind.as_str())),
-    )
-    .chain(
-        spec.grants
-            .iter()
-            .filter(|g| g.verbs.iter().any(is_read))
-            .map(|g| ("spec.grants", g.api_version.as_str(), g.kind.as_str())),
-    )
-}
-
-/// Every apiVersion, kind and name a spec declares, checked by the one parser of each (the
-/// CRD's schema checks the same patterns; a runtime never trusts that it did).
-pub(super) fn validate_declarations(spec: &WasmControllerSpec) -> Result<(), Problem> {
-    let invalid = |field: &str, e: &dyn std::fmt::Display| {
-        Problem::new(Reason::InvalidSpec, format!("{field}: {e}"))
-    };
-    let kinds = std::iter::once(("spec.parent", &spec.parent.api_version, &spec.parent.kind))
-        .chain(
-            spec.children
-                .iter()
-                .map(|c| ("spec.children", &c.api_version, &c.kind)),
-        )
-        .chain(
-            spec.grants
-                .iter()
-                .map(|g| ("spec.grants", &g.api_version, &g.kind)),
-        );
-    for (field, api_version, kind) in kinds {
-        GroupVersion::parse(api_version).map_err(|e| invalid(field, &e))?;
-        query::validate_kind(kind).map_err(|e| invalid(field, &e))?;
-    }
-    if let Some(name) = &spec.service_account_name {
-        query::validate_dns_subdomain(name).map_err(|e| invalid("spec.serviceAccountName", &e))?;
-    }
-    if let Some(ns) = &spec.service_account_namespace {
-        query::validate_namespace(ns).map_err(|e| invalid("spec.serviceAccountNamespace", &e))?;
-    }
-    if let Some(cm) = &spec.module.config_map {
-        query::validate_dns_subdomain(&cm.name)
-            .map_err(|e| invalid("spec.module.configMap.name", &e))?;
-        if let Some(ns) = &cm.namespace {
-            query::validate_namespace(ns)
-                .map_err(|e| invalid("spec.module.configMap.namespace", &e))?;
-        }
-    }
-    Ok(())
-}
-
 /// The ServiceAccount a controller acts as (the rule: [`WasmControllerSpec::service_account`]).
-pub(super) fn service_account(
-    id: &ControllerId,
-    spec: &WasmControllerSpec,
-) -> Result<ServiceAccount, Problem> {
-    let (namespace, name) = spec
-        .service_account(id.namespace.as_deref())
+pub(super) fn service_account(plan: &Plan) -> Result<ServiceAccount, Problem> {
+    let (namespace, name) = plan
+        .account
+        .clone()
         .map_err(|e| Problem::new(Reason::InvalidSpec, e))?;
     Ok(ServiceAccount { namespace, name })
 }
@@ -438,17 +355,6 @@ pub(super) fn service_account(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn spec(yaml: &str) -> WasmControllerSpec {
-        serde_yaml::from_str(yaml).unwrap()
-    }
-
-    fn refused(yaml: &str) -> String {
-        let problem = validate_declarations(&spec(yaml)).unwrap_err();
-        assert_eq!(problem.reason, Reason::InvalidSpec, "{}", problem.message);
-        assert!(!problem.message.contains('\n'), "{}", problem.message);
-        problem.message
-    }
 
     #[test]
     fn refusals_to_act_name_who_acts_and_the_command() {
@@ -469,41 +375,5 @@ mod tests {
             m.contains("`kubectl -n team-a create serviceaccount ctl`"),
             "{m}"
         );
-    }
-
-    #[test]
-    fn specs_that_would_reach_a_url_or_a_key_unparsed_are_refused() {
-        validate_declarations(&spec(
-            "module: {configMap: {name: hello-controller, key: hello_world.wasm}}\nparent: {apiVersion: example.com/v1, kind: HelloWorld}\nchildren: [{apiVersion: v1, kind: Pod}]\ngrants: [{apiVersion: apps/v1, kind: Deployment, verbs: [get]}]\nserviceAccountName: hello-controller",
-        ))
-        .unwrap();
-        // The two strings a hostile tenant tried: a watch URL of another namespace and a query.
-        let m = refused(
-            "module: {configMap: {name: m, key: k}}\nparent: {apiVersion: 'apps/v1/namespaces/team-a/deployments?watch=1&timeoutSeconds=86400', kind: Deployment}",
-        );
-        assert!(m.starts_with("spec.parent: invalid apiVersion"), "{m}");
-        let m = refused(
-            "module: {configMap: {name: m, key: k}}\nparent: {apiVersion: v1, kind: ConfigMap}\nchildren: [{apiVersion: 'apps/v1?a=b', kind: Deployment}]",
-        );
-        assert!(m.starts_with("spec.children: invalid apiVersion"), "{m}");
-        let m = refused(
-            "module: {configMap: {name: m, key: k}}\nparent: {apiVersion: v1, kind: ConfigMap}\ngrants: [{apiVersion: v1, kind: 'Pod/status', verbs: [get]}]",
-        );
-        assert!(m.starts_with("spec.grants: invalid kind"), "{m}");
-        let m = refused(
-            "module: {configMap: {name: m, key: k}}\nparent: {apiVersion: v1, kind: ConfigMap}\nserviceAccountName: 'x:y'",
-        );
-        assert!(
-            m.starts_with("spec.serviceAccountName: invalid name"),
-            "{m}"
-        );
-        let m = refused(
-            "module: {configMap: {name: 'm,metadata.name=x', key: k}}\nparent: {apiVersion: v1, kind: ConfigMap}",
-        );
-        assert!(m.starts_with("spec.module.configMap.name"), "{m}");
-        let m = refused(
-            "module: {configMap: {name: m, key: k, namespace: 'A\\nB'}}\nparent: {apiVersion: v1, kind: ConfigMap}",
-        );
-        assert!(m.contains("\\n"), "escaped: {m}");
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use kube::core::{ApiResource, GroupVersionKind};
-use kubewasm::api::WasmControllerSpec;
+use kubewasm::api::ControllerPlan;
 use kubewasm::controller::Cached;
 use kubewasm::host::Finalizer;
 use kubewasm::host::request::{self, Finalize};
@@ -34,7 +34,7 @@ pub(super) fn as_cached(object: &Value) -> Cached {
 /// The objects of `state` that may be the parent's children: those of the declared child
 /// kinds, kind by kind in the spec's order (all of them without a declaration); the runtime's
 /// rule ([`request::children_of`]) picks the children among them.
-pub(super) fn candidates(state: &[Value], spec: Option<&WasmControllerSpec>) -> Vec<Arc<Cached>> {
+pub(super) fn candidates(state: &[Value], plan: Option<&ControllerPlan>) -> Vec<Arc<Cached>> {
     let of_kind = |api_version: &str, kind: &str| {
         state
             .iter()
@@ -45,10 +45,10 @@ pub(super) fn candidates(state: &[Value], spec: Option<&WasmControllerSpec>) -> 
             .map(|o| Arc::new(as_cached(o)))
             .collect::<Vec<_>>()
     };
-    match spec {
+    match plan {
         None => state.iter().map(|o| Arc::new(as_cached(o))).collect(),
-        Some(spec) => (spec.children.iter())
-            .flat_map(|c| of_kind(&c.api_version, &c.kind))
+        Some(plan) => (plan.children.iter())
+            .flat_map(|(c, _)| of_kind(&c.api_version, &c.kind))
             .collect(),
     }
 }
@@ -82,13 +82,17 @@ pub(super) fn not_children(
 /// Whether the guest is handed the parent as finalizing, as the runtime decides it; said when
 /// the runtime would first add or remove its finalizer (offline, nothing is written: the
 /// guest is called as the runtime calls it once that is done).
-pub(super) fn finalizing(declared: &Declared, parent: &Value) -> bool {
-    let Some(spec) = &declared.spec else {
+pub(super) fn finalizing(
+    declared: &Declared,
+    plan: Option<&ControllerPlan>,
+    parent: &Value,
+) -> bool {
+    let Some(plan) = plan else {
         return false;
     };
     let name = declared.name.rsplit('/').next().unwrap_or_default();
     let finalizer = Finalizer::for_controller(declared.namespace.is_some(), name).ok();
-    match request::finalize_step(finalizer.as_ref(), spec.finalize, parent) {
+    match request::finalize_step(finalizer.as_ref(), plan.finalize, parent) {
         Finalize::Call(finalizing) => finalizing,
         step => {
             let what = match step {
@@ -106,7 +110,7 @@ pub(super) fn finalizing(declared: &Declared, parent: &Value) -> bool {
 pub(super) fn not_reconciled(
     parent: &Value,
     cached: &Cached,
-    spec: &WasmControllerSpec,
+    plan: &ControllerPlan,
 ) -> anyhow::Result<Option<String>> {
     let (api_version, kind) = (
         parent
@@ -118,20 +122,19 @@ pub(super) fn not_reconciled(
             .and_then(Value::as_str)
             .unwrap_or_default(),
     );
-    if api_version != spec.parent.api_version || kind != spec.parent.kind {
+    if api_version != plan.parent.api_version || kind != plan.parent.kind {
         return Ok(Some(format!(
             "it is a {kind} ({api_version}); the controller's parent is {} ({})",
-            spec.parent.kind, spec.parent.api_version
+            plan.parent.kind, plan.parent.api_version
         )));
     }
-    let Some(parsed) = spec.parent.selector().map_err(anyhow::Error::msg)? else {
+    let Some(parsed) = &plan.selector else {
         return Ok(None);
     };
-    let selector = spec.parent.label_selector.as_deref().unwrap_or_default();
     if let Some(labels) = parent.pointer("/metadata/labels") {
         serde_json::from_value::<std::collections::BTreeMap<String, String>>(labels.clone())
             .context("the object's metadata.labels is not a map of strings")?;
     }
-    Ok((!request::selected(Some(&parsed), cached))
-        .then(|| format!("its labels do not match spec.parent.labelSelector `{selector}`")))
+    Ok((!request::selected(Some(parsed), cached))
+        .then(|| format!("its labels do not match spec.parent.labelSelector `{parsed}`")))
 }

@@ -201,6 +201,39 @@ impl Watch {
     }
 }
 
+#[cfg(test)]
+impl Watch {
+    /// A watch of `kind` whose cache holds `objects`, listed, with no API server behind it: a
+    /// unit test's cache (the reconcile pipeline's tests hand the guest what it holds).
+    pub(crate) fn holding(kind: Kind, objects: Vec<Cached>) -> Arc<Watch> {
+        let mut writer = reflector::store::Writer::<Cached>::new(kind.resource.clone());
+        let owned: Arc<Mutex<OwnerIndex>> = Arc::default();
+        for object in objects {
+            owned
+                .locked()
+                .set(ObjectKey::of(&object), owner_uids(&object));
+            writer.apply_watcher_event(&watcher::Event::Apply(object));
+        }
+        let store = writer.as_reader();
+        let listed = tokio::sync::OnceCell::new();
+        let _ = listed.set(());
+        // The writer lives as long as the watch, as the watch task's does.
+        let task = tokio::spawn(async move {
+            let _writer = writer;
+            std::future::pending::<()>().await;
+        });
+        Arc::new(Watch {
+            kind,
+            store,
+            changes: broadcast::channel(16).0,
+            owned,
+            task: task.abort_handle(),
+            listed,
+            accounts: Arc::new(CacheAccounts::new(Default::default())),
+        })
+    }
+}
+
 /// Where a key is in a cache of `kind`, if it is a key of that kind's scope.
 fn object_ref(kind: &Kind, key: &ObjectKey) -> Option<reflector::ObjectRef<Cached>> {
     let r = reflector::ObjectRef::new_with(&key.name, kind.resource.clone());

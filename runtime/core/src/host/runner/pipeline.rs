@@ -431,3 +431,6 @@ impl Runner {
         Ok(after)
     }
 }
+
+#[cfg(test)]
+mod tests;

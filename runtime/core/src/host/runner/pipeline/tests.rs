@@ -1,0 +1,278 @@
+//! The reconcile pipeline against a mock API server (tower-test, as the actions' tests) and
+//! caches filled without one ([`Watch::holding`]), with the real HelloWorld guest in the real
+//! sandbox: which requests one reconcile sends, in which order, and what it remembers.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use http::{Request, Response};
+use kube::Client;
+use kube::client::Body;
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::{Value, json};
+
+use super::*;
+use crate::api::{ModuleSource, UpdateStrategy, WasmControllerSpec};
+use crate::controller::{Fence, Kind, Watch, WriteGate, WriteScheduler};
+use crate::host::capsules::CapsuleStore;
+use crate::host::{CacheSource, ChildKind, ControllerSetup, DeclaredKinds, GuestState, Permissions};
+use crate::sandbox::{Limits, Sandbox, SandboxConfig};
+
+/// One request the pipeline sent: method, path with query, JSON body.
+type Sent = (String, String, Value);
+
+/// A mock API server that answers every write with the object sent (Events: created),
+/// recording every request.
+fn api_server() -> (Client, Arc<Mutex<Vec<Sent>>>) {
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    tokio::spawn({
+        let sent = sent.clone();
+        async move {
+            while let Some((request, respond)) = handle.next_request().await {
+                let method = request.method().to_string();
+                let path = request.uri().to_string();
+                let bytes = request.into_body().collect_bytes().await.unwrap_or_default();
+                let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                let (status, reply) = match method.as_str() {
+                    "PATCH" if path.contains("/events/") => (
+                        404,
+                        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}),
+                    ),
+                    "POST" => (201, body.clone()),
+                    _ => (200, body.clone()),
+                };
+                sent.lock().unwrap().push((method, path, body));
+                let response = Response::builder()
+                    .status(status)
+                    .body(Body::from(serde_json::to_vec(&reply).unwrap()))
+                    .unwrap();
+                respond.send_response(response);
+            }
+        }
+    });
+    (Client::new(service, "ns"), sent)
+}
+
+fn kind(group: &str, kind: &str, plural: &str) -> Kind {
+    Kind {
+        resource: ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(group, "v1", kind),
+            plural,
+        ),
+        namespaced: true,
+        has_status: true,
+    }
+}
+
+fn hello_world(labels: Value, finalizers: Value) -> Value {
+    json!({"apiVersion": "example.com/v1", "kind": "HelloWorld",
+        "metadata": {"name": "web", "namespace": "ns", "uid": "u-1", "resourceVersion": "7",
+            "labels": labels, "finalizers": finalizers},
+        "spec": {"who": "pipeline"}})
+}
+
+/// What a test changes of the controller.
+struct Declared {
+    parent: Value,
+    selector: Option<&'static str>,
+    finalize: bool,
+    limits: Limits,
+}
+
+impl Default for Declared {
+    fn default() -> Self {
+        Declared {
+            parent: hello_world(json!({}), json!([])),
+            selector: None,
+            finalize: false,
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// A HelloWorld controller `ns/hello` owning Pods, running the HelloWorld guest, its caches
+/// holding `declared.parent` and no Pod; its API server a mock. With its capsules' store.
+async fn runner(declared: Declared) -> (Arc<Runner>, Arc<Mutex<Vec<Sent>>>, Arc<CapsuleStore>) {
+    let (client, sent) = api_server();
+    let parents = kind("example.com", "HelloWorld", "helloworlds");
+    let pods = kind("", "Pod", "pods");
+    let mut kinds = DeclaredKinds::default();
+    kinds.insert(parents.clone());
+    kinds.insert(pods.clone());
+    let parent = Watch::holding(
+        parents.clone(),
+        vec![Cached::new(declared.parent, &parents.resource)],
+    );
+    let children = Watch::holding(pods.clone(), vec![]);
+    let spec: WasmControllerSpec = serde_yaml::from_str(
+        "module: {configMap: {name: m, key: k}}\n\
+         parent: {apiVersion: example.com/v1, kind: HelloWorld}\n\
+         children: [{apiVersion: v1, kind: Pod}]",
+    )
+    .unwrap();
+    let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
+    let module = std::fs::read(kubewasm_test_support::guests::guest("hello_world")).unwrap();
+    let guest = sandbox.load(&module).unwrap();
+    let capsules = CapsuleStore::new(1 << 20);
+    let setup = ControllerSetup {
+        id: "ns/hello".into(),
+        namespace: Some("ns".into()),
+        reads: CacheSource::new([parent.clone(), children.clone()]),
+        parent,
+        parent_selector: declared
+            .selector
+            .map(|s| kubewasm_guest_sdk::selector::Selector::parse(s).unwrap()),
+        children: vec![(
+            ChildKind {
+                kind: pods,
+                strategy: UpdateStrategy::InPlace,
+            },
+            children,
+        )],
+        permissions: Arc::new(Permissions::from_spec("ns/hello", Some("ns"), &spec)),
+        limits: declared.limits,
+        concurrency: 1,
+        resync: std::time::Duration::from_secs(300),
+        requeue_floor: std::time::Duration::from_secs(1),
+        writes: WriteGate::new(
+            WriteScheduler::new(1000.0, 1000).lane("ns", "ns/hello", Default::default()),
+            Fence::default(),
+        ),
+        client,
+        kinds,
+        sandbox,
+        metrics: Arc::default(),
+        state: Arc::new(GuestState::in_memory()),
+        finalizer: Finalizer::for_controller(true, "hello").ok(),
+        finalize: declared.finalize,
+        capsules: capsules.open("ns/hello", Some("ns"), ModuleSource::default(), declared.limits),
+    };
+    (Runner::new(setup, guest, None), sent, capsules)
+}
+
+fn web() -> ObjectKey {
+    ObjectKey {
+        namespace: Some("ns".into()),
+        name: "web".into(),
+    }
+}
+
+fn sent(log: &Mutex<Vec<Sent>>) -> Vec<(String, String)> {
+    log.lock()
+        .unwrap()
+        .iter()
+        .map(|(method, path, _)| (method.clone(), path.split('?').next().unwrap().to_owned()))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_parent_is_reconciled_its_child_applied_its_status_written_and_remembered() {
+    let (runner, log, _) = runner(Declared::default()).await;
+    let again = runner.pipeline(&web()).await.map_err(|f| f.problem).unwrap();
+    assert_eq!(
+        sent(&log),
+        [
+            ("PATCH".into(), "/api/v1/namespaces/ns/pods/web".into()),
+            (
+                "PATCH".into(),
+                "/apis/example.com/v1/namespaces/ns/helloworlds/web/status".into()
+            ),
+        ],
+    );
+    let pod = &log.lock().unwrap()[0].2;
+    assert_eq!(pod["spec"]["containers"][0]["command"][1], "Hello, pipeline!");
+    assert_eq!(pod["metadata"]["ownerReferences"][0]["uid"], "u-1");
+    assert_eq!(runner.stats().reconciles.load(Ordering::Relaxed), 1);
+    assert!(again.is_none_or(|d| d >= std::time::Duration::from_secs(1)));
+    // The next reconcile of the key is handed the parent as this one saw it (`previous`).
+    let Prepare::Call(prepared, _) = runner.prepare(&web()) else {
+        panic!("the parent is called again");
+    };
+    assert!(prepared.sent.previous.is_some());
+}
+
+#[tokio::test]
+async fn a_parent_the_selector_leaves_out_is_neither_called_nor_written() {
+    let (runner, log, _) = runner(Declared {
+        selector: Some("tier=web"),
+        ..Declared::default()
+    })
+    .await;
+    assert!(runner.pipeline(&web()).await.map_err(|f| f.problem).unwrap().is_none());
+    assert!(sent(&log).is_empty());
+    assert_eq!(runner.stats().reconciles.load(Ordering::Relaxed), 0);
+    // Matched, it is reconciled.
+    let (runner, log, _) = runner_matching().await;
+    runner.pipeline(&web()).await.map_err(|f| f.problem).unwrap();
+    assert_eq!(sent(&log).len(), 2);
+}
+
+async fn runner_matching() -> (Arc<Runner>, Arc<Mutex<Vec<Sent>>>, Arc<CapsuleStore>) {
+    runner(Declared {
+        parent: hello_world(json!({"tier": "web"}), json!([])),
+        selector: Some("tier=web"),
+        ..Declared::default()
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_controller_that_finalizes_puts_its_finalizer_on_first_and_calls_the_guest_after() {
+    let (runner, log, _) = runner(Declared {
+        finalize: true,
+        ..Declared::default()
+    })
+    .await;
+    runner.pipeline(&web()).await.map_err(|f| f.problem).unwrap();
+    assert_eq!(
+        sent(&log),
+        [(
+            "PATCH".into(),
+            "/apis/example.com/v1/namespaces/ns/helloworlds/web".into()
+        )],
+        "the finalizer only"
+    );
+    let patch = &log.lock().unwrap()[0].2;
+    assert!(patch.to_string().contains("kubewasm.dev/"), "{patch}");
+    assert_eq!(
+        runner.stats().reconciles.load(Ordering::Relaxed),
+        0,
+        "the guest waits for the finalizer's write to come back"
+    );
+    // With its finalizer on, the parent is reconciled.
+    let finalizer = runner.setup.finalizer.as_ref().unwrap().name().to_owned();
+    let (runner, log, _) = runner(Declared {
+        parent: hello_world(json!({}), json!([finalizer])),
+        finalize: true,
+        ..Declared::default()
+    })
+    .await;
+    runner.pipeline(&web()).await.map_err(|f| f.problem).unwrap();
+    assert_eq!(runner.stats().reconciles.load(Ordering::Relaxed), 1);
+    assert_eq!(sent(&log).len(), 2);
+}
+
+#[tokio::test]
+async fn a_reconcile_that_fails_writes_nothing_of_the_guest_posts_a_warning_and_keeps_a_capsule() {
+    // The guest's answer is larger than its limit: the call fails after the guest ran.
+    let (runner, log, capsules) = runner(Declared {
+        limits: Limits {
+            response_bytes: 64,
+            ..Limits::default()
+        },
+        ..Declared::default()
+    })
+    .await;
+    let failure = runner.pipeline(&web()).await.err().expect("the reconcile fails");
+    assert!(!failure.problem.message.is_empty());
+    let requests = sent(&log);
+    assert!(
+        requests.iter().all(|(_, path)| path.contains("/events")),
+        "only the failure's Event: {requests:?}"
+    );
+    assert!(!requests.is_empty(), "a Warning Event on the parent");
+    let event = &log.lock().unwrap()[0].2;
+    assert_eq!(event["type"], "Warning");
+    assert_eq!(capsules.of("ns/hello").len(), 1, "its capsule, for its team");
+}
