@@ -65,7 +65,12 @@ impl Plan {
                 query::validate_dns_subdomain(name)
                     .map_err(|e| format!("spec.module.configMap.name: {e}"))?;
             }
-            if let Some(ns) = spec.module.config_map.as_ref().and_then(|c| c.namespace.as_ref()) {
+            if let Some(ns) = spec
+                .module
+                .config_map
+                .as_ref()
+                .and_then(|c| c.namespace.as_ref())
+            {
                 query::validate_namespace(ns)
                     .map_err(|e| format!("spec.module.configMap.namespace: {e}"))?;
             }
@@ -107,12 +112,22 @@ impl ControllerPlan {
         let children = spec
             .children
             .iter()
-            .map(|c| Ok((KindName::of("spec.children", &c.api_version, &c.kind)?, c.update_strategy)))
+            .map(|c| {
+                Ok((
+                    KindName::of("spec.children", &c.api_version, &c.kind)?,
+                    c.update_strategy,
+                ))
+            })
             .collect::<Result<_, String>>()?;
         let grants = spec
             .grants
             .iter()
-            .map(|g| Ok((KindName::of("spec.grants", &g.api_version, &g.kind)?, g.verbs.clone())))
+            .map(|g| {
+                Ok((
+                    KindName::of("spec.grants", &g.api_version, &g.kind)?,
+                    g.verbs.clone(),
+                ))
+            })
             .collect::<Result<_, String>>()?;
         Ok(ControllerPlan {
             parent,

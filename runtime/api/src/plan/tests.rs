@@ -47,15 +47,24 @@ fn a_spec_wrong_in_its_parent_still_names_its_module_and_account() {
     assert!(plan.account.is_ok());
 
     let selector = HELLO.replace("tier=web", "tier in (");
-    let e = Plan::of(&spec(&selector), Some("team")).controller.unwrap_err();
-    assert!(e.starts_with("spec.parent.labelSelector `tier in (`"), "{e}");
+    let e = Plan::of(&spec(&selector), Some("team"))
+        .controller
+        .unwrap_err();
+    assert!(
+        e.starts_with("spec.parent.labelSelector `tier in (`"),
+        "{e}"
+    );
 
     let child = HELLO.replace("kind: Pod", "kind: pod!");
-    let e = Plan::of(&spec(&child), Some("team")).controller.unwrap_err();
+    let e = Plan::of(&spec(&child), Some("team"))
+        .controller
+        .unwrap_err();
     assert!(e.starts_with("spec.children: "), "{e}");
 
     let limits = format!("{HELLO}\nlimits: {{memory: lots}}");
-    let e = Plan::of(&spec(&limits), Some("team")).controller.unwrap_err();
+    let e = Plan::of(&spec(&limits), Some("team"))
+        .controller
+        .unwrap_err();
     assert!(e.contains("spec.limits.memory"), "{e}");
 }
 
@@ -67,7 +76,10 @@ fn a_spec_wrong_in_its_module_or_account_fails_that_part_alone() {
     assert!(e.starts_with("spec.module.configMap.name: "), "{e}");
     assert!(plan.controller.is_ok());
 
-    let account = HELLO.replace("serviceAccountName: hello", "serviceAccountName: Not/A/Name");
+    let account = HELLO.replace(
+        "serviceAccountName: hello",
+        "serviceAccountName: Not/A/Name",
+    );
     let plan = Plan::of(&spec(&account), Some("team"));
     let e = plan.account.unwrap_err();
     assert!(e.starts_with("spec.serviceAccountName: "), "{e}");
@@ -124,7 +136,10 @@ fn specs_that_would_reach_a_url_or_a_key_unparsed_are_refused() {
     let m = refused(
         "module: {configMap: {name: m, key: k}}\nparent: {apiVersion: v1, kind: ConfigMap}\nserviceAccountName: 'x:y'",
     );
-    assert!(m.starts_with("spec.serviceAccountName: invalid name"), "{m}");
+    assert!(
+        m.starts_with("spec.serviceAccountName: invalid name"),
+        "{m}"
+    );
     let m = refused(
         "module: {configMap: {name: 'm,metadata.name=x', key: k}}\nparent: {apiVersion: v1, kind: ConfigMap}",
     );

@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 
-use crate::api::{Reason, Source, WasmControllerSpec};
+use crate::api::{Plan, Reason};
 use crate::controller::ObjectKey;
 use crate::sandbox::{Digest, GuestPre, LoadError};
 use crate::sources::{Asked, Sourced as _, Version};
@@ -384,7 +384,12 @@ impl Manager {
             .controllers
             .iter()
             .filter(|(_, m)| {
-                let watched = m.plan.source.as_ref().ok().and_then(|s| s.watched_config_map());
+                let watched = m
+                    .plan
+                    .source
+                    .as_ref()
+                    .ok()
+                    .and_then(|s| s.watched_config_map());
                 watched.is_some_and(|(namespace, name)| {
                     keys.contains(&ObjectKey {
                         namespace: Some(namespace.to_owned()),

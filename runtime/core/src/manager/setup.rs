@@ -38,7 +38,7 @@ impl Manager {
         {
             return Err(Problem::new(Reason::InvalidSpec, why.clone()));
         }
-        let (run, clamped) = self.config.caps.apply(c.limits.clone());
+        let (run, clamped) = self.config.caps.apply(c.limits);
         let (limits, concurrency) = (crate::host::call_limits(&run.limits), run.concurrency);
         // The guest's saved states, read before its first reconcile (once per controller).
         state
@@ -116,7 +116,9 @@ impl Manager {
         let mut children = Vec::new();
         let mut readable = vec![parent.clone()];
         for (child, strategy) in &c.children {
-            let watch = self.watches.watch(&kind_of(&child.api_version, &child.kind)?);
+            let watch = self
+                .watches
+                .watch(&kind_of(&child.api_version, &child.kind)?);
             readable.push(watch.clone());
             children.push((
                 ChildKind {
@@ -126,8 +128,15 @@ impl Manager {
                 watch,
             ));
         }
-        for (grant, _) in c.grants.iter().filter(|(_, verbs)| verbs.iter().any(Verb::reads)) {
-            readable.push(self.watches.watch(&kind_of(&grant.api_version, &grant.kind)?));
+        for (grant, _) in c
+            .grants
+            .iter()
+            .filter(|(_, verbs)| verbs.iter().any(Verb::reads))
+        {
+            readable.push(
+                self.watches
+                    .watch(&kind_of(&grant.api_version, &grant.kind)?),
+            );
         }
         let client = self
             .impersonating(&access.account.namespace, &access.account.name)
