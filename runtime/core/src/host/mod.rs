@@ -9,6 +9,8 @@ pub mod capsules;
 mod finalizer;
 mod grants;
 mod kinds;
+#[cfg(test)]
+mod mock_api;
 mod reads;
 pub mod request;
 mod runner;

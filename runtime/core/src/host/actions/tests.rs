@@ -2,11 +2,6 @@
 //! the update strategies, drift detection and Event counting, without a cluster. What the
 //! executor sends is recorded and asserted request by request.
 
-use std::sync::{Arc, Mutex};
-
-use http::{Request, Response};
-use kube::Client;
-use kube::client::Body;
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 
@@ -19,40 +14,10 @@ use crate::sandbox::{Action, EventType, ObjectRef};
 
 use super::{ChildKind, DESIRED_ANNOTATION, EventRecorder, Executor, HeldStatuses};
 
-/// One request the executor sent: method, path with query, JSON body.
-type Sent = (String, String, Value);
-
-/// A mock API server answering with `answer(method, path)`, recording every request.
-fn api_server(answer: fn(&str, &str) -> (u16, Value)) -> (Client, Arc<Mutex<Vec<Sent>>>) {
-    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let sent = Arc::new(Mutex::new(Vec::new()));
-    tokio::spawn({
-        let sent = sent.clone();
-        async move {
-            while let Some((request, respond)) = handle.next_request().await {
-                let method = request.method().to_string();
-                let path = request.uri().to_string();
-                let bytes = request
-                    .into_body()
-                    .collect_bytes()
-                    .await
-                    .unwrap_or_default();
-                let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-                let (status, reply) = answer(&method, &path);
-                sent.lock().unwrap().push((method, path, body));
-                let response = Response::builder()
-                    .status(status)
-                    .body(Body::from(serde_json::to_vec(&reply).unwrap()))
-                    .unwrap();
-                respond.send_response(response);
-            }
-        }
-    });
-    (Client::new(service, "ns"), sent)
-}
+use crate::host::mock_api::{Sent, api_server};
 
 /// Objects come back as sent; deletes say the object is gone; Event patches find nothing.
-fn cooperative(method: &str, path: &str) -> (u16, Value) {
+fn cooperative(method: &str, path: &str, _: &Value) -> (u16, Value) {
     match method {
         "DELETE" => (
             200,
@@ -72,14 +37,14 @@ fn cooperative(method: &str, path: &str) -> (u16, Value) {
 }
 
 /// Like [`cooperative`], but Event patches succeed.
-fn events_kept(method: &str, path: &str) -> (u16, Value) {
+fn events_kept(method: &str, path: &str, body: &Value) -> (u16, Value) {
     match (method, path.contains("/events/")) {
         ("PATCH", true) => (
             200,
             json!({"apiVersion": "v1", "kind": "Event", "metadata": {"name": "web.1", "namespace": "ns"},
                 "involvedObject": {}}),
         ),
-        _ => cooperative(method, path),
+        _ => cooperative(method, path, body),
     }
 }
 
@@ -113,7 +78,7 @@ async fn run(
     strategy: UpdateStrategy,
     observed: Vec<Value>,
     actions: Vec<Action>,
-    answer: fn(&str, &str) -> (u16, Value),
+    answer: crate::host::mock_api::Answer,
     kept: &Kept,
 ) -> Vec<Sent> {
     let (client, sent) = api_server(answer);
@@ -418,7 +383,7 @@ async fn a_status_computed_before_a_child_write_is_left_to_the_next_reconcile_on
 }
 
 /// Twenty Pods match `app=web`; every other request as [`cooperative`].
-fn twenty_listed(method: &str, path: &str) -> (u16, Value) {
+fn twenty_listed(method: &str, path: &str, body: &Value) -> (u16, Value) {
     if method == "GET" && path.contains("labelSelector") {
         let items: Vec<Value> = (0..20)
             .map(|i| {
@@ -431,7 +396,7 @@ fn twenty_listed(method: &str, path: &str) -> (u16, Value) {
             json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}),
         );
     }
-    cooperative(method, path)
+    cooperative(method, path, body)
 }
 
 #[tokio::test]

@@ -5,9 +5,6 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use http::{Request, Response};
-use kube::Client;
-use kube::client::Body;
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 
@@ -15,49 +12,22 @@ use super::*;
 use crate::api::{UpdateStrategy, WasmControllerSpec};
 use crate::controller::{Fence, Kind, Watch, WriteGate, WriteScheduler};
 use crate::host::capsules::CapsuleStore;
+use crate::host::mock_api::{Sent, api_server};
 use crate::host::{
     CacheSource, ChildKind, ControllerSetup, DeclaredKinds, GuestState, Permissions,
 };
 use crate::sandbox::{Limits, Sandbox, SandboxConfig};
 
-/// One request the pipeline sent: method, path with query, JSON body.
-type Sent = (String, String, Value);
-
-/// A mock API server that answers every write with the object sent (Events: created),
-/// recording every request.
-fn api_server() -> (Client, Arc<Mutex<Vec<Sent>>>) {
-    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let sent = Arc::new(Mutex::new(Vec::new()));
-    tokio::spawn({
-        let sent = sent.clone();
-        async move {
-            while let Some((request, respond)) = handle.next_request().await {
-                let method = request.method().to_string();
-                let path = request.uri().to_string();
-                let bytes = request
-                    .into_body()
-                    .collect_bytes()
-                    .await
-                    .unwrap_or_default();
-                let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-                let (status, reply) = match method.as_str() {
-                    "PATCH" if path.contains("/events/") => (
-                        404,
-                        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}),
-                    ),
-                    "POST" => (201, body.clone()),
-                    _ => (200, body.clone()),
-                };
-                sent.lock().unwrap().push((method, path, body));
-                let response = Response::builder()
-                    .status(status)
-                    .body(Body::from(serde_json::to_vec(&reply).unwrap()))
-                    .unwrap();
-                respond.send_response(response);
-            }
-        }
-    });
-    (Client::new(service, "ns"), sent)
+/// Writes are answered with the object sent (Events: created; an Event's patch finds none).
+fn answer(method: &str, path: &str, body: &Value) -> (u16, Value) {
+    match method {
+        "PATCH" if path.contains("/events/") => (
+            404,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}),
+        ),
+        "POST" => (201, body.clone()),
+        _ => (200, body.clone()),
+    }
 }
 
 fn kind(group: &str, kind: &str, plural: &str) -> Kind {
@@ -100,7 +70,7 @@ impl Default for Declared {
 /// A HelloWorld controller `ns/hello` owning Pods, running the HelloWorld guest, its caches
 /// holding `declared.parent` and no Pod; its API server a mock. With its capsules' store.
 async fn controller(declared: Declared) -> (Arc<Runner>, Arc<Mutex<Vec<Sent>>>, Arc<CapsuleStore>) {
-    let (client, sent) = api_server();
+    let (client, sent) = api_server(answer);
     let parents = kind("example.com", "HelloWorld", "helloworlds");
     let pods = kind("", "Pod", "pods");
     let mut kinds = DeclaredKinds::default();
