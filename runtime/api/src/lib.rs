@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 pub use limits::{
     CallLimits, LimitCaps, Resolved, SPEC_LIMITS, SpecLimit, Unit, limits_description, readme_rows,
 };
-pub use plan::{ControllerPlan, KindName, MAX_DECLARED_KINDS, Plan};
+pub use plan::{ControllerPlan, KindName, MAX_DECLARED_KINDS, Plan, Rollout};
 pub use quantity::parse_bytes;
 pub use reason::{Problem, Reason};
 pub use source::{
@@ -109,6 +109,34 @@ pub struct WasmControllerSpec {
     /// on the parents. Deleting the controller (or turning this off) removes its finalizers.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub finalize: bool,
+    /// A module run in shadow beside `module`, from any source a module may come from: on
+    /// the reconciles sampled (`rollout.sampleEvery`) it gets the same request as the live
+    /// module, reads through the same grants, and its answer is compared with the live one's;
+    /// nothing it answers is carried out (its state writes go nowhere: it is handed the live
+    /// state). `status.rollout` counts what was compared and shows the last differences;
+    /// `kubewasm rollout promote` makes it the module, `kubewasm rollout abort` removes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidate: Option<ModuleSource>,
+    /// How the candidate is compared and promoted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutPolicy>,
+}
+
+/// How a candidate module is compared and promoted (`spec.rollout`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RolloutPolicy {
+    /// Compare one reconcile in this many (default 1: every reconcile); the others run the
+    /// live module alone. A busy controller's candidate costs `1/sampleEvery` of its calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000))]
+    pub sample_every: Option<u32>,
+    /// Promote the candidate by itself once this many reconciles were compared with no
+    /// difference (the runtime changes `spec.module` as `kubewasm rollout promote` does).
+    /// Unset: only a person promotes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000))]
+    pub promote_after: Option<u32>,
 }
 
 /// A cluster-wide controller, declared by an administrator. Same spec; parents in every
@@ -364,6 +392,48 @@ pub struct WasmControllerStatus {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend("maxProperties" = 256, "additionalProperties" = {"type": "string", "maxLength": 512}))]
     pub guest_state: BTreeMap<String, String>,
+    /// The candidate module's shadow run (`spec.candidate`), while one is declared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutStatus>,
+}
+
+/// What the candidate's shadow run found (`status.rollout`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStatus {
+    /// Digest of the candidate module compared (`sha256:…`), with the image it was pulled as.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub candidate: Option<String>,
+    /// Why no candidate runs (its source, its bytes, its compile), while none does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096))]
+    pub problem: Option<String>,
+    /// Reconciles whose answers were compared since this candidate ran.
+    #[serde(default)]
+    pub compared: u64,
+    /// Of those, the ones where the candidate's answer differed (or it failed where the live
+    /// module did not, or the other way round).
+    #[serde(default)]
+    pub differing: u64,
+    /// The last differences, the latest first, at most 3 (always written, so that an emptied
+    /// list replaces the last one); all of the last reconciles' with `kubewasm rollout diff`.
+    #[serde(default)]
+    #[schemars(length(max = 3))]
+    pub last_differences: Vec<ShadowDifference>,
+}
+
+/// How one compared reconcile differed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShadowDifference {
+    /// The object reconciled (`namespace/name`).
+    #[schemars(length(max = 512))]
+    pub object: String,
+    /// Each difference, one line each: what the live module does and what the candidate
+    /// would, by object and field (at most 8 lines, each bounded).
+    #[schemars(length(max = 9))]
+    pub changes: Vec<String>,
 }
 
 impl WasmControllerSpec {
@@ -409,6 +479,15 @@ pub fn crds_yaml() -> String {
     with_module_schema(&mut cluster, |module| {
         module.one_of = Some(source_fields().iter().map(|f| required(f)).collect());
     });
+    // The candidate is a module source like `module`, with the same union.
+    for crd in [&mut namespaced, &mut cluster] {
+        let module = module_schema(crd);
+        with_spec_field(crd, "candidate", |candidate| {
+            let description = candidate.description.take();
+            *candidate = module.clone();
+            candidate.description = description;
+        });
+    }
     for crd in [&mut namespaced, &mut cluster] {
         with_spec_field(crd, "limits", |limits| {
             limits.description = Some(limits_description());
@@ -419,6 +498,21 @@ pub fn crds_yaml() -> String {
         .map(|crd| serde_yaml::to_string(crd).expect("CRDs serialise"))
         .collect::<Vec<_>>()
         .join("---\n")
+}
+
+/// The schema of `spec.module`, as edited.
+#[allow(clippy::expect_used)]
+fn module_schema(
+    crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps {
+    crd.spec.versions[0]
+        .schema
+        .as_ref()
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .and_then(|root| root.properties.as_ref()?.get("spec"))
+        .and_then(|spec| spec.properties.as_ref()?.get("module"))
+        .cloned()
+        .expect("the generated CRD has spec.module")
 }
 
 fn with_module_schema(
@@ -457,7 +551,7 @@ mod tests {
     #[test]
     fn the_crds_union_is_every_source_field_of_the_spec() {
         assert_eq!(source_fields(), ["configMap", "image", "path"]);
-        let one_of = |crd: &str| -> Vec<String> {
+        let one_of_field = |crd: &str, field: &str| -> Vec<String> {
             let yaml = crds_yaml();
             let doc = yaml
                 .split("---\n")
@@ -465,15 +559,25 @@ mod tests {
                 .unwrap();
             let crd: serde_json::Value = serde_yaml::from_str(doc).unwrap();
             let module = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-                ["properties"]["module"];
+                ["properties"][field];
             let one_of = module["oneOf"].as_array().unwrap();
             one_of
                 .iter()
                 .map(|r| r["required"][0].as_str().unwrap().to_owned())
                 .collect()
         };
+        let one_of = |crd: &str| one_of_field(crd, "module");
         assert_eq!(one_of("ClusterWasmController"), source_fields());
         assert_eq!(one_of("WasmController"), ["configMap", "image"]);
+        // A candidate is a module source with the same union.
+        assert_eq!(
+            one_of_field("WasmController", "candidate"),
+            ["configMap", "image"]
+        );
+        assert_eq!(
+            one_of_field("ClusterWasmController", "candidate"),
+            source_fields()
+        );
         let none = ModuleSource {
             config_map: None,
             path: None,

@@ -10,7 +10,7 @@ use std::time::Duration;
 use kubewasm_guest_sdk::query::{self, GroupVersion};
 use kubewasm_guest_sdk::selector::Selector;
 
-use crate::{Resolved, Source, UpdateStrategy, Verb, WasmControllerSpec};
+use crate::{ModuleSource, Resolved, Source, UpdateStrategy, Verb, WasmControllerSpec};
 
 /// Most kinds one controller may declare (parent, children and grants together): each costs
 /// a discovery, a watch and three access reviews.
@@ -26,6 +26,20 @@ pub struct Plan {
     /// What it reconciles, owns and may use, and with which limits; wrong here, it is not set
     /// up (its module still loads).
     pub controller: Result<ControllerPlan, String>,
+    /// Where its candidate module comes from (`spec.candidate`), if it names one; wrong here,
+    /// no candidate is read (the live module runs as always, the status says why).
+    pub candidate: Option<Result<Source, String>>,
+    /// How the candidate is compared and promoted.
+    pub rollout: Rollout,
+}
+
+/// `spec.rollout`, with its defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rollout {
+    /// Compare one reconcile in this many (at least 1).
+    pub sample_every: u32,
+    /// Promote once this many were compared with no difference.
+    pub promote_after: Option<u32>,
 }
 
 /// What a controller reconciles, owns and may use, and with which limits, all checked.
@@ -60,29 +74,41 @@ pub struct KindName {
 impl Plan {
     /// The plan of `spec` for a controller of `namespace` (`None`: a ClusterWasmController).
     pub fn of(spec: &WasmControllerSpec, namespace: Option<&str>) -> Plan {
-        let source = spec.module.source(namespace).and_then(|source| {
-            if let Source::ConfigMap { name, .. } = &source {
-                query::validate_dns_subdomain(name)
-                    .map_err(|e| format!("spec.module.configMap.name: {e}"))?;
-            }
-            if let Some(ns) = spec
-                .module
-                .config_map
-                .as_ref()
-                .and_then(|c| c.namespace.as_ref())
-            {
-                query::validate_namespace(ns)
-                    .map_err(|e| format!("spec.module.configMap.namespace: {e}"))?;
-            }
-            Ok(source)
-        });
         let account = account(spec).and_then(|()| spec.service_account(namespace));
+        let policy = spec.rollout.clone().unwrap_or_default();
         Plan {
-            source,
+            source: module_source(&spec.module, namespace),
             account,
             controller: ControllerPlan::of(spec),
+            // The same parse as `module`; its errors name the candidate's fields.
+            candidate: spec.candidate.as_ref().map(|candidate| {
+                module_source(candidate, namespace)
+                    .map_err(|e| e.replace("spec.module", "spec.candidate"))
+            }),
+            rollout: Rollout {
+                sample_every: policy.sample_every.unwrap_or(1).max(1),
+                promote_after: policy.promote_after.filter(|n| *n > 0),
+            },
         }
     }
+}
+
+/// A module's source (`spec.module`, or `spec.candidate` with its errors renamed), checked.
+fn module_source(module: &ModuleSource, namespace: Option<&str>) -> Result<Source, String> {
+    let source = module.source(namespace)?;
+    if let Source::ConfigMap { name, .. } = &source {
+        query::validate_dns_subdomain(name)
+            .map_err(|e| format!("spec.module.configMap.name: {e}"))?;
+    }
+    if let Some(ns) = module
+        .config_map
+        .as_ref()
+        .and_then(|c| c.namespace.as_ref())
+    {
+        query::validate_namespace(ns)
+            .map_err(|e| format!("spec.module.configMap.namespace: {e}"))?;
+    }
+    Ok(source)
 }
 
 /// `spec.serviceAccountName` and `spec.serviceAccountNamespace`, checked.

@@ -428,6 +428,8 @@ mod tests {
             limits: Default::default(),
             resync_period_seconds: None,
             finalize: false,
+            candidate: None,
+            rollout: None,
         };
         let pair = |ns: &str| Ok((ns.to_owned(), "sa".to_owned()));
         let in_cm = module(Some(("m", Some("mods"))), None);

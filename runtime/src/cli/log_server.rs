@@ -72,7 +72,7 @@ impl LogArgs {
     pub fn start(
         &self,
         store: Arc<LogStore>,
-        capsules: Arc<kubewasm::host::capsules::CapsuleStore>,
+        kept: kubewasm::logs::serve::Kept,
         client: kube::Client,
         shards: Option<Arc<kubewasm::controller::ShardHolder>>,
     ) {
@@ -90,7 +90,7 @@ impl LogArgs {
             loop {
                 match kubewasm::logs::serve::start(
                     store.clone(),
-                    capsules.clone(),
+                    kept.clone(),
                     client.clone(),
                     config.clone(),
                     shards.clone(),

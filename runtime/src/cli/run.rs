@@ -326,7 +326,7 @@ pub fn run(args: Args, logs: std::sync::Arc<kubewasm::logs::LogStore>) -> anyhow
             tracing::info!("serving /metrics, /healthz and /readyz on http://{bound}");
         }
         if !args.leader_elect {
-            args.logs.start(logs, manager.capsules(), client, None);
+            args.logs.start(logs, kept(&manager), client, None);
             return manager.run(shutdown_signal()).await;
         }
         // Unique per process, as client-go's hostname + uuid: in a container the pid is always
@@ -360,7 +360,7 @@ pub fn run(args: Args, logs: std::sync::Arc<kubewasm::logs::LogStore>) -> anyhow
             kubewasm::manager::request_config(kube_config.clone()),
             settings,
         )?;
-        args.logs.start(logs, manager.capsules(), client, Some(rounds.holder.clone()));
+        args.logs.start(logs, kept(&manager), client, Some(rounds.holder.clone()));
         let result = manager
             .with_shards(rounds.holder.clone())
             .run(shutdown_signal())
@@ -451,4 +451,12 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
     tracing::info!("received shutdown signal");
+}
+
+/// What the log server hands each team of its controllers besides their lines.
+fn kept(manager: &Manager) -> kubewasm::logs::serve::Kept {
+    kubewasm::logs::serve::Kept {
+        capsules: manager.capsules(),
+        shadows: manager.shadows(),
+    }
 }

@@ -149,3 +149,35 @@ fn specs_that_would_reach_a_url_or_a_key_unparsed_are_refused() {
     );
     assert!(m.contains("\\n"), "escaped: {m}");
 }
+
+#[test]
+fn a_candidate_is_parsed_like_the_module_and_its_errors_name_it() {
+    let plan = Plan::of(&spec(HELLO), Some("team"));
+    assert!(plan.candidate.is_none());
+    assert_eq!(plan.rollout.sample_every, 1);
+    assert_eq!(plan.rollout.promote_after, None);
+    let with = format!(
+        "{HELLO}\ncandidate: {{image: registry.example/hello:v2}}\nrollout: {{sampleEvery: 10, promoteAfter: 100}}"
+    );
+    let plan = Plan::of(&spec(&with), Some("team"));
+    assert!(matches!(plan.candidate, Some(Ok(Source::Oci { .. }))));
+    assert_eq!(plan.rollout.sample_every, 10);
+    assert_eq!(plan.rollout.promote_after, Some(100));
+    // A wrong candidate leaves the module and the controller's plan whole.
+    let wrong = format!(
+        "{HELLO}\ncandidate: {{image: registry.example/hello:v2, configMap: {{name: x, key: y}}}}"
+    );
+    let plan = Plan::of(&spec(&wrong), Some("team"));
+    assert!(plan.source.is_ok() && plan.controller.is_ok());
+    let err = plan.candidate.unwrap().unwrap_err();
+    assert_eq!(
+        err,
+        "spec.candidate names both configMap and image; name exactly one"
+    );
+    let hostile = format!("{HELLO}\ncandidate: {{configMap: {{name: \"Bad Name\", key: y}}}}");
+    let err = Plan::of(&spec(&hostile), Some("team"))
+        .candidate
+        .unwrap()
+        .unwrap_err();
+    assert!(err.starts_with("spec.candidate.configMap.name: "), "{err}");
+}

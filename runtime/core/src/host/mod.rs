@@ -14,6 +14,7 @@ mod mock_api;
 mod reads;
 pub mod request;
 mod runner;
+pub mod shadow;
 mod state;
 
 pub use access::{
@@ -28,7 +29,9 @@ pub use finalizer::Finalizer;
 pub use grants::{Denied, Permissions};
 pub use kinds::DeclaredKinds;
 pub use reads::{GrantedReads, ObjectSet, ObjectSource};
-pub use runner::{ControllerSetup, Failing, MAX_LISTED_FINALIZING, Runner, Stats};
+pub use runner::{
+    CANDIDATE_DIFFERS, ControllerSetup, Failing, MAX_LISTED_FINALIZING, Runner, Stats,
+};
 pub use state::{
     DEFAULT_MAX_STATE_BYTES_PER_NAMESPACE, GuestState, LINGER, MAX_SHARD_BYTES, STATE_SHARDS,
     StateAccounts, StateBook, StateError, StateOwner, shard_of_key,

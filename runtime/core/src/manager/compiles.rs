@@ -26,6 +26,8 @@ use super::ControllerId;
 /// A controller waiting for a compile: what it read its module as.
 pub(super) struct Waiter {
     pub id: ControllerId,
+    /// Which of its modules: the live one or its candidate.
+    pub slot: super::life::Slot,
     /// The version of its source the bytes came from.
     pub version: Version,
     /// The anonymous pinned image it shares, if it does (see `shared_images`).
@@ -109,7 +111,7 @@ impl Compiles {
     pub(super) fn join(&self, digest: Digest, waiter: Waiter) -> Result<(), Waiter> {
         match self.waiting.locked().get_mut(&digest) {
             Some(waiters) => {
-                waiters.retain(|w| w.id != waiter.id);
+                waiters.retain(|w| (&w.id, w.slot) != (&waiter.id, waiter.slot));
                 waiters.push(waiter);
                 Ok(())
             }
@@ -208,6 +210,7 @@ mod tests {
                 namespace: Some(namespace.into()),
                 name: name.into(),
             },
+            slot: crate::manager::life::Slot::Live,
             version: Version::Image("sha256:00".into()),
             shared: None,
         }

@@ -142,6 +142,7 @@ impl Manager {
             spec,
             state,
             generation,
+            uid,
             life,
             written: None,
         };
@@ -161,6 +162,7 @@ impl Manager {
     fn forget(&mut self, id: &ControllerId) {
         self.controllers.remove(id);
         self.fetches.forget(&id.to_string());
+        self.fetches.forget(&super::fetching::candidate_key(id));
         self.metrics.forget(&id.to_string());
         tracing::info!(controller = %id, "controller removed");
         self.config.logs.forget(&crate::logs::ControllerKey {

@@ -15,6 +15,7 @@ use crate::host::ServiceAccount;
 use crate::sandbox::GuestPre;
 use crate::sources::{self, Asked, ClusterOrigin, ImagePuller, ModuleBytes, Sourced as _, Version};
 
+use super::life::Slot;
 use super::{ControllerId, Manager};
 
 /// What a fetch found of a controller's module.
@@ -33,8 +34,23 @@ pub(super) enum Read {
 /// A fetch's answer: what it found, or why it found nothing (a source that does not answer).
 pub(super) type Answer = Result<Read, Problem>;
 
+/// The key of a controller's candidate's fetches and pulls (its module's: its id).
+pub(super) fn candidate_key(id: &ControllerId) -> String {
+    format!("{id}#candidate")
+}
+
+/// The key of the fetches and pulls of `id`'s module in `slot`.
+pub(super) fn key_of(id: &ControllerId, slot: Slot) -> String {
+    match slot {
+        Slot::Live => id.to_string(),
+        Slot::Candidate => candidate_key(id),
+    }
+}
+
 /// What [`Manager::ask_module`] is asked for.
 pub(super) struct Asking<'a> {
+    /// Which of the controller's modules.
+    pub slot: Slot,
     pub source: &'a Source,
     pub pin: Option<&'a str>,
     /// The version the controller's module came from.
@@ -47,19 +63,21 @@ impl Manager {
     /// What the last fetch of `id`'s module found, or [`Asked::Running`] after starting one.
     pub(super) fn ask_module(&self, id: &ControllerId, asking: Asking<'_>) -> Asked<Answer> {
         let Asking {
+            slot,
             source,
             pin,
             loaded,
             account,
         } = asking;
+        let key = key_of(id, slot);
         // What the fetch is for: a spec that names another module (or account) makes the
         // answer of a fetch under way worthless.
         let wanted = format!(
             "{source:?} pin {pin:?} as {}/{}",
             account.namespace, account.name
         );
-        self.fetches.ask(&id.to_string(), &wanted, || {
-            self.fetch_job(id, source, pin, loaded, account)
+        self.fetches.ask(&key, &wanted, || {
+            self.fetch_job(&key, source, pin, loaded, account)
         })
     }
 
@@ -67,7 +85,7 @@ impl Manager {
     /// (a pull under way: the pulls wake the loop when it ends).
     fn fetch_job(
         &self,
-        id: &ControllerId,
+        key: &str,
         source: &Source,
         pin: Option<&str>,
         loaded: Option<&Version>,
@@ -96,7 +114,7 @@ impl Manager {
             };
             origin = origin.with_puller(ImagePuller {
                 pulls: self.pulls.clone(),
-                key: id.to_string(),
+                key: key.to_owned(),
                 account,
             });
         }
@@ -110,7 +128,7 @@ impl Manager {
             self.sandbox.clone(),
             self.pulls.clone(),
         );
-        let (key, source) = (id.to_string(), source.clone());
+        let (key, source) = (key.to_owned(), source.clone());
         let (pin, loaded) = (pin.map(str::to_owned), loaded.cloned());
         async move {
             if let Err(problem) = impersonating {
@@ -158,7 +176,7 @@ impl Manager {
         let ids: Vec<ControllerId> = self
             .controllers
             .keys()
-            .filter(|id| keys.contains(&id.to_string()))
+            .filter(|id| keys.contains(&id.to_string()) || keys.contains(&candidate_key(id)))
             .cloned()
             .collect();
         self.forget_pulls();
@@ -168,14 +186,21 @@ impl Manager {
     /// Forgets the pulls of controllers that no longer name an image, and the fetches of
     /// controllers that are gone.
     pub(super) fn forget_pulls(&self) {
-        let images: HashSet<String> = self
-            .controllers
-            .iter()
-            .filter(|(_, m)| m.plan.source.as_ref().is_ok_and(|s| s.pulled()))
-            .map(|(id, _)| id.to_string())
-            .collect();
+        let mut images: HashSet<String> = HashSet::new();
+        let mut declared: HashSet<String> = HashSet::new();
+        for (id, m) in &self.controllers {
+            declared.insert(id.to_string());
+            if m.plan.source.as_ref().is_ok_and(|s| s.pulled()) {
+                images.insert(id.to_string());
+            }
+            if let Some(Ok(candidate)) = &m.plan.candidate {
+                declared.insert(candidate_key(id));
+                if candidate.pulled() {
+                    images.insert(candidate_key(id));
+                }
+            }
+        }
         self.pulls.retain(|key| images.contains(key));
-        let declared: HashSet<String> = self.controllers.keys().map(|id| id.to_string()).collect();
         self.fetches.retain(|key| declared.contains(key));
     }
 }

@@ -38,15 +38,22 @@ impl Guest for Arc<GuestPre> {
     }
 }
 
-/// A runner as a life holds it: it takes a new module (a test's stand-in records it).
+/// A runner as a life holds it: it takes a new module, and a new candidate (a test's
+/// stand-in records them).
 pub(super) trait Runs<G> {
     /// Runs `guest` (pulled as `image`) from its next reconcile on.
     fn swap(&self, guest: G, image: Option<String>);
+    /// Compares `candidate` (pulled as its image) from its next reconcile on (`None`: none).
+    fn shadow(&self, candidate: Option<(G, Option<String>)>);
 }
 
 impl Runs<Arc<GuestPre>> for Arc<Runner> {
     fn swap(&self, guest: Arc<GuestPre>, image: Option<String>) {
         self.swap_guest(guest, image);
+    }
+
+    fn shadow(&self, candidate: Option<(Arc<GuestPre>, Option<String>)>) {
+        self.set_candidate(candidate);
     }
 }
 
@@ -54,6 +61,8 @@ impl Runs<Arc<GuestPre>> for Arc<Runner> {
 pub(super) struct Life<G = Arc<GuestPre>, R = Arc<Runner>> {
     run: Run<R>,
     module: Module<G>,
+    /// The candidate module (`spec.candidate`), compared in shadow while it runs.
+    candidate: Module<G>,
     /// Failed starts in a row, and when to try again.
     pub(super) retry: Retry,
 }
@@ -62,17 +71,33 @@ impl<G, R> Default for Life<G, R> {
     fn default() -> Self {
         Life {
             run: Run::Idle,
-            module: Module {
-                guest: None,
-                version: None,
-                image: None,
-                problem: None,
-                unreachable_since: None,
-                compiling: None,
-            },
+            module: Module::default(),
+            candidate: Module::default(),
             retry: Retry::default(),
         }
     }
+}
+
+impl<G> Default for Module<G> {
+    fn default() -> Self {
+        Module {
+            guest: None,
+            version: None,
+            image: None,
+            problem: None,
+            unreachable_since: None,
+            compiling: None,
+        }
+    }
+}
+
+/// Which of a controller's modules a read is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Slot {
+    /// `spec.module`: the one whose actions are carried out.
+    Live,
+    /// `spec.candidate`: compared in shadow.
+    Candidate,
 }
 
 /// Whether a controller runs, and if not, why.
@@ -338,9 +363,86 @@ impl<G: Guest, R: Runs<G>> Life<G, R> {
         self.module.problem.as_ref()
     }
 
-    /// The module its last read found being compiled.
-    pub(super) fn compiling(&self) -> Option<Digest> {
-        self.module.compiling
+    /// The module of `slot` its last read found being compiled.
+    pub(super) fn compiling_in(&self, slot: Slot) -> Option<Digest> {
+        match slot {
+            Slot::Live => self.module.compiling,
+            Slot::Candidate => self.candidate.compiling,
+        }
+    }
+
+    /// The version of `slot`'s source last read.
+    pub(super) fn version_in(&self, slot: Slot) -> Option<&Version> {
+        match slot {
+            Slot::Live => self.module.version.as_ref(),
+            Slot::Candidate => self.candidate.version.as_ref(),
+        }
+    }
+
+    /// Takes what reading `slot`'s module found.
+    pub(super) fn read_in(&mut self, slot: Slot, found: Found<G>) -> Change<G> {
+        match slot {
+            Slot::Live => self.read(found),
+            Slot::Candidate => self.read_candidate(found),
+        }
+    }
+
+    /// Takes what reading its candidate found: a new one is compared by its runner from its
+    /// next reconcile on; one that may not run is compared no more (the status says why); a
+    /// source that stops answering keeps the one loaded compared.
+    pub(super) fn read_candidate(&mut self, found: Found<G>) -> Change<G> {
+        let c = &mut self.candidate;
+        c.compiling = match &found {
+            Found::Compiling(digest) => Some(*digest),
+            Found::Pending => c.compiling,
+            _ => None,
+        };
+        match found {
+            Found::Pending | Found::Compiling(_) | Found::Unchanged => Change::Nothing,
+            Found::Refused(problem) | Found::Unreachable(problem) => {
+                c.problem = Some(problem.clone());
+                Change::Failed(problem)
+            }
+            Found::Loaded {
+                version,
+                image,
+                guest,
+            } => {
+                c.version = Some(version);
+                let guest = match guest {
+                    Ok(guest) => guest,
+                    Err(problem) => {
+                        c.problem = Some(problem.clone());
+                        c.guest = None;
+                        if let Run::Running { runner, .. } = &self.run {
+                            runner.shadow(None);
+                        }
+                        return Change::Failed(problem);
+                    }
+                };
+                c.problem = None;
+                if c.guest.as_ref().map(|g| g.digest()) == Some(guest.digest()) {
+                    return Change::Kept;
+                }
+                c.guest = Some(guest.clone());
+                c.image = image;
+                if let Run::Running { runner, .. } = &self.run {
+                    runner.shadow(Some((guest.clone(), c.image.clone())));
+                }
+                Change::Swapped(guest)
+            }
+        }
+    }
+
+    /// The candidate loaded, with the image it was pulled as.
+    pub(super) fn candidate(&self) -> Option<(&G, Option<&str>)> {
+        let c = &self.candidate;
+        c.guest.as_ref().map(|g| (g, c.image.as_deref()))
+    }
+
+    /// Why no candidate (or not the newest) is compared.
+    pub(super) fn candidate_problem(&self) -> Option<&Problem> {
+        self.candidate.problem.as_ref()
     }
 }
 

@@ -171,7 +171,7 @@ impl Manager {
                 let m = self.controllers.get(id)?;
                 Some((
                     id.clone(),
-                    (m.spec.clone(), m.plan.clone()),
+                    (m.spec.clone(), m.plan.clone(), m.uid.clone()),
                     m.state.clone(),
                     m.life.guest()?.clone(),
                 ))
@@ -179,8 +179,8 @@ impl Manager {
             .collect();
         let this = &*self;
         let set_up: Vec<_> = futures::stream::iter(loaded)
-            .map(|(id, (spec, plan), state, guest)| async move {
-                let setup = this.setup(&id, &spec, &plan, state);
+            .map(|(id, (spec, plan, uid), state, guest)| async move {
+                let setup = this.setup(&id, (&spec, &plan, uid.as_deref()), state);
                 let result = tokio::time::timeout(SETUP_TIMEOUT, setup)
                     .await
                     .unwrap_or_else(|_| {
@@ -215,6 +215,8 @@ impl Manager {
         match result {
             Ok((setup, access)) => {
                 let runner = Runner::new(setup, guest, m.life.image().map(str::to_owned));
+                let candidate = m.life.candidate();
+                runner.set_candidate(candidate.map(|(g, i)| (g.clone(), i.map(str::to_owned))));
                 let task = tokio::spawn(runner.clone().run());
                 m.life.start(runner, task, access);
                 tracing::info!(controller = %id, "controller started");

@@ -125,6 +125,8 @@ struct Managed {
     /// The guest's saved states, kept across restarts of the controller in this process.
     state: Arc<GuestState>,
     generation: Option<i64>,
+    /// Its uid (the Events about it name it).
+    uid: Option<String>,
     /// Whether it runs, its module, its backoff: every change of them is a transition of
     /// [`life::Life`].
     life: life::Life,
@@ -176,6 +178,8 @@ pub struct Manager {
     state_accounts: Arc<crate::host::StateAccounts>,
     /// Every running controller's failed reconciles, for its team (`host::capsules`).
     capsules: Arc<crate::host::capsules::CapsuleStore>,
+    /// Every running controller's candidate's differences, for its team (`host::shadow`).
+    shadows: Arc<crate::host::shadow::ShadowStore>,
     /// Metadata of the ConfigMaps modules may come from (see [`modules`]).
     module_config_maps: Option<reflector::Store<PartialObjectMeta<ConfigMap>>>,
     /// Registry pulls, beside the loop.
@@ -244,6 +248,9 @@ impl Manager {
         let state_accounts = crate::host::StateAccounts::new(config.max_state_bytes_per_namespace);
         let capsules =
             crate::host::capsules::CapsuleStore::new(config.max_capsule_bytes_per_namespace);
+        // What a team fetches of its candidates' differences is charged like its capsules,
+        // to an account of the same size.
+        let shadows = crate::host::shadow::ShadowStore::new(config.max_capsule_bytes_per_namespace);
         Ok(Manager {
             pulls,
             reads: Arc::new(crate::sources::ModuleReads::new(budget)),
@@ -273,6 +280,7 @@ impl Manager {
             compile_budget,
             state_accounts,
             capsules,
+            shadows,
             module_config_maps: None,
             sharding: None,
             declared: HashMap::new(),
@@ -303,6 +311,11 @@ impl Manager {
     /// The failed reconciles its controllers keep, for the log server to hand their teams.
     pub fn capsules(&self) -> Arc<crate::host::capsules::CapsuleStore> {
         self.capsules.clone()
+    }
+
+    /// Its controllers' candidates' differences, for the log server to hand their teams.
+    pub fn shadows(&self) -> Arc<crate::host::shadow::ShadowStore> {
+        self.shadows.clone()
     }
 
     /// Runs until `shutdown` resolves, then stops every controller and lets running

@@ -38,12 +38,22 @@ use crate::sources::{Asked, Sourced as _, Version};
 use super::compile_budget::Refused;
 use super::compiles::{Compiled, Waiter};
 use super::fetching::{Asking, Read};
-use super::life::{Change, Found};
+use super::life::{Change, Found, Slot};
 use super::shared_images::Known;
 use super::{ControllerId, Manager, PARALLEL_STARTS, Problem};
 
-/// What reading one controller's module found ([`Manager::read_modules`]).
-pub(super) struct ModuleRead(ControllerId, Result<Fetched, Problem>);
+/// What reading one of a controller's modules found ([`Manager::read_modules`]).
+pub(super) struct ModuleRead(ControllerId, Slot, Result<Fetched, Problem>);
+
+/// Which module of a controller is read, from where, and what it runs now.
+struct Wanted<'a> {
+    slot: Slot,
+    source: &'a Result<crate::api::Source, String>,
+    /// `sha256` of its spec.
+    pin: Option<&'a str>,
+    /// The version of its source its module came from.
+    loaded: Option<&'a Version>,
+}
 
 /// What reading a controller's module found.
 enum Fetched {
@@ -73,24 +83,39 @@ impl Manager {
     /// What [`Manager::read_module`] finds for each of these controllers, [`PARALLEL_STARTS`]
     /// at once. Reads only: nothing changes until [`Manager::load_fetched`].
     pub(super) async fn read_modules(&self, ids: &[ControllerId]) -> Vec<ModuleRead> {
-        let wanted: Vec<_> = ids
-            .iter()
-            .filter_map(|id| {
-                let m = self.controllers.get(id)?;
-                Some((
+        let mut wanted = Vec::new();
+        for id in ids {
+            let Some(m) = self.controllers.get(id) else {
+                continue;
+            };
+            let live = (m.spec.module.sha256.clone(), m.plan.source.clone());
+            wanted.push((id.clone(), Slot::Live, live, m.plan.clone()));
+            // A candidate is read beside it, in the same tenant's turns and budgets; its
+            // runner is handed it when it starts (or at once if it runs).
+            if let (Some(source), Some(candidate)) = (&m.plan.candidate, &m.spec.candidate) {
+                let pin = candidate.sha256.clone();
+                wanted.push((
                     id.clone(),
-                    m.spec.module.sha256.clone(),
+                    Slot::Candidate,
+                    (pin, source.clone()),
                     m.plan.clone(),
-                    m.life.version().cloned(),
-                ))
-            })
-            .collect();
+                ));
+            }
+        }
         futures::stream::iter(wanted)
-            .map(|(id, pin, plan, version)| async move {
-                let fetched = self
-                    .read_module(&id, pin.as_deref(), &plan, version.as_ref())
-                    .await;
-                ModuleRead(id, fetched)
+            .map(|(id, slot, (pin, source), plan)| async move {
+                let version = self
+                    .controllers
+                    .get(&id)
+                    .and_then(|m| m.life.version_in(slot).cloned());
+                let wanted = Wanted {
+                    slot,
+                    source: &source,
+                    pin: pin.as_deref(),
+                    loaded: version.as_ref(),
+                };
+                let fetched = self.read_module(&id, wanted, &plan).await;
+                ModuleRead(id, slot, fetched)
             })
             .buffered(PARALLEL_STARTS)
             .collect()
@@ -99,8 +124,8 @@ impl Manager {
 
     /// Validates and swaps in what [`Manager::read_modules`] found.
     pub(super) fn load_fetched(&mut self, fetched: Vec<ModuleRead>) {
-        for ModuleRead(id, fetched) in fetched {
-            self.load_module(&id, fetched);
+        for ModuleRead(id, slot, fetched) in fetched {
+            self.load_module(&id, slot, fetched);
         }
         let compilations = self.sandbox.compilations();
         self.metrics
@@ -112,7 +137,7 @@ impl Manager {
 
     /// Validates (compiles once per digest) and swaps in what [`Manager::read_module`] found:
     /// the controller's life takes it ([`Life::read`]), and what it changed is carried out.
-    fn load_module(&mut self, id: &ControllerId, fetched: Result<Fetched, Problem>) {
+    fn load_module(&mut self, id: &ControllerId, slot: Slot, fetched: Result<Fetched, Problem>) {
         let found = match fetched {
             Ok(Fetched::Pending) => Found::Pending,
             Ok(Fetched::Compiling(digest)) => Found::Compiling(digest),
@@ -120,15 +145,18 @@ impl Manager {
             Ok(Fetched::Unchanged) => Found::Unchanged,
             Err(problem) => Found::Unreachable(problem),
             Ok(Fetched::Compiled(compiled, version)) => {
-                let image = self
-                    .controllers
-                    .get(id)
-                    .and_then(|m| m.plan.source.as_ref().ok()?.image_at(&version));
+                let image = self.controllers.get(id).and_then(|m| {
+                    let source = match slot {
+                        Slot::Live => m.plan.source.as_ref().ok()?,
+                        Slot::Candidate => m.plan.candidate.as_ref()?.as_ref().ok()?,
+                    };
+                    source.image_at(&version)
+                });
                 // Each distinct module stays compiled while a controller runs it: a namespace
                 // may hold only so many (its controllers running one module share it).
                 let guest = compiled
                     .map_err(|e| Problem::new(Reason::ModuleInvalid, e))
-                    .and_then(|guest| self.module_cap(id, guest.digest()).map(|()| guest));
+                    .and_then(|guest| self.module_cap(id, slot, guest.digest()).map(|()| guest));
                 Found::Loaded {
                     version,
                     image,
@@ -139,6 +167,18 @@ impl Manager {
         let Some(m) = self.controllers.get_mut(id) else {
             return;
         };
+        if slot == Slot::Candidate {
+            match m.life.read_in(slot, found) {
+                Change::Swapped(guest) => {
+                    tracing::info!(controller = %id, digest = %guest.digest(), image = m.life.candidate().and_then(|(_, i)| i).unwrap_or_default(), "candidate module loaded: compared in shadow with the live module");
+                }
+                Change::Failed(problem) => {
+                    tracing::warn!(controller = %id, reason = %problem.reason, "candidate module not loaded: {}", problem.message);
+                }
+                _ => {}
+            }
+            return;
+        }
         match m.life.read(found) {
             Change::Nothing => {}
             Change::Refused { problem, new } => {
@@ -166,15 +206,24 @@ impl Manager {
 
     /// Whether `id` may run module `digest` beside the modules its namespace's other
     /// controllers run (each distinct module stays compiled while one runs it).
-    fn module_cap(&self, id: &ControllerId, digest: Digest) -> Result<(), Problem> {
+    fn module_cap(&self, id: &ControllerId, slot: Slot, digest: Digest) -> Result<(), Problem> {
         let Some(ns) = &id.namespace else {
             return Ok(());
         };
+        // Every module the namespace's controllers hold compiled, candidates included, but
+        // the one this one would replace.
         let others = self
             .controllers
             .iter()
-            .filter(|(other, _)| *other != id && other.namespace.as_ref() == Some(ns))
-            .filter_map(|(_, m)| m.life.guest().map(|g| g.digest()));
+            .filter(|(other, _)| other.namespace.as_ref() == Some(ns))
+            .flat_map(|(other, m)| {
+                let live = (other != id || slot != Slot::Live).then(|| m.life.guest());
+                let candidate =
+                    (other != id || slot != Slot::Candidate).then(|| m.life.candidate());
+                let live = live.flatten().map(|g| g.digest());
+                live.into_iter()
+                    .chain(candidate.flatten().map(|(g, _)| g.digest()))
+            });
         let cap = self.config.max_modules_per_namespace;
         if module_fits(others, digest, cap) {
             return Ok(());
@@ -192,7 +241,14 @@ impl Manager {
         let keep: HashSet<_> = self
             .controllers
             .values()
-            .filter_map(|m| m.life.guest().map(|g| g.digest()))
+            .flat_map(|m| {
+                let candidate = m.life.candidate().map(|(g, _)| g.digest());
+                m.life
+                    .guest()
+                    .map(|g| g.digest())
+                    .into_iter()
+                    .chain(candidate)
+            })
             .collect();
         let named = self
             .controllers
@@ -209,12 +265,16 @@ impl Manager {
     async fn read_module(
         &self,
         id: &ControllerId,
-        pin: Option<&str>,
+        wanted: Wanted<'_>,
         plan: &Plan,
-        loaded: Option<&Version>,
     ) -> Result<Fetched, Problem> {
-        let source = plan
-            .source
+        let Wanted {
+            slot,
+            source,
+            pin,
+            loaded,
+        } = wanted;
+        let source = source
             .as_ref()
             .map_err(|e| Problem::new(Reason::InvalidSpec, e.clone()))?;
         // Nothing of a controller's module is read (nor shared with it) before the runtime
@@ -229,6 +289,7 @@ impl Manager {
             Err(problem) => return Ok(Fetched::Refused(problem)),
         };
         let asking = Asking {
+            slot,
             source,
             pin,
             loaded,
@@ -261,9 +322,10 @@ impl Manager {
         }
         // Before the compile: the namespace's module cap (checked again when it is swapped
         // in), and its compile budget (not charged to join a compile under way).
-        self.module_cap(id, digest)?;
+        self.module_cap(id, slot, digest)?;
         let waiter = Waiter {
             id: id.clone(),
+            slot,
             version,
             shared,
         };
@@ -352,11 +414,16 @@ impl Manager {
         let mut reads = Vec::new();
         for Waiter {
             id,
+            slot,
             version,
             shared,
         } in waiters
         {
-            if self.controllers.get(&id).and_then(|m| m.life.compiling()) != Some(digest) {
+            let compiling = self
+                .controllers
+                .get(&id)
+                .and_then(|m| m.life.compiling_in(slot));
+            if compiling != Some(digest) {
                 continue;
             }
             let fetched = match &result {
@@ -365,9 +432,9 @@ impl Manager {
                 }
                 Err(problem) => Err(problem.clone()),
             };
-            reads.push(ModuleRead(id, fetched));
+            reads.push(ModuleRead(id, slot, fetched));
         }
-        let ids: Vec<ControllerId> = reads.iter().map(|ModuleRead(id, _)| id.clone()).collect();
+        let ids: Vec<ControllerId> = reads.iter().map(|ModuleRead(id, ..)| id.clone()).collect();
         self.load_fetched(reads);
         self.retain_modules();
         let stopped: Vec<ControllerId> = ids
@@ -384,18 +451,16 @@ impl Manager {
             .controllers
             .iter()
             .filter(|(_, m)| {
-                let watched = m
-                    .plan
-                    .source
-                    .as_ref()
-                    .ok()
-                    .and_then(|s| s.watched_config_map());
-                watched.is_some_and(|(namespace, name)| {
-                    keys.contains(&ObjectKey {
-                        namespace: Some(namespace.to_owned()),
-                        name: name.to_owned(),
+                let candidate = m.plan.candidate.as_ref().and_then(|c| c.as_ref().ok());
+                let sources = m.plan.source.as_ref().ok().into_iter().chain(candidate);
+                sources
+                    .filter_map(|s| s.watched_config_map())
+                    .any(|(namespace, name)| {
+                        keys.contains(&ObjectKey {
+                            namespace: Some(namespace.to_owned()),
+                            name: name.to_owned(),
+                        })
                     })
-                })
             })
             .map(|(id, _)| id.clone())
             .collect();
@@ -421,7 +486,11 @@ impl Manager {
         let ids: Vec<ControllerId> = self
             .controllers
             .iter()
-            .filter(|(_, m)| m.plan.source.as_ref().is_ok_and(|s| s.is_polled()))
+            .filter(|(_, m)| {
+                let candidate = m.plan.candidate.as_ref().and_then(|c| c.as_ref().ok());
+                m.plan.source.as_ref().is_ok_and(|s| s.is_polled())
+                    || candidate.is_some_and(|c| c.is_polled())
+            })
             .map(|(id, _)| id.clone())
             .collect();
         self.reload(&ids).await;

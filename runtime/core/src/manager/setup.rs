@@ -16,14 +16,35 @@ use crate::host::{
 
 use super::{ControllerId, Manager, Problem};
 
+/// The WasmController (or ClusterWasmController) `id`, as an Event names it.
+fn controller_ref(
+    id: &ControllerId,
+    uid: Option<&str>,
+) -> k8s_openapi::api::core::v1::ObjectReference {
+    k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("kubewasm.dev/v1alpha1".into()),
+        kind: Some(
+            if id.namespace.is_some() {
+                "WasmController"
+            } else {
+                "ClusterWasmController"
+            }
+            .into(),
+        ),
+        name: Some(id.name.clone()),
+        namespace: id.namespace.clone(),
+        uid: uid.map(str::to_owned),
+        ..Default::default()
+    }
+}
+
 impl Manager {
     /// Sets up the controller `id` declared with `spec`, as its `plan` says (the spec's
     /// names, selector and limits were parsed there, once: [`Plan`]).
     pub(super) async fn setup(
         &self,
         id: &ControllerId,
-        spec: &WasmControllerSpec,
-        plan: &Plan,
+        (spec, plan, uid): (&WasmControllerSpec, &Plan, Option<&str>),
         state: Arc<GuestState>,
     ) -> Result<(ControllerSetup, ReadAccess), Problem> {
         // Parsed before anything else sees them: every apiVersion and kind the spec names
@@ -178,6 +199,12 @@ impl Manager {
                 spec.module.clone(),
                 limits,
             ),
+            shadow: (self.shadows).open(
+                &id.to_string(),
+                id.namespace.as_deref(),
+                plan.rollout.sample_every,
+            ),
+            controller_ref: Some(controller_ref(id, uid)),
         };
         Ok((setup, access))
     }

@@ -146,6 +146,8 @@ impl Manager {
             self.metrics.forget(&id.to_string());
             let shard = self.sharding.as_ref().map_or(0, |s| s.shard(id));
             self.fetches.forget(&id.to_string());
+            self.fetches.forget(&super::fetching::candidate_key(id));
+            self.fetches.forget(&super::fetching::candidate_key(id));
             if let Some((runner, task)) = m.life.stop() {
                 runner.stop();
                 stopping.entry(shard).or_default().push((id.clone(), task));

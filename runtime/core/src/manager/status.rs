@@ -213,7 +213,35 @@ fn desired(m: &Managed, place: Place, namespaced: bool) -> WasmControllerStatus 
         failing_objects,
         finalizing,
         guest_state: Default::default(),
+        rollout: rollout(m),
     }
+}
+
+/// What the status shows of the candidate's shadow run, while the spec names a candidate:
+/// the runner's counts and differences, and why no candidate (or not the newest) runs.
+fn rollout(m: &Managed) -> Option<crate::api::RolloutStatus> {
+    let declared = m.plan.candidate.as_ref()?;
+    let shadow = m.life.runner().and_then(|r| r.shadow().status());
+    let problem = match declared {
+        Err(why) => Some(why.clone()),
+        Ok(_) => match (m.life.candidate_problem(), &shadow, m.life.candidate()) {
+            (Some(p), ..) => Some(p.message.clone()),
+            (None, None, None) => Some("the candidate module is not loaded yet".into()),
+            // Loaded, and compared once the controller runs.
+            (None, None, Some(_)) => None,
+            (None, Some(_), _) => None,
+        },
+    };
+    let mut status = shadow.unwrap_or_else(|| crate::api::RolloutStatus {
+        candidate: m
+            .life
+            .candidate()
+            .map(|(g, image)| crate::host::shadow::shown(g.digest(), image)),
+        ..Default::default()
+    });
+    status.problem =
+        problem.map(|p| crate::sandbox::guest_text(&p, MAX_CONDITION_MESSAGE_BYTES).into_owned());
+    Some(status)
 }
 
 /// Most objects named in `status.failingObjects`.

@@ -55,6 +55,8 @@ pub struct Metrics {
     api_requests: Family<ControllerLabels, Counter>,
     reconciles_damped: Family<ControllerLabels, Counter>,
     events_dropped: Family<ControllerLabels, Counter>,
+    shadow_compared: Family<ControllerLabels, Counter>,
+    shadow_differing: Family<ControllerLabels, Counter>,
     in_flight: Gauge,
     controllers: Gauge,
     cache_bytes: Gauge,
@@ -132,6 +134,18 @@ impl Default for Metrics {
             "reconciles_damped",
             "Reconciles held back because their key brought itself back (a write it watches, a requeue-after under 1 s) with nothing changed from outside: its exponential backoff (5 ms doubling to 1,000 s)",
             reconciles_damped.clone(),
+        );
+        let shadow_compared = Family::<ControllerLabels, Counter>::default();
+        registry.register(
+            "shadow_compared",
+            "Reconciles whose answer the controller's candidate module (spec.candidate) was also asked for and compared with",
+            shadow_compared.clone(),
+        );
+        let shadow_differing = Family::<ControllerLabels, Counter>::default();
+        registry.register(
+            "shadow_differing",
+            "Compared reconciles where the candidate's answer differed from the live module's (or one failed and the other did not)",
+            shadow_differing.clone(),
         );
         let events_dropped = Family::<ControllerLabels, Counter>::default();
         registry.register(
@@ -251,6 +265,8 @@ impl Default for Metrics {
             api_requests,
             reconciles_damped,
             events_dropped,
+            shadow_compared,
+            shadow_differing,
             in_flight,
             controllers,
             cache_bytes,
@@ -323,6 +339,19 @@ impl Metrics {
         self.api_requests.remove(&labels);
         self.reconciles_damped.remove(&labels);
         self.events_dropped.remove(&labels);
+        self.shadow_compared.remove(&labels);
+        self.shadow_differing.remove(&labels);
+    }
+
+    /// Counts a reconcile of `controller` compared with its candidate's answer.
+    pub fn shadow_compared(&self, controller: &str, differed: bool) {
+        let labels = ControllerLabels {
+            controller: controller.to_owned(),
+        };
+        self.shadow_compared.get_or_create(&labels).inc();
+        if differed {
+            self.shadow_differing.get_or_create(&labels).inc();
+        }
     }
 
     /// Counts a reconcile of `controller` held back by its key's backoff (a spin).

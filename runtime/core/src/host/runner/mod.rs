@@ -6,10 +6,12 @@
 mod capsule;
 mod failing;
 mod pipeline;
+mod shadowing;
 mod spins;
 mod writes;
 
 pub use failing::Failing;
+pub use shadowing::CANDIDATE_DIFFERS;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -114,6 +116,10 @@ pub struct ControllerSetup {
     pub finalize: bool,
     /// Where its failed reconciles are kept, for its team to replay.
     pub capsules: super::capsules::Capsules,
+    /// Its candidate module and what comparing it found (`spec.candidate`).
+    pub shadow: super::shadow::Shadow,
+    /// The WasmController (or ClusterWasmController) itself, for the Events about it.
+    pub controller_ref: Option<k8s_openapi::api::core::v1::ObjectReference>,
 }
 
 /// How soon an object is looked at again while the caches list its namespace again.
@@ -221,6 +227,22 @@ impl Runner {
         }
         *self.guest.write_locked() = guest;
         self.enqueue_all();
+    }
+
+    /// Compares `candidate` (pulled as `image`) with the live module from now on (`None`:
+    /// compares nothing); a new one is compared on every parent at once.
+    pub fn set_candidate(&self, candidate: Option<(Arc<GuestPre>, Option<String>)>) {
+        let new = candidate.as_ref().map(|(g, _)| g.digest()) != self.setup.shadow.candidate();
+        let some = candidate.is_some();
+        self.setup.shadow.set(candidate);
+        if new && some && self.synced() {
+            self.enqueue_all();
+        }
+    }
+
+    /// Its candidate and what comparing it found.
+    pub fn shadow(&self) -> &super::shadow::Shadow {
+        &self.setup.shadow
     }
 
     /// Stops handing out work; running reconciles finish.

@@ -122,18 +122,26 @@ impl Runner {
             module: guest.digest(),
         };
         let recording = Arc::new(Recording::new(self.granted_reads(&prepared)));
+        // The candidate (if any, and this reconcile is sampled) is called beside the live
+        // module on the same request; it is compared once the live reconcile is done.
+        let shadowed = self.shadow_start(&prepared, &request);
         let outcome = match self.call(guest, request, recording.clone()).await {
             Ok(outcome) => outcome,
             Err(e) => {
                 let problem = Problem::new(super::super::reason_of(&e), e.to_string());
                 self.capsule(&prepared, &recording, &problem, Stage::Call, attempt.module);
                 self.report_failure(&prepared, &problem).await;
+                let live =
+                    (shadowed.as_ref()).map(|sh| self.live_effects(sh, &prepared, Err(&problem)));
+                self.shadow_finish((&prepared.key, &prepared.target), shadowed, live)
+                    .await;
                 return Err(Failure {
                     problem,
                     permanent: (!e.retryable()).then_some(attempt),
                 });
             }
         };
+        let live = (shadowed.as_ref()).map(|sh| self.live_effects(sh, &prepared, Ok(&outcome)));
         let applied = match self.apply(&prepared, outcome).await {
             Ok(applied) => applied,
             Err(problem) => {
@@ -145,11 +153,17 @@ impl Runner {
                     attempt.module,
                 );
                 self.report_failure(&prepared, &problem).await;
+                self.shadow_finish((&prepared.key, &prepared.target), shadowed, live)
+                    .await;
                 return Err(problem.into());
             }
         };
         drop(recording);
-        Ok(self.settle(*prepared, applied, attempt.module).await?)
+        let compared = (prepared.key.clone(), prepared.target.clone());
+        let settled = self.settle(*prepared, applied, attempt.module).await;
+        self.shadow_finish((&compared.0, &compared.1), shadowed, live)
+            .await;
+        Ok(settled?)
     }
 
     /// A failed reconcile, told where its author looks: a Warning Event on the parent (reason
@@ -255,7 +269,7 @@ impl Runner {
     }
 
     /// What the guest of `prepared` may read: the caches, through the controller's grants.
-    fn granted_reads(&self, prepared: &Prepared) -> SharedReads {
+    pub(super) fn granted_reads(&self, prepared: &Prepared) -> SharedReads {
         let s = &self.setup;
         Arc::new(GrantedReads::new(
             Arc::new(s.reads.clone()),

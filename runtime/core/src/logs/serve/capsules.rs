@@ -28,7 +28,7 @@ pub fn handle(
             Some(ns) => format!("{ns}/{}", key.name),
             None => key.name.clone(),
         };
-        let capsules = shared.capsules.of(&id);
+        let capsules = shared.kept.capsules.of(&id);
         // Each capsule is a JSON document already (the runtime made it): joined, not re-parsed.
         let mut body =
             format!(r#"{{"apiVersion":"kubewasm.dev/v1alpha1","kind":"{LIST_KIND}","items":["#)

@@ -8,6 +8,7 @@
 
 mod auth;
 mod capsules;
+mod diffs;
 mod log;
 mod routes;
 
@@ -26,6 +27,7 @@ pub use routes::{SUBRESOURCES, Subresource};
 use super::{ControllerKey, LogStore};
 use crate::controller::{ShardHolder, shard_of, tenant_of};
 use crate::host::capsules::CapsuleStore;
+use crate::host::shadow::ShadowStore;
 
 /// How long a TLS handshake may take, and a request's head (an idle kept-alive connection is
 /// closed after as long).
@@ -64,12 +66,21 @@ pub enum ServeError {
     Bind(SocketAddr, #[source] std::io::Error),
 }
 
+/// What the runtime keeps of each controller for its team besides its lines.
+#[derive(Clone)]
+pub struct Kept {
+    /// The failed reconciles kept (`capsules`).
+    pub capsules: Arc<CapsuleStore>,
+    /// The candidates' differences kept (`diffs`).
+    pub shadows: Arc<ShadowStore>,
+}
+
 /// What every request handler shares.
 pub struct Shared {
     /// The lines.
     pub store: Arc<LogStore>,
-    /// The failed reconciles kept.
-    pub capsules: Arc<CapsuleStore>,
+    /// What a team fetches of its controllers besides their lines.
+    pub kept: Kept,
     /// The front proxy's settings.
     pub proxy: FrontProxy,
     /// RBAC's answers.
@@ -117,7 +128,7 @@ impl Conn {
 /// returns the address bound.
 pub async fn start(
     store: Arc<LogStore>,
-    capsules: Arc<CapsuleStore>,
+    kept: Kept,
     client: kube::Client,
     config: ServeConfig,
     shards: Option<Arc<ShardHolder>>,
@@ -132,7 +143,7 @@ pub async fn start(
         .map_err(|e| ServeError::Bind(config.addr, e))?;
     let shared = Arc::new(Shared {
         store,
-        capsules,
+        kept,
         proxy,
         reviews: auth::Reviews::new(client.clone()),
         client,

@@ -43,6 +43,10 @@ pub const SUBRESOURCES: &[Subresource] = &[
         name: "capsules",
         handle: super::capsules::handle,
     },
+    Subresource {
+        name: "diffs",
+        handle: super::diffs::handle,
+    },
 ];
 
 type Ctx = (Arc<Shared>, Conn);

@@ -17,13 +17,17 @@ impl Guest for Module {
     }
 }
 
-/// A runner: the modules it was handed, and as which image.
+/// A runner: the modules it was handed, and as which image; the candidates it was handed.
 #[derive(Default)]
-struct Swaps(Mutex<Vec<(u8, Option<String>)>>);
+struct Swaps(Mutex<Vec<(u8, Option<String>)>>, Mutex<Vec<Option<u8>>>);
 
 impl Runs<Module> for Arc<Swaps> {
     fn swap(&self, guest: Module, image: Option<String>) {
         self.0.locked().push((guest.0, image));
+    }
+
+    fn shadow(&self, candidate: Option<(Module, Option<String>)>) {
+        self.1.locked().push(candidate.map(|(g, _)| g.0));
     }
 }
 
@@ -82,10 +86,10 @@ fn declared_read_compiled_loaded_then_starting_until_set_up() {
     assert_eq!(phase(&life), "compiling 1");
     // A fetch under way finds nothing new: the compile still applies.
     life.read(Found::Pending);
-    assert_eq!(life.compiling(), Some(Digest([1; 32])));
+    assert_eq!(life.compiling_in(Slot::Live), Some(Digest([1; 32])));
     let change = life.read(loaded("10", Ok(Module(1))));
     assert!(matches!(change, Change::Swapped(Module(1))));
-    assert_eq!(life.compiling(), None);
+    assert_eq!(life.compiling_in(Slot::Live), None);
     assert_eq!(life.guest(), Some(&Module(1)));
     assert_eq!(life.version(), Some(&version("10")));
     assert_eq!(phase(&life), "starting", "loaded, not set up yet");
@@ -170,13 +174,13 @@ fn a_compile_no_later_read_started_applies_no_more() {
     life.read(Found::Compiling(Digest([1; 32])));
     life.read(Found::Unreachable(problem(Reason::ClientError, "gone")));
     assert_eq!(
-        life.compiling(),
+        life.compiling_in(Slot::Live),
         None,
         "the read that found something decides"
     );
     life.read(Found::Compiling(Digest([2; 32])));
     life.read(Found::Unchanged);
-    assert_eq!(life.compiling(), None);
+    assert_eq!(life.compiling_in(Slot::Live), None);
 }
 
 #[tokio::test]
@@ -260,4 +264,51 @@ async fn refusing_a_running_controller_changes_nothing_until_it_is_stopped() {
     assert!(life.stop().is_some());
     assert!(life.refuse(problem(Reason::TooManyControllers, "cap")));
     assert_eq!(phase(&life), "refused: TooManyControllers");
+}
+
+#[tokio::test]
+async fn a_candidate_is_handed_to_the_runner_and_taken_back_when_it_fails() {
+    let mut life = TestLife::default();
+    life.read(loaded("1", Ok(Module(1))));
+    let swaps = running(&mut life);
+    // Compiling, then loaded: the runner compares it; the live module is untouched.
+    assert!(matches!(
+        life.read_in(Slot::Candidate, Found::Compiling(Module(2).digest())),
+        Change::Nothing
+    ));
+    assert_eq!(life.compiling_in(Slot::Candidate), Some(Module(2).digest()));
+    assert_eq!(life.compiling_in(Slot::Live), None);
+    assert!(matches!(
+        life.read_in(Slot::Candidate, loaded("7", Ok(Module(2)))),
+        Change::Swapped(Module(2))
+    ));
+    assert_eq!(*swaps.1.locked(), [Some(2)]);
+    assert!(
+        swaps.0.locked().is_empty(),
+        "the live module is not swapped"
+    );
+    assert_eq!(life.guest(), Some(&Module(1)));
+    assert_eq!(life.candidate().map(|(g, _)| g.0), Some(2));
+    // The same again: nothing new for the runner.
+    assert!(matches!(
+        life.read_in(Slot::Candidate, loaded("8", Ok(Module(2)))),
+        Change::Kept
+    ));
+    assert_eq!(swaps.1.locked().len(), 1);
+    // Its source stops answering: the one loaded is still compared, the status says why.
+    let gone = problem(Reason::ModuleNotFound, "registry down");
+    assert!(matches!(
+        life.read_in(Slot::Candidate, Found::Unreachable(gone.clone())),
+        Change::Failed(_)
+    ));
+    assert_eq!(life.candidate_problem(), Some(&gone));
+    assert_eq!(swaps.1.locked().len(), 1);
+    // A newer one that is no module: compared no more.
+    let invalid = problem(Reason::ModuleInvalid, "not a component");
+    life.read_in(Slot::Candidate, loaded("9", Err(invalid.clone())));
+    assert_eq!(*swaps.1.locked(), [Some(2), None]);
+    assert!(life.candidate().is_none());
+    assert_eq!(life.candidate_problem(), Some(&invalid));
+    assert_eq!(phase(&life), "running", "the live controller runs on");
+    assert!(life.module_problem().is_none());
 }

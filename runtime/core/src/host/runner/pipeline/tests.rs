@@ -124,6 +124,8 @@ async fn controller(declared: Declared) -> (Arc<Runner>, Arc<Mutex<Vec<Sent>>>, 
         finalizer: Finalizer::for_controller(true, "hello").ok(),
         finalize: declared.finalize,
         capsules: capsules.open("ns/hello", Some("ns"), module_source, declared.limits),
+        shadow: crate::host::shadow::ShadowStore::new(1 << 20).open("ns/hello", Some("ns"), 1),
+        controller_ref: None,
     };
     (Runner::new(setup, guest, None), sent, capsules)
 }
@@ -295,4 +297,75 @@ async fn a_reconcile_that_fails_writes_nothing_of_the_guest_posts_a_warning_and_
         1,
         "its capsule, for its team"
     );
+}
+
+/// A candidate is called on the same request, beside the live module: what it answers is
+/// compared and kept for the team, and nothing of it is written.
+#[tokio::test]
+async fn a_candidate_is_compared_and_nothing_it_answers_is_written() {
+    let (runner, log, _) = controller(Declared::default()).await;
+    let hostile = std::fs::read(kubewasm_test_support::guests::guest("hostile")).unwrap();
+    let candidate = runner.setup.sandbox.load(&hostile).unwrap();
+    let digest = candidate.digest();
+    runner.set_candidate(Some((
+        candidate,
+        Some("registry.example/hostile@sha256:ab".into()),
+    )));
+    runner
+        .pipeline(&web())
+        .await
+        .map_err(|f| f.problem)
+        .unwrap();
+    // Exactly what the live module's answer writes: its Pod.
+    assert_eq!(
+        sent(&log),
+        [(
+            "PATCH".to_owned(),
+            "/api/v1/namespaces/ns/pods/web".to_owned()
+        )]
+    );
+    assert_eq!(runner.shadow().counts(), (1, 1));
+    assert_eq!(
+        runner.stats().reconciles.load(Ordering::Relaxed),
+        1,
+        "the candidate's call is not the controller's"
+    );
+    let status = runner.shadow().status().unwrap();
+    assert_eq!(
+        status.candidate.as_deref(),
+        Some(format!("{digest} (image registry.example/hostile@sha256:ab)").as_str())
+    );
+    let changes = &status.last_differences[0].changes;
+    assert_eq!(status.last_differences[0].object, "ns/web");
+    assert!(
+        changes.contains(&"apply ConfigMap (v1) ns/web: only the candidate would do it".to_owned()),
+        "{changes:?}"
+    );
+    assert!(
+        changes.contains(&"apply Pod (v1) ns/web: only the live module does it".to_owned()),
+        "{changes:?}"
+    );
+    assert!(
+        changes.contains(&"set the status: ok: (none) → true; pods: 0 → (none)".to_owned()),
+        "{changes:?}"
+    );
+    // The live module itself as the candidate: a new count, and no difference.
+    runner.set_candidate(Some((runner.guest(), None)));
+    runner
+        .pipeline(&web())
+        .await
+        .map_err(|f| f.problem)
+        .unwrap();
+    assert_eq!(runner.shadow().counts(), (1, 0));
+    assert!(
+        runner
+            .shadow()
+            .status()
+            .unwrap()
+            .last_differences
+            .is_empty()
+    );
+    // No candidate: nothing compared, nothing shown.
+    runner.set_candidate(None);
+    assert!(runner.shadow().status().is_none());
 }
