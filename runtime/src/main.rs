@@ -35,6 +35,9 @@ enum Command {
     /// Fetch a controller's last failed reconciles (capsules), for `kubewasm reconcile
     /// --capsule` to replay offline.
     Capsules(cli::capsules::Args),
+    /// A candidate module (spec.candidate) run in shadow: its status and differences, and
+    /// promoting or aborting it.
+    Rollout(cli::rollout::Args),
     /// Push a built component to a registry (as a wasm OCI artifact) and print its digest.
     Push(cli::push::Args),
     /// Sign a pushed module's digest with a key (cosign's format) and push the signature.
@@ -99,6 +102,7 @@ fn main() -> ExitCode {
         Command::Run(args) => cli::run::run(*args, rings.unwrap_or_default()),
         Command::Logs(args) => cli::logs::run(args),
         Command::Capsules(args) => cli::capsules::run(args),
+        Command::Rollout(args) => cli::rollout::run(args),
         Command::Push(args) => cli::push::run(args),
         Command::Sign(args) => cli::sign::run(args),
         Command::Wait(args) => cli::wait::run(args),

@@ -10,6 +10,7 @@ mod limits;
 mod plan;
 mod quantity;
 mod reason;
+pub mod rollout;
 mod source;
 mod state;
 
@@ -132,8 +133,9 @@ pub struct RolloutPolicy {
     #[schemars(range(min = 1, max = 1_000_000))]
     pub sample_every: Option<u32>,
     /// Promote the candidate by itself once this many reconciles were compared with no
-    /// difference (the runtime changes `spec.module` as `kubewasm rollout promote` does).
-    /// Unset: only a person promotes.
+    /// difference: the runtime changes the spec as `kubewasm rollout promote` does, as the
+    /// controller's ServiceAccount, which needs `patch` on this WasmController (the status
+    /// says when it may not). Unset: only a person promotes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1_000_000))]
     pub promote_after: Option<u32>,

@@ -28,6 +28,20 @@ pub struct Controller {
 }
 
 impl Controller {
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its namespace (the kubeconfig's when not given); `None`: a ClusterWasmController.
+    pub fn namespace_in(&self, client: &kube::Client) -> Option<String> {
+        (!self.cluster).then(|| {
+            self.namespace
+                .clone()
+                .unwrap_or_else(|| client.default_namespace().to_owned())
+        })
+    }
+
     /// The path of its subresource `sub` of `logs.kubewasm.dev`.
     pub fn path(&self, client: &kube::Client, sub: &str) -> String {
         match (&self.namespace, self.cluster) {
@@ -206,11 +220,13 @@ pub fn explain(error: kube::Error, controller: &Controller, sub: &str) -> anyhow
     let (role, roles) = match sub {
         "log" => (
             "view",
-            "the built-in view, edit and admin roles include wasmcontrollers/log",
+            "the built-in view, edit and admin roles include wasmcontrollers/log".to_owned(),
         ),
         _ => (
             "edit",
-            "the built-in edit and admin roles include wasmcontrollers/capsules; view does not, as it reads no Secret",
+            format!(
+                "the built-in edit and admin roles include wasmcontrollers/{sub}; view does not, as it reads no Secret"
+            ),
         ),
     };
     let help = match status.code {

@@ -9,6 +9,7 @@ pub mod push;
 pub mod reconcile;
 mod registry;
 mod replay;
+pub mod rollout;
 pub mod run;
 pub mod sign;
 pub mod wait;

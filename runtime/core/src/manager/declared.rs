@@ -143,6 +143,7 @@ impl Manager {
             state,
             generation,
             uid,
+            promotion: None,
             life,
             written: None,
         };

@@ -24,6 +24,7 @@ mod life;
 mod lifecycle;
 mod messages;
 mod modules;
+mod promotion;
 mod quarantine;
 mod setup;
 mod sharding;
@@ -127,6 +128,9 @@ struct Managed {
     generation: Option<i64>,
     /// Its uid (the Events about it name it).
     uid: Option<String>,
+    /// Whether its candidate was promoted by `spec.rollout.promoteAfter` (tried once per
+    /// declaration), or why not.
+    promotion: Option<Result<(), String>>,
     /// Whether it runs, its module, its backoff: every change of them is a transition of
     /// [`life::Life`].
     life: life::Life,
@@ -452,7 +456,10 @@ impl Manager {
                     let keys = cm_changes.take();
                     self.on_config_maps(&keys).await;
                 }
-                _ = status_tick.tick() => self.write_statuses().await,
+                _ = status_tick.tick() => {
+                    self.promote_due().await;
+                    self.write_statuses().await;
+                }
                 _ = retry_tick.tick() => self.retry_failed().await,
                 _ = access_tick.tick() => self.recheck_access().await,
                 _ = poll_tick.tick() => self.reload_polled().await,

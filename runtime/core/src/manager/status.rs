@@ -239,6 +239,12 @@ fn rollout(m: &Managed) -> Option<crate::api::RolloutStatus> {
             .map(|(g, image)| crate::host::shadow::shown(g.digest(), image)),
         ..Default::default()
     });
+    let problem = match &m.promotion {
+        Some(Err(why)) => Some(format!(
+            "spec.rollout.promoteAfter was reached but the candidate was not promoted: {why}"
+        )),
+        _ => problem,
+    };
     status.problem =
         problem.map(|p| crate::sandbox::guest_text(&p, MAX_CONDITION_MESSAGE_BYTES).into_owned());
     Some(status)
