@@ -28,7 +28,7 @@ CLUSTER_DIR ?= $(or $(KUBEWASM_CLUSTER_DIR),$(KUBEWASM_CACHE)/clusters/default-$
 include deploy/dev/local/cluster.mk
 include deploy/install.mk
 
-.PHONY: all test demo demo-offline demo-guests up down toolchain guests build lint file-sizes layers fmt unit-test integration-test bench bench-reconcile bench-storm bench-cluster bench-cluster-venv bench-density bench-python bench-cache bench-compile bench-restart bench-fairness crds guest-sizes guest-size-typed
+.PHONY: all test demo demo-offline variant-guests up down toolchain guests build lint file-sizes layers fmt unit-test integration-test bench bench-reconcile bench-storm bench-cluster bench-cluster-venv bench-density bench-python bench-cache bench-compile bench-restart bench-fairness crds guest-sizes guest-size-typed
 
 all: build guests
 
@@ -42,9 +42,20 @@ build: toolchain
 	$(CARGO) build --bins
 
 ## Guests are built from source, never committed.
-guests: toolchain python-guests
+guests: toolchain python-guests variant-guests
 	$(CARGO) build --profile guest --target wasm32-wasip2 $(addprefix -p ,$(GUESTS))
 	$(CARGO) build --profile guest --target wasm32-unknown-unknown $(addprefix -p ,$(NO_WASI_GUESTS))
+
+## Two guests built again with a build-time setting, into a target directory of their own (the
+## setting is part of a crate's fingerprint: in the shared one, each build would undo the other):
+## the HelloWorld greeting `Howdy` (make demo's second module; the shadow-rollout test's
+## candidate) and the restarter keeping only its selector's first requirement (the risky
+## candidate of the shadow-rollout test). runtime/test-support/src/guests.rs builds the same.
+VARIANT_DIR := $(TARGET_DIR)/variants
+variant-guests: toolchain
+	HELLO_WORLD_GREETING=Howdy CONFIGMAP_RESTARTER_WIDEN=1 $(CARGO) build --profile guest --target wasm32-wasip2 --target-dir $(VARIANT_DIR) -p hello-world -p configmap-restarter
+	@mkdir -p $(GUEST_DIR) && cp $(VARIANT_DIR)/wasm32-wasip2/guest/hello_world.wasm $(GUEST_DIR)/hello_world_howdy.wasm \
+		&& cp $(VARIANT_DIR)/wasm32-wasip2/guest/configmap_restarter.wasm $(GUEST_DIR)/configmap_restarter_wide.wasm
 
 ## Python guests (issue 25): guest-sdk/python/build.sh builds each with componentize-py, pinned
 ## there and installed into $(KUBEWASM_CACHE)/python/<version>/ on first use.
@@ -205,18 +216,9 @@ bench-cluster-venv:
 crds:
 	$(CARGO) run -q --bin kubewasm -- crds > deploy/crds/kubewasm.dev.yaml
 
-## make demo's second HelloWorld module: the same guest built with the greeting `Howdy`
-## ($(HELLO_HOWDY)), which the demo pushes over the first under the same tag. The plain
-## build is made again last, so hello_world.wasm stays the tutorial's.
-HELLO_HOWDY := $(GUEST_DIR)/demo/hello_world_howdy.wasm
-demo-guests: guests
-	HELLO_WORLD_GREETING=Howdy $(CARGO) build --profile guest --target wasm32-wasip2 -p hello-world
-	@mkdir -p $(dir $(HELLO_HOWDY)) && cp $(GUEST_DIR)/hello_world.wasm $(HELLO_HOWDY)
-	$(CARGO) build --profile guest --target wasm32-wasip2 -p hello-world
-
 ## The main job: a local control plane, a module registry, the runtime, the tutorials step by
 ## step (one of them pushed to the registry and run from spec.module.image), then stop.
-demo: demo-guests build k8s-binaries
+demo: guests build k8s-binaries
 	@bash deploy/dev/demo/live.sh
 
 ## What each controller would do, offline (no cluster).
@@ -224,7 +226,7 @@ demo-offline: guests build
 	@bash deploy/dev/demo/offline.sh
 
 ## Like demo, but leave the control plane and the runtime running for kubectl; `make down` stops.
-up: demo-guests build k8s-binaries
+up: guests build k8s-binaries
 	@bash deploy/dev/demo/live.sh --keep
 
 down:

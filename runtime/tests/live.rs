@@ -57,6 +57,8 @@ mod quarantine;
 mod reload;
 #[path = "live/restarter.rs"]
 mod restarter;
+#[path = "live/rollout.rs"]
+mod rollout;
 #[path = "live/state.rs"]
 mod state;
 #[path = "live/state_budget.rs"]

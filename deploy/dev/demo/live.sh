@@ -7,7 +7,7 @@
 #   deploy/dev/demo/live.sh          play both tutorials, then stop everything (exit 0 on success)
 #   deploy/dev/demo/live.sh --keep   leave the control plane and the runtime running (make up)
 #
-# Needs: the guests built (make demo-guests), the debug kubewasm (make build; $KUBEWASM, else
+# Needs: the guests built (make guests), the debug kubewasm (make build; $KUBEWASM, else
 # target/debug/kubewasm), the Kubernetes binaries and Debian's docker-registry (make
 # k8s-binaries); `make demo` does all of that first.
 set -euo pipefail
@@ -86,8 +86,8 @@ cleanup() {
     bash "$ROOT/deploy/dev/local/cluster.sh" down "$STATE" >/dev/null 2>&1 || true
 }
 
-for f in hello_world.wasm configmap_restarter.wasm guitar_reviewer.wasm pod_watcher.wasm hello_finalizer.wasm demo/hello_world_howdy.wasm python_hello_world.wasm; do
-    [ -f "$GUESTS/$f" ] || fail "$GUESTS/$f is missing: run make demo-guests"
+for f in hello_world.wasm configmap_restarter.wasm guitar_reviewer.wasm pod_watcher.wasm hello_finalizer.wasm hello_world_howdy.wasm python_hello_world.wasm; do
+    [ -f "$GUESTS/$f" ] || fail "$GUESTS/$f is missing: run make guests"
 done
 [ -x "$KUBEWASM" ] || fail "$KUBEWASM is missing: run make build"
 
@@ -285,10 +285,10 @@ k apply -f "$EX/hello-world-oci/hello.yaml" >/dev/null
 oci_pod_says() { [ "$(k -n hello-oci get pod your-name -o jsonpath='{.spec.containers[0].command[1]}')" = "$1" ] && [ "$(k -n hello-oci get pod your-name -o jsonpath='{.status.phase}')" = Succeeded ] && [ "$(k -n hello-oci logs your-name)" = "$1" ]; }
 wait_for 60 "Pod hello-oci/your-name printing 'Hello, Your Name!'" oci_pod_says "Hello, Your Name!"
 step "HelloWorld hello-oci/your-name got its Pod; kubectl -n hello-oci logs your-name: $(k -n hello-oci logs your-name)"
-pushed2=$("$KUBEWASM" push "$GUESTS/demo/hello_world_howdy.wasm" "$IMAGE" --insecure 2>"$STATE/push.log") || { cat "$STATE/push.log" >&2; fail "kubewasm push to $IMAGE failed"; }
+pushed2=$("$KUBEWASM" push "$GUESTS/hello_world_howdy.wasm" "$IMAGE" --insecure 2>"$STATE/push.log") || { cat "$STATE/push.log" >&2; fail "kubewasm push to $IMAGE failed"; }
 digest2=${pushed2##*@}
 [ "$digest1" != "$digest2" ] || fail "the second build has the first one's digest"
-step "a second build (make demo-guests: HELLO_WORLD_GREETING=Howdy) pushed under the same tag moves it:"
+step "a second build (make guests: HELLO_WORLD_GREETING=Howdy) pushed under the same tag moves it:"
 echo "      $pushed2"
 refused() { module_msg | grep -qF "$digest2, which is not signed" && module_msg | grep -qF "still running the last good module"; }
 wait_for 60 "the unsigned digest $digest2 being refused" refused

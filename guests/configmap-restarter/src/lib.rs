@@ -228,7 +228,17 @@ pub fn data_changed_at(config_map: &Value) -> Option<&str> {
 
 /// A selector the guest is willing to delete by: valid, and not empty (which would select
 /// every Pod in the namespace).
+/// A build with `CONFIGMAP_RESTARTER_WIDEN` set at build time keeps only the selector's first
+/// requirement, so it restarts more Pods than the annotation names: the risky change a shadow
+/// rollout is for (its live test and `docs/`'s walk-through compare it with this guest as
+/// built normally). Never set for the tutorial's module.
+pub const WIDEN: bool = option_env!("CONFIGMAP_RESTARTER_WIDEN").is_some();
+
 fn parse_selector(selector: &str) -> Result<Selector, String> {
+    let selector = match WIDEN {
+        true => selector.split(',').next().unwrap_or(selector),
+        false => selector,
+    };
     let parsed = Selector::parse(selector).map_err(|e| {
         format!(
             "annotation {SELECTOR_ANNOTATION}: {e}; no Pods will be restarted until it is fixed"

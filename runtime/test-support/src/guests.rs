@@ -26,11 +26,28 @@ pub fn guest_dir_without_wasi() -> PathBuf {
     }
 }
 
-/// Path of one built guest, e.g. `guest("hostile")`; built first when missing (see
-/// [`build_missing`]), else panics with what to do.
+/// Path of one built guest, e.g. `guest("hostile")`, or of a [`VARIANTS`] build; built first
+/// when missing (see [`build_missing`]), else panics with what to do.
 pub fn guest(name: &str) -> PathBuf {
     built(guest_dir(), "KUBEWASM_GUEST_DIR", &WASIP2, name)
 }
+
+/// Guests built again with a build-time setting (the Makefile's `variant-guests`), into a
+/// target directory of their own: `(name, crate, its file in that build)`.
+pub const VARIANTS: &[(&str, &str, &str)] = &[
+    ("hello_world_howdy", "hello-world", "hello_world.wasm"),
+    (
+        "configmap_restarter_wide",
+        "configmap-restarter",
+        "configmap_restarter.wasm",
+    ),
+];
+
+/// The settings of the [`VARIANTS`] build (`variant-guests`).
+const VARIANT_SETTINGS: &[(&str, &str)] = &[
+    ("HELLO_WORLD_GREETING", "Howdy"),
+    ("CONFIGMAP_RESTARTER_WIDEN", "1"),
+];
 
 /// Path of one guest built without WASI, e.g. `guest_without_wasi("hello_world")`; built
 /// first when missing, else panics with what to do.
@@ -100,6 +117,9 @@ fn built(dir: PathBuf, variable: &str, target: &Target, name: &str) -> PathBuf {
 fn build_missing(target: &Target, name: &str, path: &Path) -> Result<(), String> {
     let root = crate::workspace();
     let crate_name = name.replace('_', "-");
+    if VARIANTS.iter().any(|(variant, ..)| *variant == name) {
+        return build_variants(target, path);
+    }
     let mut command = if crate_name.starts_with("python-") {
         let mut command = Command::new(root.join("guest-sdk/python/build.sh"));
         command.arg(root.join("guests").join(&crate_name)).arg(path);
@@ -135,6 +155,36 @@ fn build_missing(target: &Target, name: &str, path: &Path) -> Result<(), String>
     } else {
         Err(format!("the build failed: {status}"))
     }
+}
+
+/// Builds every [`VARIANTS`] guest as `make variant-guests` does, beside `path`.
+fn build_variants(target: &Target, path: &Path) -> Result<(), String> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let target_dir = crate::profile_dir().join("../variants");
+    let mut command = Command::new(cargo);
+    command
+        .current_dir(crate::workspace())
+        .args(["build", "--profile", "guest", "--target", target.triple])
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .envs(VARIANT_SETTINGS.iter().copied());
+    for (_, crate_name, _) in VARIANTS {
+        command.args(["-p", crate_name]);
+    }
+    eprintln!("building the guest variants for {}", target.triple);
+    let status = command
+        .status()
+        .map_err(|e| format!("cannot run the build: {e}"))?;
+    if !status.success() {
+        return Err(format!("the build failed: {status}"));
+    }
+    let dir = path.parent().ok_or("no guest directory")?;
+    for (name, _, file) in VARIANTS {
+        let built = target_dir.join(target.triple).join("guest").join(file);
+        std::fs::copy(&built, dir.join(format!("{name}.wasm")))
+            .map_err(|e| format!("cannot copy {}: {e}", built.display()))?;
+    }
+    Ok(())
 }
 
 /// `module` with a custom section `name` holding `payload` appended: other bytes (another

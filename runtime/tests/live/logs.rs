@@ -107,7 +107,7 @@ async fn logs(user: &TeamUser, args: &[&str]) -> Result<(bool, String, String)> 
 }
 
 /// `kubewasm ARGS` as `user`: exit success, stdout, stderr.
-async fn kubewasm_as(user: &TeamUser, args: &[&str]) -> Result<(bool, String, String)> {
+pub(crate) async fn kubewasm_as(user: &TeamUser, args: &[&str]) -> Result<(bool, String, String)> {
     let out = Command::new(kubewasm_bin())
         .args(args)
         .env("KUBECONFIG", &user.kubeconfig)
