@@ -90,8 +90,10 @@ async fn a_candidate_that_greets_differently_changes_no_pod_until_promoted() {
         let howdy_digest = sha256(&howdy);
         hello_world(&admin, &team, &ns, &[("hello-v2", howdy)], |_| {}).await?;
         let pods: Api<Pod> = Api::namespaced(team.clone(), &ns);
-        create_hello_world(&team, &ns, "a", "A").await?;
-        create_hello_world(&team, &ns, "b", "B").await?;
+        // The HelloWorlds are the tutorial's users' (the CRD's objects are not aggregated into
+        // `admin`): made by the cluster admin.
+        create_hello_world(&admin, &ns, "a", "A").await?;
+        create_hello_world(&admin, &ns, "b", "B").await?;
         let a = wait_greeting_pod(&pods, "a", "Hello, A!", None).await?;
         let b = wait_greeting_pod(&pods, "b", "Hello, B!", None).await?;
 
@@ -209,7 +211,7 @@ async fn a_candidate_identical_in_behaviour_differs_nowhere_and_is_promoted_by_p
         let pods: Api<Pod> = Api::namespaced(team.clone(), &ns);
         let mut before = Vec::new();
         for i in 0..10 {
-            create_hello_world(&team, &ns, &format!("h{i}"), &format!("H{i}")).await?;
+            create_hello_world(&admin, &ns, &format!("h{i}"), &format!("H{i}")).await?;
         }
         for i in 0..10 {
             before.push(

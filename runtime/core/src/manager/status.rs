@@ -409,8 +409,13 @@ const PARALLEL_STATUS_WRITES: usize = 32;
 fn status_patch(status: &WasmControllerStatus) -> serde_json::Value {
     let mut status = serde_json::to_value(status).unwrap_or_else(|_| json!({}));
     if let Some(fields) = status.as_object_mut() {
-        for cleared in ["lastError", "moduleDigest", "replica", "shard"] {
+        for cleared in ["lastError", "moduleDigest", "replica", "shard", "rollout"] {
             fields.entry(cleared).or_insert(serde_json::Value::Null);
+        }
+        if let Some(rollout) = fields.get_mut("rollout").and_then(|r| r.as_object_mut()) {
+            for cleared in ["candidate", "problem"] {
+                rollout.entry(cleared).or_insert(serde_json::Value::Null);
+            }
         }
     }
     json!({ "status": status })
@@ -454,6 +459,22 @@ mod tests {
             ..WasmControllerStatus::default()
         });
         assert_eq!(failing["status"]["lastError"], "x: boom");
+        // A rollout ended (candidate removed) and a candidate's problem gone are cleared too.
+        assert!(
+            cleared["status"]
+                .as_object()
+                .is_some_and(|s| s.contains_key("rollout"))
+        );
+        let loaded = status_patch(&WasmControllerStatus {
+            rollout: Some(crate::api::RolloutStatus {
+                candidate: Some("sha256:ab".into()),
+                ..Default::default()
+            }),
+            ..WasmControllerStatus::default()
+        });
+        let rollout = loaded["status"]["rollout"].as_object().unwrap();
+        assert_eq!(rollout["problem"], serde_json::Value::Null);
+        assert!(rollout.contains_key("problem"));
     }
 
     fn with_ready(status: bool, reason: Reason) -> WasmControllerStatus {
