@@ -27,6 +27,8 @@
 use kubewasm_test_support::guests as common;
 #[path = "reconcile/python.rs"]
 mod python;
+#[path = "reconcile/shadow.rs"]
+mod shadow;
 mod webhook;
 
 use std::sync::Arc;
@@ -147,6 +149,9 @@ fn main() {
         }
     }
     p1(guest.clone(), no_wasi, candidate, iters);
+    let howdy = std::fs::read(common::guest("hello_world_howdy")).expect("reading the Howdy build");
+    let howdy = sandbox.load(&howdy).expect("the Howdy build loads");
+    shadow::section(&guest, howdy, iters);
     p5(&sandbox, &modules[2].1, iters);
     python::section(guest, iters);
 }

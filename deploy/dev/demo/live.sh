@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make demo: a local control plane, the kubewasm runtime, the four tutorials' controllers and a
 # finalizer played step by step, then the HelloWorld controller pushed to a module registry on
-# loopback and run from spec.module.image, its tag moved to a new build, and the same
+# loopback and run from spec.module.image, a second build compared with it in shadow (spec.candidate)
+# and promoted, and the same
 # controller written in Python (guests/python-hello-world) beside it.
 #
 #   deploy/dev/demo/live.sh          play both tutorials, then stop everything (exit 0 on success)
@@ -264,7 +265,7 @@ wait_for 30 "the HelloWorld going once its clean-up is done" hello_gone
 record && fail "the record outlived its HelloWorld"
 step "deleted the HelloWorld: the guest deleted the record first, then said 'finalized'; the runtime removed the finalizer"
 
-say "9. The HelloWorld controller from an OCI registry: push, sign, run by tag, move the tag"
+say "9. The HelloWorld controller from an OCI registry: push, sign, run by tag; v2 in shadow, compared, promoted"
 k apply -f "$EX/hello-world-oci/rbac.yaml" >/dev/null
 IMAGE=$REG/hello-oci/hello-world:v1
 pushed1=$("$KUBEWASM" push "$GUESTS/hello_world.wasm" "$IMAGE" --insecure 2>"$STATE/push.log") || { cat "$STATE/push.log" >&2; fail "kubewasm push to $IMAGE failed"; }
@@ -285,24 +286,34 @@ k apply -f "$EX/hello-world-oci/hello.yaml" >/dev/null
 oci_pod_says() { [ "$(k -n hello-oci get pod your-name -o jsonpath='{.spec.containers[0].command[1]}')" = "$1" ] && [ "$(k -n hello-oci get pod your-name -o jsonpath='{.status.phase}')" = Succeeded ] && [ "$(k -n hello-oci logs your-name)" = "$1" ]; }
 wait_for 60 "Pod hello-oci/your-name printing 'Hello, Your Name!'" oci_pod_says "Hello, Your Name!"
 step "HelloWorld hello-oci/your-name got its Pod; kubectl -n hello-oci logs your-name: $(k -n hello-oci logs your-name)"
-pushed2=$("$KUBEWASM" push "$GUESTS/hello_world_howdy.wasm" "$IMAGE" --insecure 2>"$STATE/push.log") || { cat "$STATE/push.log" >&2; fail "kubewasm push to $IMAGE failed"; }
+IMAGE2=$REG/hello-oci/hello-world:v2
+pushed2=$("$KUBEWASM" push "$GUESTS/hello_world_howdy.wasm" "$IMAGE2" --insecure 2>"$STATE/push.log") || { cat "$STATE/push.log" >&2; fail "kubewasm push to $IMAGE2 failed"; }
 digest2=${pushed2##*@}
 [ "$digest1" != "$digest2" ] || fail "the second build has the first one's digest"
-step "a second build (make guests: HELLO_WORLD_GREETING=Howdy) pushed under the same tag moves it:"
+step "a second build (make guests: HELLO_WORLD_GREETING=Howdy) pushed as v2:"
 echo "      $pushed2"
-refused() { module_msg | grep -qF "$digest2, which is not signed" && module_msg | grep -qF "still running the last good module"; }
-wait_for 60 "the unsigned digest $digest2 being refused" refused
-step "not signed yet: ModuleReady is $(k -n hello-oci get wc hello-world -o jsonpath='{.status.conditions[?(@.type=="ModuleReady")].reason}'), and the signed module keeps running:"
-echo "      $(module_msg | cut -c1-220)…"
-"$KUBEWASM" sign --key "$KEYS/cosign.key" "$IMAGE" --insecure >/dev/null 2>"$STATE/sign.log" || { cat "$STATE/sign.log" >&2; fail "kubewasm sign $IMAGE failed"; }
-step "kubewasm sign --key cosign.key $IMAGE --insecure"
-moved=$SECONDS
-wait_for 60 "the status naming the moved tag's digest $digest2" runs_digest "$digest2"
-step "within $((SECONDS - moved)) s of the signature (--module-poll-seconds 2) the status names the new digest, with no restart:"
-echo "      $(module_msg)"
+k -n hello-oci patch wasmcontroller hello-world --type merge -p "{\"spec\":{\"candidate\":{\"image\":\"$IMAGE2\"}}}" >/dev/null
+step "declared as the controller's candidate, to run in shadow beside v1 (nothing it answers is carried out):"
+echo "      kubectl -n hello-oci patch wasmcontroller hello-world --type merge -p '{\"spec\":{\"candidate\":{\"image\":\"$IMAGE2\"}}}'"
+rollout_field() { k -n hello-oci get wasmcontroller hello-world -o jsonpath="{.status.rollout.$1}"; }
+unsigned() { rollout_field problem | grep -qF "not signed"; }
+wait_for 60 "the unsigned candidate $digest2 being refused" unsigned
+step "not signed yet: status.rollout.problem says it, and the live module runs on:"
+echo "      $(rollout_field problem | cut -c1-200)…"
+"$KUBEWASM" sign --key "$KEYS/cosign.key" "$IMAGE2" --insecure >/dev/null 2>"$STATE/sign.log" || { cat "$STATE/sign.log" >&2; fail "kubewasm sign $IMAGE2 failed"; }
+step "kubewasm sign --key cosign.key $IMAGE2 --insecure"
+differs() { [ "$(rollout_field differing)" -ge 1 ] 2>/dev/null; }
+wait_for 60 "the candidate compared with the live module, and differing" differs
+step "kubewasm rollout status -n hello-oci hello-world:"
+"$KUBEWASM" rollout status -n hello-oci hello-world | sed 's/^/      /'
+oci_pod_says "Hello, Your Name!" || fail "the candidate changed the Pod"
+step "the Pod still prints '$(k -n hello-oci logs your-name)': the candidate's apply was compared, not carried out"
+"$KUBEWASM" rollout promote -n hello-oci hello-world | sed 's/^/      /'
+step "kubewasm rollout promote -n hello-oci hello-world: spec.module is now $(k -n hello-oci get wc hello-world -o jsonpath='{.spec.module.image}'), pinned by spec.module.sha256"
+wait_for 60 "the status naming the promoted digest $digest2" runs_digest "$digest2"
 kill -0 "$RUNTIME_PID" 2>/dev/null || fail "the runtime is gone"
-wait_for 60 "Pod hello-oci/your-name being recreated by the new module to print 'Howdy, Your Name!'" oci_pod_says "Howdy, Your Name!"
-step "the new module recreated the Pod (Recreate); kubectl -n hello-oci logs your-name: $(k -n hello-oci logs your-name)"
+wait_for 60 "Pod hello-oci/your-name being recreated by the promoted module to print 'Howdy, Your Name!'" oci_pod_says "Howdy, Your Name!"
+step "the promoted module recreated the Pod (Recreate); kubectl -n hello-oci logs your-name: $(k -n hello-oci logs your-name)"
 step "the runtime is the same process (pid $RUNTIME_PID); ConfigMap modules and registry modules side by side"
 
 say "10. The HelloWorld controller in Python, next to the Rust one"
@@ -371,8 +382,8 @@ if $KEEP; then
     echo "      export KUBECONFIG=$KUBECONFIG"
     echo "      kubectl get wasmcontrollers -A"
     echo "      kubectl -n hello apply -f deploy/examples/hello-world/hello.yaml"
-    echo "      $KUBEWASM push $GUESTS/hello_world.wasm $IMAGE --insecure   # the registry (pid $REGISTRY_PID): the tag moves back"
-    echo "      $KUBEWASM sign --key $KEYS/cosign.key $IMAGE --insecure   # and runs once signed"
+    echo "      kubectl -n hello-oci patch wc hello-world --type merge -p '{\"spec\":{\"candidate\":{\"image\":\"$IMAGE\"}}}'   # the registry (pid $REGISTRY_PID): v1 in shadow"
+    echo "      $KUBEWASM rollout status -n hello-oci hello-world   # then: rollout diff, promote or abort"
     echo "  Stop everything with: make down"
 else
     say "Demo finished: stopping the runtime and the control plane."

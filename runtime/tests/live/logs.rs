@@ -74,6 +74,7 @@ async fn a_team_reads_its_controllers_logs_and_nothing_more() {
         cp.expose_log_server(ip, port).await?;
         teams.read_own_and_refused(cp, &addr).await?;
         teams.capsules_replayed(cp).await?;
+        teams.diffs_by_rbac(cp, &client).await?;
         crate::offline_live::same_request(cp, &client, &teams.x, &teams.alice).await?;
         teams.follow(&client).await?;
         teams.followers_capped().await?;
@@ -321,6 +322,63 @@ impl Teams {
                 && err.contains("forbidden")
                 && err.contains("--clusterrole=edit"),
             "a viewer fetched capsules: {stdout} {err}"
+        );
+        Ok(())
+    }
+
+    /// alice gives a controller of hers a candidate (the intruder guest beside the hostile one)
+    /// and reads its differences with `kubewasm rollout diff`, which RBAC gives to `edit` and
+    /// `admin`: refused her for team-y's controller, refused a viewer of team-x (what a
+    /// candidate would write may hold what it read) — who still reads `kubewasm rollout status`.
+    async fn diffs_by_rbac(&self, cp: &ControlPlane, client: &Client) -> Result<()> {
+        let (x, y) = (&self.x, &self.y);
+        let mut shadowed = hostile(x, "shadowed");
+        shadowed["spec"]["candidate"] =
+            json!({"configMap": {"name": "intruder", "key": "intruder.wasm"}});
+        apply(&self.alice.client().await?, &shadowed).await?;
+        apply(client, &probe(x, "x-2", "shadowed", json!({"mode": "ok"}))).await?;
+        let shown = eventually("alice reads the candidate's differences", WAIT, || async {
+            let (ok, out, err) =
+                kubewasm_as(&self.alice, &["rollout", "diff", "-n", x, "shadowed"]).await?;
+            ensure!(ok, "kubewasm rollout diff failed: {err}");
+            Ok(out.contains(&format!("{x}/x-2 at")).then_some(out))
+        })
+        .await?;
+        println!("{shown}");
+        ensure!(shown.contains("only the"), "{shown}");
+        let (ok, out, err) = kubewasm_as(
+            &self.alice,
+            &["rollout", "diff", "-n", x, "shadowed", "--json"],
+        )
+        .await?;
+        ensure!(ok, "{err}");
+        let list: serde_json::Value = serde_json::from_str(&out)?;
+        ensure!(
+            list["kind"] == "ShadowDifferenceList" && list["differing"].as_u64() >= Some(1),
+            "{list}"
+        );
+        let (ok, out, err) =
+            kubewasm_as(&self.alice, &["rollout", "diff", "-n", y, "secret-keeper"]).await?;
+        ensure!(
+            !ok && out.is_empty()
+                && err.contains("forbidden")
+                && err.contains("wasmcontrollers/diffs"),
+            "alice read team-y's differences: {out} {err}"
+        );
+        let victor = cp.namespace_user(x, "victor", "view").await?;
+        let (ok, out, err) =
+            kubewasm_as(&victor, &["rollout", "diff", "-n", x, "shadowed"]).await?;
+        ensure!(
+            !ok && out.is_empty()
+                && err.contains("forbidden")
+                && err.contains("--clusterrole=edit"),
+            "a viewer read the differences: {out} {err}"
+        );
+        let (ok, out, err) =
+            kubewasm_as(&victor, &["rollout", "status", "-n", x, "shadowed"]).await?;
+        ensure!(
+            ok && out.contains("differing: "),
+            "a viewer reads the rollout's status: {out} {err}"
         );
         Ok(())
     }

@@ -187,3 +187,49 @@ fn differences_are_bounded_in_lines_and_bytes() {
         lines[0].len()
     );
 }
+
+/// A candidate differing everywhere, forever: what a controller keeps of it stays within
+/// [`super::KEPT_DIFFERENCES`] reconciles and its namespace's account, and the store forgets a
+/// stopped controller's.
+#[test]
+fn what_is_kept_of_the_differences_is_bounded_and_owned() {
+    let store = super::ShadowStore::new(64 << 10);
+    let sandbox = crate::sandbox::Sandbox::new(crate::sandbox::SandboxConfig::default()).unwrap();
+    let module = std::fs::read(kubewasm_test_support::guests::guest("hello_world")).unwrap();
+    let candidate = sandbox.load(&module).unwrap();
+    let digest = candidate.digest();
+    let shadow = store.open("team/c", Some("team"), 1);
+    // No candidate: nothing compared, nothing kept.
+    assert!(!shadow.compared("team/x", digest, vec!["a".into()]));
+    assert_eq!(shadow.counts(), (0, 0));
+    shadow.set(Some((candidate, None)));
+    let line = "x".repeat(super::compare::MAX_LINE_BYTES);
+    let mut firsts = 0;
+    for i in 0..1_000 {
+        let changes = vec![line.clone(); super::compare::MAX_LINES];
+        firsts += usize::from(shadow.compared(&format!("team/o{i}"), digest, changes));
+    }
+    assert_eq!(firsts, 1, "the first difference is told once");
+    assert_eq!(shadow.counts(), (1_000, 1_000));
+    let kept = store.of("team/c").unwrap();
+    let items = kept["items"].as_array().unwrap();
+    assert!(items.len() <= super::KEPT_DIFFERENCES);
+    assert!(
+        store.used(Some("team")) <= 64 << 10,
+        "{}",
+        store.used(Some("team"))
+    );
+    assert!(
+        kept["dropped"].as_u64().unwrap() > 0,
+        "the account's cap dropped some"
+    );
+    assert!(kept.to_string().len() < 80 << 10);
+    // The status shows at most three, each cut.
+    let status = shadow.status().unwrap();
+    assert!(status.last_differences.len() <= super::SHOWN_DIFFERENCES);
+    assert!(serde_json::to_string(&status).unwrap().len() < 8 << 10);
+    // Another namespace's account is its own; a dropped controller credits all it took.
+    drop(shadow);
+    assert_eq!(store.used(Some("team")), 0);
+    assert!(store.of("team/c").is_none());
+}
