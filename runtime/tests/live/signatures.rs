@@ -333,5 +333,69 @@ async fn signed_only(
         !blob_was_read(registry, &layer_digest(&hello)),
         "the registry was asked for the layer of a digest with a copied signature"
     );
+
+    // A candidate (spec.candidate) is verified as a module is: unsigned, it is refused (its
+    // layer is not read) and compares nothing; signed, it is compared. The live module runs on.
+    let howdy = guest("hello_world_howdy");
+    let candidate_tag = format!("{repo}:candidate");
+    let digest_c = push(&guests.join("hello_world_howdy.wasm"), &candidate_tag, None)?;
+    let controllers: Api<kubewasm::api::WasmController> = Api::namespaced(client.clone(), ns);
+    controllers
+        .patch(
+            "signed",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                serde_json::json!({"spec": {"candidate": {"image": candidate_tag}}}),
+            ),
+        )
+        .await?;
+    let rollout = |want: &'static str| {
+        let (digest_c, live) = (digest_c.clone(), sha256(&restarter));
+        move |s: &kubewasm::api::WasmControllerStatus| -> Result<()> {
+            let r = s.rollout.as_ref().context("no status.rollout")?;
+            match want {
+                "refused" => ensure!(
+                        r.problem.as_deref().is_some_and(
+                            |p| p.contains(&digest_c) && p.contains("it has no signature")
+                        ),
+                        "{r:?}"
+                    ),
+                _ => ensure!(
+                    r.problem.is_none()
+                        && r.candidate
+                            .as_deref()
+                            .is_some_and(|c| c.contains(&digest_c)),
+                    "{r:?}"
+                ),
+            }
+            ensure!(
+                s.module_digest.as_deref() == Some(live.as_str()),
+                "the live module changed"
+            );
+            Ok(())
+        }
+    };
+    crate::cluster::wait_status(
+        client,
+        ns,
+        "signed",
+        "an unsigned candidate refused",
+        rollout("refused"),
+    )
+    .await?;
+    ensure!(
+        !blob_was_read(registry, &layer_digest(&howdy)),
+        "the registry was asked for the layer of an unsigned candidate"
+    );
+    sign(trusted, &candidate_tag, None)?;
+    crate::cluster::wait_status(
+        client,
+        ns,
+        "signed",
+        "the signed candidate loaded",
+        rollout("loaded"),
+    )
+    .await?;
+    ensure!(blob_was_read(registry, &layer_digest(&howdy)));
     Ok(())
 }
