@@ -107,15 +107,15 @@ impl Compiles {
 
     /// Adds `waiter` to the compile of `digest` if one is under way (once per controller: a
     /// controller that reads its module again while it compiles waits once, with its latest
-    /// read); else gives it back.
-    pub(super) fn join(&self, digest: Digest, waiter: Waiter) -> Result<(), Waiter> {
+    /// read); else gives it back (`Some`).
+    pub(super) fn join(&self, digest: Digest, waiter: Waiter) -> Option<Waiter> {
         match self.waiting.locked().get_mut(&digest) {
             Some(waiters) => {
                 waiters.retain(|w| (&w.id, w.slot) != (&waiter.id, waiter.slot));
                 waiters.push(waiter);
-                Ok(())
+                None
             }
-            None => Err(waiter),
+            None => Some(waiter),
         }
     }
 
@@ -223,7 +223,7 @@ mod tests {
         assert!(compiles.ended().is_none(), "once");
         let digest = Digest::of(b"not wasm");
         assert!(
-            compiles.join(digest, waiter("first")).is_err(),
+            compiles.join(digest, waiter("first")).is_some(),
             "none under way"
         );
         let sandbox = Sandbox::new(crate::sandbox::SandboxConfig {
@@ -243,11 +243,11 @@ mod tests {
             .map(|w| w.id.name.as_str())
             .collect();
         match joined {
-            Ok(()) => assert_eq!(names, ["first", "second"]),
-            Err(_) => assert_eq!(names, ["first"], "ended before the join: not joined"),
+            None => assert_eq!(names, ["first", "second"]),
+            Some(_) => assert_eq!(names, ["first"], "ended before the join: not joined"),
         }
         assert!(
-            compiles.join(digest, waiter("third")).is_err(),
+            compiles.join(digest, waiter("third")).is_some(),
             "ended: none under way"
         );
         // A controller that reads again while its module compiles waits once.
@@ -255,8 +255,8 @@ mod tests {
             .waiting
             .locked()
             .insert(digest, vec![waiter("again")]);
-        assert!(compiles.join(digest, waiter("again")).is_ok());
-        assert!(compiles.join(digest, waiter("other")).is_ok());
+        assert!(compiles.join(digest, waiter("again")).is_none());
+        assert!(compiles.join(digest, waiter("other")).is_none());
         let names: Vec<String> = compiles.waiting.locked()[&digest]
             .iter()
             .map(|w| w.id.name.clone())

@@ -329,7 +329,7 @@ impl Manager {
             version,
             shared,
         };
-        let Err(waiter) = self.compiles.join(digest, waiter) else {
+        let Some(waiter) = self.compiles.join(digest, waiter) else {
             return Ok(Fetched::Compiling(digest));
         };
         if let Err(refused) = self.compile_budget.take(id.namespace.as_deref()) {

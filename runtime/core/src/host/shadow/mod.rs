@@ -160,7 +160,7 @@ impl Shadow {
     pub fn sample(&self) -> Option<Arc<GuestPre>> {
         let candidate = self.candidate.read_locked().clone()?;
         let n = self.calls.fetch_add(1, Ordering::Relaxed);
-        (n % self.sample_every == 0).then_some(candidate)
+        n.is_multiple_of(self.sample_every).then_some(candidate)
     }
 
     /// The candidate compared now.
