@@ -15,9 +15,11 @@
 //! - **Python guests** (issue 25, `reconcile/python.rs`): the Python HelloWorld beside the Rust
 //!   one — size, compile time with and without the compiled cache, phases, one reconcile at
 //!   1 KiB interleaved with the other ways, memory per running instance.
+//! - **Shadow rollouts** (`reconcile/shadow.rs`): one reconcile without and with a candidate
+//!   module called beside it, and the comparison of the two answers; latency and CPU.
 //!
-//! `make bench`, or `cargo bench -p kubewasm --bench reconcile [-- ITERATIONS] [python]`
-//! (`python`: that section alone, `make bench-python`);
+//! `make bench`, or `cargo bench -p kubewasm --bench reconcile [-- ITERATIONS] [python|shadow]`
+//! (`python`: that section alone, `make bench-python`; `shadow`: that section alone);
 //! `KUBEWASM_BENCH_ITERS` also sets the iterations (default 20000). To measure one change to
 //! a guest or the SDK at a time, `KUBEWASM_BENCH_CANDIDATE=path/to/hello_world.wasm` adds
 //! that build as a fifth way of P1, interleaved with the others (this machine is too noisy to
@@ -57,6 +59,15 @@ fn main() {
     let iters = iterations();
     let async_iters = (iters / 10).max(100);
     print_machine(iters);
+    if std::env::args().skip(1).any(|a| a == "shadow") {
+        let sandbox = Sandbox::new(SandboxConfig::default()).expect("the sandbox starts");
+        let load = |name: &str| {
+            let bytes = std::fs::read(common::guest(name)).expect("reading the guest");
+            sandbox.load(&bytes).expect("the guest loads")
+        };
+        shadow::section(&load("hello_world"), load("hello_world_howdy"), iters);
+        return;
+    }
     if std::env::args().skip(1).any(|a| a == "python") {
         let sandbox = Sandbox::new(SandboxConfig::default()).expect("the sandbox starts");
         let bytes = std::fs::read(common::guest("hello_world")).expect("reading the guest");

@@ -1,10 +1,11 @@
 //! Shadow rollouts: what a candidate module (`spec.candidate`) costs a reconcile. One
-//! HelloWorld reconcile at 1 KiB and 64 KiB, interleaved in rounds: the live call alone; the
-//! live call with the candidate (the Howdy build: it differs on every reconcile, the
-//! comparison's worst small case) called beside it on another thread, as the runner does; and
-//! the comparison of the two answers (their effects, then their differences). Latency is the
-//! live call's (what a candidate could add to the time before its actions are carried out);
-//! CPU is the whole process's (every thread), per reconcile, from `/proc/self/task/*/schedstat`.
+//! HelloWorld reconcile at 1 KiB and 64 KiB, three ways interleaved in rounds: the live call
+//! alone; the candidate (the Howdy build: it differs on every reconcile) called once the live
+//! call is done and the two answers compared, as the runner does; and the candidate called
+//! beside the live call on another thread, the alternative the runner does not take. The live
+//! call's latency is what a candidate could add before the live actions are carried out; the
+//! whole is how long the key is held; CPU is the whole process's (every thread), per
+//! reconcile, from `/proc/self/task/*/schedstat`.
 
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -61,67 +62,88 @@ fn median_us(times: &mut [Duration]) -> f64 {
 pub fn section(guest: &Arc<GuestPre>, candidate: Arc<GuestPre>, iters: usize) {
     let reads: SharedReads = Arc::new(NoReads);
     let limits = Limits::default();
-    let beside = Beside::start(candidate, reads.clone(), limits);
+    let beside = Beside::start(candidate.clone(), reads.clone(), limits);
     println!(
         "shadow rollouts: one HelloWorld reconcile without and with a candidate (the Howdy build, differing every time), {ROUNDS} rounds interleaved"
+    );
+    println!(
+        "  after: the candidate called once the live call is done, then the answers compared (what the runtime does)"
+    );
+    println!(
+        "  beside: the candidate called at the same time on another thread (the alternative, not taken)"
     );
     for (label, bytes, divisor) in [("1 KiB", 1 << 10, 1), ("64 KiB", 64 << 10, 20)] {
         let request = super::sized_request(bytes);
         let target = request.target.clone();
         let per_round = (iters / divisor / ROUNDS).max(5);
-        let (mut alone, mut with, mut compare) = (Vec::new(), Vec::new(), Vec::new());
-        let (mut cpu_alone, mut cpu_with) = (0u64, 0u64);
+        let compare = |live: &kubewasm::sandbox::Response, theirs: &kubewasm::sandbox::Response| {
+            let l = Answered::Did(effects(&live.actions, &target, &mut |_| None));
+            let c = Answered::Did(effects(&theirs.actions, &target, &mut |_| None));
+            differences(&l, &c)
+        };
+        let mut live = [Vec::new(), Vec::new(), Vec::new()];
+        let mut whole = [Vec::new(), Vec::new(), Vec::new()];
+        let mut compared = Vec::new();
+        let mut cpu = [0u64; 3];
         let mut lines = 0;
         for _ in 0..ROUNDS {
-            let cpu = cpu_ns();
-            for _ in 0..per_round {
-                let started = Instant::now();
-                let outcome = guest
-                    .call(&request, reads.clone(), &limits)
-                    .expect("reconcile");
-                alone.push(started.elapsed());
-                std::hint::black_box(outcome);
+            for way in 0..3 {
+                let before = cpu_ns();
+                for _ in 0..per_round {
+                    let started = Instant::now();
+                    if way == 2 {
+                        beside
+                            .go
+                            .send(request.clone())
+                            .expect("the candidate's thread");
+                    }
+                    let ours = guest
+                        .call(&request, reads.clone(), &limits)
+                        .expect("reconcile");
+                    live[way].push(started.elapsed());
+                    let theirs = match way {
+                        0 => None,
+                        1 => Some(
+                            candidate
+                                .call(&request, reads.clone(), &limits)
+                                .expect("the candidate reconciles")
+                                .response,
+                        ),
+                        _ => Some(beside.done.recv().expect("the candidate's answer")),
+                    };
+                    if let Some(theirs) = theirs {
+                        let at = Instant::now();
+                        let found = compare(&ours.response, &theirs);
+                        compared.push(at.elapsed());
+                        lines = found.len();
+                        std::hint::black_box(found);
+                    }
+                    whole[way].push(started.elapsed());
+                    std::hint::black_box(ours);
+                }
+                cpu[way] += cpu_ns() - before;
             }
-            cpu_alone += cpu_ns() - cpu;
-            let cpu = cpu_ns();
-            for _ in 0..per_round {
-                let started = Instant::now();
-                beside
-                    .go
-                    .send(request.clone())
-                    .expect("the candidate's thread");
-                let live = guest
-                    .call(&request, reads.clone(), &limits)
-                    .expect("reconcile");
-                with.push(started.elapsed());
-                let theirs = beside.done.recv().expect("the candidate's answer");
-                let compared = Instant::now();
-                let l = Answered::Did(effects(&live.response.actions, &target, &mut |_| None));
-                let c = Answered::Did(effects(&theirs.actions, &target, &mut |_| None));
-                let found = differences(&l, &c);
-                compare.push(compared.elapsed());
-                lines = found.len();
-                std::hint::black_box(found);
-            }
-            cpu_with += cpu_ns() - cpu;
         }
         let n = (ROUNDS * per_round) as f64;
-        let (a, w, c) = (
-            median_us(&mut alone),
-            median_us(&mut with),
-            median_us(&mut compare),
-        );
         println!("  {label}: {} reconciles each way", ROUNDS * per_round);
-        println!("    live call alone                        median {a:>9.1} µs");
+        let alone = median_us(&mut live[0]);
+        let cpu_alone = cpu[0] as f64 / n / 1e3;
         println!(
-            "    live call, candidate beside it          median {w:>9.1} µs ({:+.0}%)",
-            (w / a - 1.0) * 100.0
+            "    alone:  live call median {alone:>7.1} µs; CPU per reconcile {cpu_alone:>7.1} µs"
         );
-        println!("    comparing the two answers ({lines} line)      median {c:>9.1} µs");
-        let (ca, cw) = (cpu_alone as f64 / n / 1e3, cpu_with as f64 / n / 1e3);
+        for (way, name) in [(1, "after: "), (2, "beside:")] {
+            let l = median_us(&mut live[way]);
+            let w = median_us(&mut whole[way]);
+            let c = cpu[way] as f64 / n / 1e3;
+            println!(
+                "    {name} live call median {l:>7.1} µs ({:+.0}%); live call, candidate and comparison {w:>7.1} µs; CPU per reconcile {c:>7.1} µs ({:.2}x)",
+                (l / alone - 1.0) * 100.0,
+                c / cpu_alone
+            );
+        }
         println!(
-            "    CPU per reconcile (every thread): alone {ca:.1} µs, with the candidate and the comparison {cw:.1} µs ({:.2}x)",
-            cw / ca
+            "    comparing the two answers ({lines} line of difference): median {:.1} µs",
+            median_us(&mut compared)
         );
     }
 }

@@ -35,6 +35,11 @@ impl Recording {
         }
     }
 
+    /// A copy of the reads so far (a candidate module is answered them: [`Replayed::or`]).
+    pub fn reads(&self) -> Vec<RecordedRead> {
+        self.record.locked().reads.clone()
+    }
+
     /// The reads so far, and whether every one is in them.
     pub fn take(&self) -> (Vec<RecordedRead>, bool) {
         let mut record = self.record.locked();
@@ -115,6 +120,8 @@ impl Reads for Recording {
 /// refused (permanently), saying so — the module reads differently than the one recorded.
 pub struct Replayed {
     reads: Mutex<Vec<(RecordedRead, bool)>>,
+    /// Where a read the record does not have is answered, if anywhere.
+    otherwise: Option<SharedReads>,
 }
 
 impl Replayed {
@@ -122,6 +129,17 @@ impl Replayed {
     pub fn new(reads: Vec<RecordedRead>) -> Replayed {
         Replayed {
             reads: Mutex::new(reads.into_iter().map(|r| (r, false)).collect()),
+            otherwise: None,
+        }
+    }
+
+    /// Answers from `reads`, and a read they do not have from `otherwise`: a candidate module
+    /// run after the live one sees what the live one saw (not the live one's own writes), and
+    /// the caches for what only it reads.
+    pub fn or(reads: Vec<RecordedRead>, otherwise: SharedReads) -> Replayed {
+        Replayed {
+            otherwise: Some(otherwise),
+            ..Replayed::new(reads)
         }
     }
 
@@ -151,6 +169,20 @@ impl Replayed {
                 }
         });
         let Some((read, used)) = found else {
+            drop(reads);
+            if let Some(otherwise) = &self.otherwise {
+                return match op {
+                    ReadOp::Get => otherwise
+                        .get(
+                            api_version,
+                            kind,
+                            namespace,
+                            name_or_selector.unwrap_or_default(),
+                        )
+                        .map(|o| o.into_iter().collect()),
+                    ReadOp::List => otherwise.list(api_version, kind, namespace, name_or_selector),
+                };
+            }
             let what = match op {
                 ReadOp::Get => "get",
                 ReadOp::List => "list",

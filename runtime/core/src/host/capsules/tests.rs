@@ -320,3 +320,22 @@ fn a_capsule_names_the_manifest_its_module_was_pulled_as() {
     assert_eq!(failed_on("sha256:a").image, None, "two remembered");
     assert_eq!(failed_on("sha256:c").image, Some(image(3)));
 }
+
+/// A candidate's reads: what the live module read is answered as it was then (not as the
+/// caches hold it after the live module's writes); what only the candidate reads, from the
+/// caches.
+#[test]
+fn a_candidate_is_answered_the_live_reads_then_the_caches() {
+    let recording = Recording::new(Arc::new(Echo));
+    let live = recording.list("v1", "Pod", None, Some("app=web")).unwrap();
+    let then = Replayed::or(recording.reads(), Arc::new(NoReads));
+    assert_eq!(then.list("v1", "Pod", None, Some("app=web")).unwrap(), live);
+    // Not read by the live module: the fallback's answer (here none), not a refusal.
+    assert_eq!(
+        then.list("v1", "Pod", None, Some("app=db")).unwrap(),
+        Vec::<serde_json::Value>::new()
+    );
+    assert_eq!(then.get("v1", "ConfigMap", None, "c").unwrap(), None);
+    // The recording is still whole for a capsule.
+    assert_eq!(recording.take().0.len(), 1);
+}

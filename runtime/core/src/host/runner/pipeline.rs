@@ -122,19 +122,20 @@ impl Runner {
             module: guest.digest(),
         };
         let recording = Arc::new(Recording::new(self.granted_reads(&prepared)));
-        // The candidate (if any, and this reconcile is sampled) is called beside the live
-        // module on the same request; it is compared once the live reconcile is done.
+        // The candidate (if any, and this reconcile is sampled) is called on the same request
+        // once the live reconcile is done, and compared.
         let shadowed = self.shadow_start(&prepared, &request);
         let outcome = match self.call(guest, request, recording.clone()).await {
             Ok(outcome) => outcome,
             Err(e) => {
                 let problem = Problem::new(super::super::reason_of(&e), e.to_string());
+                let recorded = recording.reads();
                 self.capsule(&prepared, &recording, &problem, Stage::Call, attempt.module);
                 self.report_failure(&prepared, &problem).await;
                 let live =
                     (shadowed.as_ref()).map(|sh| self.live_effects(sh, &prepared, Err(&problem)));
-                self.shadow_finish((&prepared.key, &prepared.target), shadowed, live)
-                    .await;
+                let at = (&prepared.key, &prepared.target);
+                self.shadow_finish(at, shadowed, live, recorded).await;
                 return Err(Failure {
                     problem,
                     permanent: (!e.retryable()).then_some(attempt),
@@ -142,6 +143,10 @@ impl Runner {
             }
         };
         let live = (shadowed.as_ref()).map(|sh| self.live_effects(sh, &prepared, Ok(&outcome)));
+        let recorded = match &shadowed {
+            Some(_) => recording.reads(),
+            None => Vec::new(),
+        };
         let applied = match self.apply(&prepared, outcome).await {
             Ok(applied) => applied,
             Err(problem) => {
@@ -153,16 +158,16 @@ impl Runner {
                     attempt.module,
                 );
                 self.report_failure(&prepared, &problem).await;
-                self.shadow_finish((&prepared.key, &prepared.target), shadowed, live)
-                    .await;
+                let at = (&prepared.key, &prepared.target);
+                self.shadow_finish(at, shadowed, live, recorded).await;
                 return Err(problem.into());
             }
         };
         drop(recording);
         let compared = (prepared.key.clone(), prepared.target.clone());
         let settled = self.settle(*prepared, applied, attempt.module).await;
-        self.shadow_finish((&compared.0, &compared.1), shadowed, live)
-            .await;
+        let at = (&compared.0, &compared.1);
+        self.shadow_finish(at, shadowed, live, recorded).await;
         Ok(settled?)
     }
 

@@ -1,9 +1,15 @@
-//! The runner's part of a shadow run ([`crate::host::shadow`]): the candidate is called beside
-//! the live module, on the same request and through the same grants, in the tenant's fair
-//! share ([`Runner::shadow_start`]); the live answer's effects are taken before its actions
-//! are carried out ([`Runner::live_effects`]); once the live reconcile has done all it does,
-//! the two are compared ([`Runner::shadow_finish`]). The live module's actions never wait for
-//! the candidate: only the key's next reconcile does, for at most the candidate's own limits.
+//! The runner's part of a shadow run ([`crate::host::shadow`]): a reconcile is sampled and its
+//! request kept ([`Runner::shadow_start`]); the live answer's effects are taken before its
+//! actions are carried out ([`Runner::live_effects`]); once the live reconcile has done all it
+//! does, the candidate is called on the same request, in the tenant's fair share and within
+//! the controller's limits, its reads answered as the live module's were (then from the
+//! caches, through the same grants), and the two answers are compared
+//! ([`Runner::shadow_finish`]). The live module's actions never wait for the candidate: only
+//! the key's next reconcile does, for at most the candidate's own limits. (Called beside the
+//! live one instead, on another thread, the candidate slowed the live call by half to double:
+//! two instances made and unmade at once in one process contend; BENCHMARKS.md.)
+
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -15,7 +21,8 @@ use tracing::Instrument;
 
 use crate::api::Problem;
 use crate::controller::ObjectKey;
-use crate::sandbox::{CallError, CallOutcome, Digest, ObjectRef, SharedReads, WireRequest};
+use crate::host::capsules::{RecordedRead, Replayed};
+use crate::sandbox::{CallOutcome, Digest, GuestPre, ObjectRef, SharedReads, WireRequest};
 
 use super::super::shadow::compare::{self, Answered, Selection};
 use super::Runner;
@@ -24,10 +31,12 @@ use super::pipeline::Prepared;
 /// The reason of the Event on the WasmController when its candidate first differs.
 pub const CANDIDATE_DIFFERS: &str = "CandidateDiffers";
 
-/// A candidate's call under way beside the live one's: aborted if the reconcile is dropped.
+/// A reconcile sampled for a comparison: the candidate, the request it is handed, and the
+/// reads the controller may make.
 pub(super) struct Shadowed {
     digest: Digest,
-    call: AbortOnDrop<Result<CallOutcome, CallError>>,
+    guest: Arc<GuestPre>,
+    request: WireRequest,
     reads: SharedReads,
 }
 
@@ -38,44 +47,20 @@ pub(super) struct Live {
     listed: Vec<Value>,
 }
 
-/// A task aborted when its handle is dropped.
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 impl Runner {
-    /// The candidate's call for this reconcile, started beside the live one's, if the
-    /// controller has a candidate and this reconcile is one of those sampled.
+    /// This reconcile's comparison, if the controller has a candidate and this reconcile is
+    /// one of those sampled: the request is kept for the candidate.
     pub(super) fn shadow_start(
         &self,
         prepared: &Prepared,
         request: &WireRequest,
     ) -> Option<Shadowed> {
         let guest = self.setup.shadow.sample()?;
-        let s = &self.setup;
-        let digest = guest.digest();
-        let reads = self.granted_reads(prepared);
-        let (sandbox, limits, request) = (s.sandbox.clone(), s.limits, request.clone());
-        // Fair between tenants: the candidate takes its turn in the tenant's share.
-        let tenant = s.namespace.clone().unwrap_or_else(|| s.id.clone());
-        let span = tracing::info_span!("reconcile", controller = s.id.as_str(), object = %prepared.key, candidate = %digest);
-        let call_reads = reads.clone();
-        let call = tokio::spawn(
-            async move {
-                sandbox
-                    .reconcile(&tenant, guest, request, call_reads, limits)
-                    .await
-            }
-            .instrument(span),
-        );
         Some(Shadowed {
-            digest,
-            call: AbortOnDrop(call),
-            reads,
+            digest: guest.digest(),
+            guest,
+            request: request.clone(),
+            reads: self.granted_reads(prepared),
         })
     }
 
@@ -103,20 +88,31 @@ impl Runner {
         Live { answered, listed }
     }
 
-    /// Compares the candidate's answer with the live one's, once the live reconcile is done:
-    /// counted, kept, the first difference told on the controller.
+    /// Once the live reconcile is done: the candidate called on the same request, its reads
+    /// answered as the live module's were (`recorded`, then the caches), and its answer
+    /// compared with the live one's — counted, kept, the first difference told on the
+    /// controller.
     pub(super) async fn shadow_finish(
         &self,
         (key, target): (&ObjectKey, &ObjectRef),
         shadowed: Option<Shadowed>,
         live: Option<Live>,
+        recorded: Vec<RecordedRead>,
     ) {
-        let (Some(mut shadowed), Some(live)) = (shadowed, live) else {
+        let (Some(shadowed), Some(live)) = (shadowed, live) else {
             return;
         };
         let s = &self.setup;
-        let candidate = match (&mut shadowed.call.0).await {
-            Ok(Ok(outcome)) => {
+        // Fair between tenants: the candidate takes its turn in the tenant's share.
+        let tenant = s.namespace.as_deref().unwrap_or(&s.id);
+        let reads: SharedReads = Arc::new(Replayed::or(recorded, shadowed.reads.clone()));
+        let span = tracing::info_span!("reconcile", controller = s.id.as_str(), object = %key, candidate = %shadowed.digest);
+        let called = (s.sandbox)
+            .reconcile(tenant, shadowed.guest, shadowed.request, reads, s.limits)
+            .instrument(span)
+            .await;
+        let candidate = match called {
+            Ok(outcome) => {
                 // Objects the live module deleted meanwhile are still the candidate's to match.
                 let reads = &shadowed.reads;
                 Answered::Did(compare::effects(
@@ -133,10 +129,7 @@ impl Runner {
                     },
                 ))
             }
-            Ok(Err(e)) => {
-                Answered::Failed(Problem::new(super::super::reason_of(&e), e.to_string()))
-            }
-            Err(_) => return, // aborted: the runner is stopping
+            Err(e) => Answered::Failed(Problem::new(super::super::reason_of(&e), e.to_string())),
         };
         let changes = compare::differences(&live.answered, &candidate);
         let differed = !changes.is_empty();
