@@ -308,8 +308,9 @@ step "kubewasm rollout status -n hello-oci hello-world:"
 "$KUBEWASM" rollout status -n hello-oci hello-world | sed 's/^/      /'
 oci_pod_says "Hello, Your Name!" || fail "the candidate changed the Pod"
 step "the Pod still prints '$(k -n hello-oci logs your-name)': the candidate's apply was compared, not carried out"
+step "kubewasm rollout promote -n hello-oci hello-world:"
 "$KUBEWASM" rollout promote -n hello-oci hello-world | sed 's/^/      /'
-step "kubewasm rollout promote -n hello-oci hello-world: spec.module is now $(k -n hello-oci get wc hello-world -o jsonpath='{.spec.module.image}'), pinned by spec.module.sha256"
+step "spec.module is now $(k -n hello-oci get wc hello-world -o jsonpath='{.spec.module.image}'), pinned by spec.module.sha256, and spec.candidate is gone"
 wait_for 60 "the status naming the promoted digest $digest2" runs_digest "$digest2"
 kill -0 "$RUNTIME_PID" 2>/dev/null || fail "the runtime is gone"
 wait_for 60 "Pod hello-oci/your-name being recreated by the promoted module to print 'Howdy, Your Name!'" oci_pod_says "Howdy, Your Name!"

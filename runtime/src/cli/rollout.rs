@@ -258,7 +258,7 @@ async fn promote(client: &kube::Client, c: &Controller, force: bool) -> anyhow::
         .map_err(anyhow::Error::msg)?;
     patch(client, c, &p).await?;
     println!(
-        "promoted candidate {digest} ({compared} reconciles compared, {differing} differing) to spec.module of {}, pinned by spec.module.sha256; the runtime runs it from its next reconcile of every object",
+        "promoted candidate {digest} (compared: {compared}, differing: {differing}) to spec.module of {}, pinned by spec.module.sha256; the runtime runs it from its next reconcile of every object",
         what(client, c)
     );
     Ok(())
