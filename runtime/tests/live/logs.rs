@@ -374,12 +374,15 @@ impl Teams {
                 && err.contains("--clusterrole=edit"),
             "a viewer read the differences: {out} {err}"
         );
-        let (ok, out, err) =
-            kubewasm_as(&victor, &["rollout", "status", "-n", x, "shadowed"]).await?;
-        ensure!(
-            ok && out.contains("differing: "),
-            "a viewer reads the rollout's status: {out} {err}"
-        );
+        // The status is written on the runtime's next tick (every 2 s); the differences are
+        // served as soon as they are found.
+        eventually("a viewer reads the rollout's status", WAIT, || async {
+            let (ok, out, err) =
+                kubewasm_as(&victor, &["rollout", "status", "-n", x, "shadowed"]).await?;
+            ensure!(ok, "kubewasm rollout status as a viewer: {err}");
+            Ok(out.contains("differing: ").then_some(()))
+        })
+        .await?;
         Ok(())
     }
 
