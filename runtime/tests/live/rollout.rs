@@ -243,11 +243,17 @@ async fn a_candidate_identical_in_behaviour_differs_nowhere_and_is_promoted_by_p
             spec.rollout.and_then(|r| r.promote_after) == Some(100),
             "the policy stays"
         );
+        // The runtime logs the promotion once the API server has answered its patch: a moment
+        // after the spec is seen changed.
+        let promoted = eventually("the runtime logs the promotion", WAIT, || async {
+            Ok(runtime
+                .log()
+                .lines()
+                .find(|l| l.contains("candidate promoted"))
+                .map(str::to_owned))
+        })
+        .await?;
         let log = runtime.log();
-        let promoted = log
-            .lines()
-            .find(|l| l.contains("candidate promoted"))
-            .context("no `candidate promoted` line in the runtime's log")?;
         let compared: u64 = promoted
             .split("compared=")
             .nth(1)
