@@ -7,15 +7,20 @@ use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
 use kube::{Api, Client};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::cluster::{WAIT, live_pods, saved_state};
 use crate::support::eventually;
 
 /// Creates a Pod with label `app=<app>` (it stays Pending: there are no nodes).
 pub async fn create_pod(pods: &Api<Pod>, name: &str, app: &str) -> Result<()> {
+    create_labelled_pod(pods, name, json!({"app": app})).await
+}
+
+/// Creates Pod `name` (busybox sleeping) with these labels.
+pub async fn create_labelled_pod(pods: &Api<Pod>, name: &str, labels: Value) -> Result<()> {
     let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"app": app}},
+        "metadata": {"name": name, "labels": labels},
         "spec": {"containers": [{"name": "main", "image": "busybox", "command": ["sleep", "3600"]}]},
     }))?;
     pods.create(&PostParams::default(), &pod)

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod};
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 use kubewasm::api::{RolloutStatus, WasmController};
 use serde_json::{Value, json};
@@ -293,18 +293,6 @@ async fn a_candidate_identical_in_behaviour_differs_nowhere_and_is_promoted_by_p
     let _ = control_plane.delete_namespace(&ns).await;
 }
 
-/// A Pod with these labels.
-async fn create_pod(pods: &Api<Pod>, name: &str, labels: Value) -> Result<()> {
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": labels},
-        "spec": {"containers": [{"name": "main", "image": "busybox", "command": ["sleep", "3600"]}]},
-    }))?;
-    pods.create(&PostParams::default(), &pod)
-        .await
-        .with_context(|| format!("creating Pod {name}"))?;
-    Ok(())
-}
-
 /// The restarter's WasmController `name` of parents labelled `shadow=<name>`, with `candidate`.
 fn restarter(ns: &str, name: &str, candidate: &str) -> Value {
     json!({"apiVersion": "kubewasm.dev/v1alpha1", "kind": "WasmController",
@@ -345,7 +333,8 @@ async fn a_risky_candidate_shows_what_it_would_delete_and_deletes_nothing() {
             ("back-1", "back"),
             ("back-2", "back"),
         ] {
-            create_pod(&pods, pod, json!({"app": "web", "tier": tier})).await?;
+            crate::restarter::create_labelled_pod(&pods, pod, json!({"app": "web", "tier": tier}))
+                .await?;
         }
         apply(&team, &restarter(&ns, "wide", "restarter-wide")).await?;
         apply(&team, &restarter(&ns, "hostile", "hostile")).await?;

@@ -42,6 +42,15 @@ pub struct ControllerKey {
 }
 
 impl ControllerKey {
+    /// The controller as the runtime names it (`namespace/name`, or `name`): the inverse of
+    /// [`ControllerKey::parse`].
+    pub fn id(&self) -> String {
+        match &self.namespace {
+            Some(ns) => format!("{ns}/{}", self.name),
+            None => self.name.clone(),
+        }
+    }
+
     /// The key of a controller as the runtime's log lines name it (`namespace/name`, or
     /// `name` for a ClusterWasmController: a namespace never holds a `/`).
     pub fn parse(controller: &str) -> ControllerKey {

@@ -24,10 +24,7 @@ pub fn handle(
     _query: Option<String>,
 ) -> BoxFuture<'static, Response> {
     Box::pin(async move {
-        let id = match &key.namespace {
-            Some(ns) => format!("{ns}/{}", key.name),
-            None => key.name.clone(),
-        };
+        let id = key.id();
         let capsules = shared.kept.capsules.of(&id);
         // Each capsule is a JSON document already (the runtime made it): joined, not re-parsed.
         let mut body =

@@ -21,10 +21,7 @@ pub fn handle(
     _query: Option<String>,
 ) -> BoxFuture<'static, Response> {
     Box::pin(async move {
-        let id = match &key.namespace {
-            Some(ns) => format!("{ns}/{}", key.name),
-            None => key.name.clone(),
-        };
+        let id = key.id();
         let body = shared.kept.shadows.of(&id).unwrap_or_else(|| {
             serde_json::json!({
                 "apiVersion": "kubewasm.dev/v1alpha1",

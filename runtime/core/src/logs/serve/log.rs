@@ -266,10 +266,7 @@ async fn send(
     match tokio::time::timeout(stall, tx.send(Ok(bytes))).await {
         Ok(sent) => sent.is_ok(),
         Err(_) => {
-            let controller = match &key.namespace {
-                Some(ns) => format!("{ns}/{}", key.name),
-                None => key.name.clone(),
-            };
+            let controller = key.id();
             tracing::info!(
                 controller,
                 "a log follower read nothing for {stall:?}: its connection was cut"
