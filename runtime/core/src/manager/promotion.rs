@@ -4,11 +4,17 @@
 //! ([`crate::api::rollout::promotion`]). Tried once per declaration: the promoted spec is a new
 //! declaration; a refusal stays in `status.rollout.problem` until the spec changes.
 
+use std::time::Duration;
+
+use futures::StreamExt as _;
 use kube::api::{Patch, PatchParams};
 
 use crate::api::{ClusterWasmController, WasmController, rollout};
 
 use super::{ControllerId, Manager};
+
+/// How long one promotion's patch may take (those due are sent side by side).
+const PROMOTION_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Manager {
     /// Promotes every candidate whose controller's policy says it is due.
@@ -29,13 +35,31 @@ impl Manager {
                 Some((id.clone(), patch, m.plan.account.clone(), digest, compared))
             })
             .collect();
-        for (id, patch, account, digest, compared) in due {
-            let result = match (patch, account) {
-                (Ok(patch), Ok((namespace, name))) => {
-                    self.send_promotion(&id, &patch, &namespace, &name).await
-                }
-                (Err(why), _) | (_, Err(why)) => Err(why),
-            };
+        // Side by side, each bounded in time: a tenant's promotion may not hold the loop that
+        // starts, stops and reports every tenant's controllers.
+        let this = &*self;
+        let sent: Vec<_> = futures::stream::iter(due)
+            .map(|(id, patch, account, digest, compared)| async move {
+                let result = match (patch, account) {
+                    (Ok(patch), Ok((namespace, name))) => {
+                        let send = this.send_promotion(&id, &patch, &namespace, &name);
+                        tokio::time::timeout(PROMOTION_TIMEOUT, send)
+                            .await
+                            .unwrap_or_else(|_| {
+                                Err(format!(
+                                    "the API server did not answer the patch within {}s; tried again when the spec changes, or promote with `kubewasm rollout promote`",
+                                    PROMOTION_TIMEOUT.as_secs()
+                                ))
+                            })
+                    }
+                    (Err(why), _) | (_, Err(why)) => Err(why),
+                };
+                (id, digest, compared, result)
+            })
+            .buffer_unordered(super::PARALLEL_STARTS)
+            .collect()
+            .await;
+        for (id, digest, compared, result) in sent {
             match &result {
                 Ok(()) => {
                     tracing::info!(controller = %id, candidate = %digest, compared, "candidate promoted (spec.rollout.promoteAfter): compared with no difference")
