@@ -124,6 +124,7 @@ fn main() {
                     request.clone(),
                     reads.clone(),
                     limits,
+                    None,
                 )
                 .await
                 .expect("reconcile");

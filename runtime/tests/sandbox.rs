@@ -3,6 +3,8 @@
 //! and calls running side by side.
 
 use kubewasm_test_support::guests as common;
+#[path = "sandbox/ahead.rs"]
+mod ahead;
 #[path = "sandbox/compiler.rs"]
 mod compiler;
 #[path = "sandbox/no_wasi.rs"]
@@ -15,8 +17,8 @@ use std::time::Duration;
 use kubewasm::api::Reason;
 use kubewasm::sandbox::{
     Action, CallError, CallOutcome, CompiledCache, Digest, Error, GuestPre, Limits, LoadError,
-    MAX_GUEST_LOG_LINE_BYTES, MAX_GUEST_MESSAGE_BYTES, MIN_LOG_LINE_COST, NoReads, Reads, Request,
-    Sandbox, SandboxConfig, SharedReads,
+    MAX_GUEST_LOG_LINE_BYTES, MAX_GUEST_MESSAGE_BYTES, MIN_LOG_LINE_COST, NoReads, Reads, Ready,
+    Request, Sandbox, SandboxConfig, SharedReads,
 };
 use serde_json::{Value, json};
 
@@ -830,6 +832,7 @@ async fn a_looping_call_does_not_hold_up_the_others() {
             hostile_request(mode),
             Arc::new(NoReads),
             Limits::default().with_timeout(limit),
+            None,
         )
     });
     let results = tokio::time::timeout(WATCHDOG, futures::future::join_all(calls))
@@ -850,6 +853,7 @@ async fn a_looping_call_does_not_hold_up_the_others() {
 fn one_slot_hostile() -> (Sandbox, Arc<GuestPre>) {
     let one_slot = Sandbox::new(SandboxConfig {
         max_instances: 1,
+        max_ready_instances: 0,
         ..SandboxConfig::default()
     })
     .expect("a sandbox with one instance slot");
@@ -875,6 +879,7 @@ async fn a_guest_blocked_in_wasi_times_out_and_frees_its_slot() {
                 hostile_request("sleep"),
                 Arc::new(NoReads),
                 Limits::default().with_timeout(limit),
+                None,
             ),
         )
         .await
@@ -892,6 +897,7 @@ async fn a_guest_blocked_in_wasi_times_out_and_frees_its_slot() {
             hostile_request("ok"),
             Arc::new(NoReads),
             Limits::default(),
+            None,
         ),
     )
     .await
@@ -966,15 +972,44 @@ fn a_restart_loads_compiled_modules_from_the_cache() {
 /// secret in a static and in 12 MiB of heap, then the next — of another tenant, then of the
 /// same — grows its memory as large and looks through all of it, and through its statics, for
 /// the one before's: nothing, every time. That the look finds what is there is checked in the
-/// same call (its own secret, once left).
+/// same call (its own secret, once left). (`ahead::` runs the same rounds with instances made
+/// ahead.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_sees_nothing_an_earlier_call_left_in_its_instance() {
+    let (one_slot, hostile) = one_slot_hostile();
+    let ahead = remember_rounds(&one_slot, &hostile, None).await;
+    assert_eq!(
+        ahead, 0,
+        "no instance is made ahead without a controller's Ready"
+    );
+}
+
+/// Six rounds of `remember` (team-a, team-b, team-b, …), each checking that nothing of the
+/// round before is found; with `readies`, each tenant's controller has its [`Ready`] and a
+/// round whose instance was ready before it started must have been served by it. Returns how
+/// many rounds were.
+async fn remember_rounds(
+    sandbox: &Sandbox,
+    hostile: &Arc<GuestPre>,
+    readies: Option<&[(&str, Ready)]>,
+) -> usize {
     /// `REMEMBER_BYTES` of the hostile guest.
     const LEFT_BYTES: usize = 12 << 20;
-    let (one_slot, hostile) = one_slot_hostile();
     let mut before = String::from("nothing-before");
+    let mut ahead = 0;
     for round in 0..6 {
         let tenant = ["team-a", "team-b", "team-b"][round % 3];
+        let ready = readies.and_then(|r| r.iter().find(|(t, _)| *t == tenant).map(|(_, r)| r));
+        if let Some(ready) = ready {
+            // A busy controller's next instance is made while this one waits a moment.
+            for _ in 0..100 {
+                if ready.holds() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        let held = ready.is_some_and(Ready::holds);
         let secret = format!("{tenant}-secret-{round}-7f3c91");
         let request = Request::for_object(json!({
             "apiVersion": "example.com/v1",
@@ -986,17 +1021,23 @@ async fn a_call_sees_nothing_an_earlier_call_left_in_its_instance() {
         .with_controller(format!("{tenant}/hostile"));
         let outcome = tokio::time::timeout(
             WATCHDOG,
-            one_slot.reconcile(
+            sandbox.reconcile(
                 tenant,
                 hostile.clone(),
                 request,
                 Arc::new(NoReads),
                 Limits::default().with_timeout(Duration::from_secs(10)),
+                ready,
             ),
         )
         .await
         .expect("a remembering call did not return")
         .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert_eq!(
+            outcome.made_ahead, held,
+            "round {round}: an instance ready before the call serves it"
+        );
+        ahead += usize::from(outcome.made_ahead);
         let status = outcome
             .response
             .actions
@@ -1022,4 +1063,5 @@ async fn a_call_sees_nothing_an_earlier_call_left_in_its_instance() {
         );
         before = secret;
     }
+    ahead
 }

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -9,8 +10,9 @@ use sha2::{Digest as _, Sha256};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
+use super::ahead::{Made, Makers, Ready};
 use super::bindings::ControllerPre;
-use super::call::{self, CallOutcome, CallState};
+use super::call::{self, CallOutcome, CallState, Instance, Spent};
 use super::compiled::{self, Compilations, CompiledCache};
 use super::compiler::{ChildCompiler, codegen_config};
 use super::error::{CallError, LoadError};
@@ -24,9 +26,11 @@ use crate::sync::Locks as _;
 /// Engine-wide settings. Per-call limits live in [`Limits`].
 #[derive(Debug, Clone)]
 pub struct SandboxConfig {
-    /// Guest instances that may exist at once (the pooling allocator's size); calls beyond
-    /// this wait for a free slot.
+    /// Guest instances that may run calls at once; calls beyond this wait for a free slot.
     pub max_instances: u32,
+    /// Instances made ahead for busy controllers that may wait at once (see [`Ready`]); 0: none
+    /// is. The pooling allocator's size is this plus `max_instances`.
+    pub max_ready_instances: u32,
     /// The largest per-call memory limit any controller may ask for (pool slot size).
     pub max_memory_bytes: usize,
     /// The largest module accepted.
@@ -55,6 +59,7 @@ impl Default for SandboxConfig {
     fn default() -> Self {
         SandboxConfig {
             max_instances: 32,
+            max_ready_instances: 32,
             max_memory_bytes: 512 << 20,
             // `sources::DEFAULT_MAX_MODULE_BYTES` (a test checks it): `kubewasm run` sets both
             // from `--max-module-bytes`.
@@ -98,6 +103,8 @@ pub struct GuestPre {
     pre: ControllerPre<CallState>,
     engine: Engine,
     epoch_tick: Duration,
+    /// Its instantiation failed or took too long ahead: made on the call's path only.
+    ahead_refused: AtomicBool,
 }
 
 impl std::fmt::Debug for GuestPre {
@@ -131,7 +138,8 @@ impl GuestPre {
         block_on(self.call_serialized(request, reads, limits, None))
     }
 
-    /// Serializes the request (timed), then [`GuestPre::run`].
+    /// Serializes the request (timed), then [`GuestPre::run`] in an instance made here; the
+    /// spent Store is dropped here too.
     async fn call_serialized(
         &self,
         request: impl IntoWire,
@@ -139,48 +147,101 @@ impl GuestPre {
         limits: &Limits,
         lines: Option<SharedLines>,
     ) -> Result<CallOutcome, CallError> {
-        let serializing = Instant::now();
-        let wire = request.into_wire();
-        let serialized = serializing.elapsed();
-        let mut outcome = self.run(wire, reads, limits, lines).await;
-        if let Ok(done) = &mut outcome {
-            done.phases.request += serialized;
-        }
+        let (wire, serialized) = serialize(request);
+        let (outcome, spent) = self.run(wire, serialized, reads, limits, lines, None).await;
+        drop(spent);
         outcome
     }
 
-    /// One reconcile in a fresh Store, ended at `limits.timeout` wherever the guest is
-    /// (computing: the epoch deadline traps; blocked in a host or WASI call: the call is
-    /// dropped).
+    /// Makes an instance of this module (see [`call::instantiate`]).
+    pub(crate) async fn instantiate(
+        &self,
+        controller: &str,
+        limits: &Limits,
+        deadline: Duration,
+        lines: Option<SharedLines>,
+    ) -> Result<Instance, CallError> {
+        let tick = self.epoch_tick;
+        call::instantiate(
+            &self.engine,
+            &self.pre,
+            tick,
+            controller,
+            limits,
+            deadline,
+            lines,
+        )
+        .await
+    }
+
+    /// Marks the module as made on the call's path only; true when it already was.
+    pub(crate) fn refuse_ahead(&self) -> bool {
+        self.ahead_refused.swap(true, Ordering::AcqRel)
+    }
+
+    /// Whether instances of it may be made ahead: not once making one ahead failed or took
+    /// longer than [`MAKE_DEADLINE`](super::MAKE_DEADLINE) (its instantiation runs guest code).
+    pub fn may_be_made_ahead(&self) -> bool {
+        !self.ahead_refused.load(Ordering::Acquire)
+    }
+
+    /// One reconcile (`serialized`: the time its request took to serialize, counted in
+    /// [`Phases::request`](super::Phases)), in `made` when it is given (an instance made ahead), else in a fresh one made here;
+    /// ended at `limits.timeout` wherever the guest is (computing: the epoch deadline traps;
+    /// blocked in a host or WASI call: the call is dropped, its Store with it). The Store comes
+    /// back spent when the call ended in time, for the caller to drop.
     async fn run(
         &self,
-        request: WireRequest,
+        wire: WireRequest,
+        serialized: Duration,
         reads: SharedReads,
         limits: &Limits,
         lines: Option<SharedLines>,
-    ) -> Result<CallOutcome, CallError> {
-        let call = call::run(
-            &self.engine,
-            &self.pre,
-            self.epoch_tick,
-            request,
-            reads,
-            limits,
-            lines,
-        );
+        made: Option<Instance>,
+    ) -> (Result<CallOutcome, CallError>, Option<Spent>) {
+        let controller = wire.controller.clone();
+        let call = async {
+            let instance = match made {
+                Some(instance) => instance,
+                None => match self
+                    .instantiate(&controller, limits, limits.timeout, lines)
+                    .await
+                {
+                    Ok(instance) => instance,
+                    Err(e) => return (Err(e), None),
+                },
+            };
+            let (outcome, spent) = call::call(instance, self.epoch_tick, wire, reads).await;
+            (outcome, Some(spent))
+        };
         // The epoch deadline fires first for a computing guest; this catches one that waits.
         let grace = limits.timeout + self.epoch_tick * 2;
         match tokio::time::timeout(grace, call).await {
-            Ok(result) => result,
-            Err(_) => Err(CallError::Timeout {
-                limit: limits.timeout,
-            }),
+            Ok((mut outcome, spent)) => {
+                if let Ok(done) = &mut outcome {
+                    done.phases.request += serialized;
+                }
+                (outcome, spent)
+            }
+            Err(_) => (
+                Err(CallError::Timeout {
+                    limit: limits.timeout,
+                }),
+                None,
+            ),
         }
     }
 }
 
+/// The request as the guest gets it, and how long that took.
+fn serialize(request: impl IntoWire) -> (WireRequest, Duration) {
+    let serializing = Instant::now();
+    let wire = request.into_wire();
+    (wire, serializing.elapsed())
+}
+
 /// Drives a call on this thread's current-thread tokio runtime.
-fn block_on<T>(call: impl std::future::Future<Output = T>) -> T {
+pub(crate) fn block_on<T>(call: impl std::future::Future<Output = T>) -> T {
     thread_local! {
         // Building a current-thread runtime fails only when the process cannot make a timer
         // (out of file descriptors): no guest or spec is involved, and nothing could go on.
@@ -205,6 +266,9 @@ struct Inner {
     /// How the modules loaded so far were had: compiled, or from the compiled cache.
     compilations: Compilations,
     slots: FairSlots,
+    /// Pool slots for instances made ahead, charged to tenants.
+    ready_slots: FairSlots,
+    makers: Makers,
     log_rate: Arc<TenantRate>,
     config: SandboxConfig,
 }
@@ -261,6 +325,8 @@ impl Sandbox {
                 compiled_dir,
                 compilations: Compilations::default(),
                 slots: FairSlots::new(config.max_instances as usize),
+                ready_slots: FairSlots::sized(config.max_ready_instances as usize),
+                makers: Makers::start(),
                 log_rate: Arc::new(TenantRate::new(
                     config.log_lines_per_second,
                     config.log_line_burst,
@@ -311,6 +377,10 @@ impl Sandbox {
     /// tenants (a namespace's controllers, or one cluster controller), and shares the tenant's
     /// log rate; past its deadline the call is dropped and the slot freed. The runtime passes
     /// a [`WireRequest`]: each cached object serialized once per version.
+    ///
+    /// With the controller's `ready`, the call uses the instance made ahead for it (when it was
+    /// made of this module with these limits), the spent Store is dropped on the sandbox's
+    /// threads, and a busy controller's next instance is made there (see [`Ready`]).
     pub async fn reconcile(
         &self,
         tenant: &str,
@@ -318,6 +388,7 @@ impl Sandbox {
         request: impl IntoWire,
         reads: SharedReads,
         limits: Limits,
+        ready: Option<&Ready>,
     ) -> Result<CallOutcome, CallError> {
         let permit = self.inner.slots.acquire(tenant).await;
         // The tenant's log lines per second are shared by its calls, taken a few at a time as
@@ -326,12 +397,50 @@ impl Sandbox {
             rate: self.inner.log_rate.clone(),
             tenant: tenant.to_owned(),
         };
-        // On this task, not a blocking thread: the guest yields every epoch tick, and a call
-        // past its deadline is dropped with its Store, so the slot is free again at once.
-        let result = guest
-            .call_serialized(request, reads, &limits, Some(lines))
+        let Some(ready) = ready else {
+            // On this task, not a blocking thread: the guest yields every epoch tick, and a
+            // call past its deadline is dropped with its Store, so the slot is free again at
+            // once.
+            let result = guest
+                .call_serialized(request, reads, &limits, Some(lines))
+                .await;
+            drop(permit);
+            return result;
+        };
+        let busy = ready.called();
+        let made = match ready.take() {
+            Some(made) if made.serves(&guest.digest(), &limits) => Some(made),
+            Some(other) => {
+                self.inner.makers.drop_later(other);
+                None
+            }
+            None => None,
+        };
+        let (instance, ready_slot) = match made {
+            Some(Made { instance, slot, .. }) => (Some(instance), Some(slot)),
+            None => (None, None),
+        };
+        let (wire, serialized) = serialize(request);
+        let controller = wire.controller.clone();
+        let (result, spent) = guest
+            .run(
+                wire,
+                serialized,
+                reads,
+                &limits,
+                Some(lines.clone()),
+                instance,
+            )
             .await;
-        drop(permit);
+        // The Store first, then the slots it held.
+        self.inner.makers.drop_later((spent, ready_slot, permit));
+        if busy
+            && guest.may_be_made_ahead()
+            && !ready.holds()
+            && let Some(slot) = self.inner.ready_slots.try_share(tenant)
+        {
+            (self.inner.makers).make(ready, guest, limits, controller, slot, lines);
+        }
         result
     }
 
@@ -362,6 +471,7 @@ impl Sandbox {
             pre,
             engine: self.inner.engine.clone(),
             epoch_tick: self.inner.config.epoch_tick,
+            ahead_refused: AtomicBool::new(false),
         })
     }
 
@@ -464,7 +574,8 @@ fn swap_in_meminfo(meminfo: &str) -> bool {
 
 fn engine_config(config: &SandboxConfig, swap: bool) -> Config {
     let mut pool = PoolingAllocationConfig::new();
-    let n = config.max_instances;
+    // Calls and instances made ahead each take a slot.
+    let n = config.max_instances + config.max_ready_instances;
     pool.total_component_instances(n)
         .total_core_instances(n * 16)
         .max_core_instances_per_component(16)

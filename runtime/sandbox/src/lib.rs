@@ -6,6 +6,7 @@
 // `expect` says in an `allow` why no input can reach it; tests may panic.
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod ahead;
 mod bindings;
 mod call;
 mod compiled;
@@ -21,6 +22,7 @@ pub mod sync;
 mod text;
 mod types;
 
+pub use ahead::{MAKE_DEADLINE, READY_IDLE, Ready};
 pub use call::{CallOutcome, Phases};
 pub use compiled::{Compilations, CompiledCache};
 pub use compiler::{ChildCompiler, child_main, compilers_cpu};

@@ -25,6 +25,7 @@ struct State {
 #[derive(Clone)]
 pub struct FairSlots {
     state: Arc<Mutex<State>>,
+    capacity: usize,
 }
 
 /// One slot, given back when dropped.
@@ -38,12 +39,46 @@ pub struct Slot {
 impl FairSlots {
     /// A pool of `slots` slots (at least one).
     pub fn new(slots: usize) -> Self {
+        Self::sized(slots.max(1))
+    }
+
+    /// A pool of `slots` slots, none when 0 (for [`FairSlots::try_share`] only: `acquire` on
+    /// it would wait forever).
+    pub(crate) fn sized(slots: usize) -> Self {
         FairSlots {
             state: Arc::new(Mutex::new(State {
-                free: slots.max(1),
+                free: slots,
                 ..State::default()
             })),
+            capacity: slots,
         }
+    }
+
+    /// A slot for `tenant` now, without waiting: when one is free, nobody waits, and `tenant`
+    /// holds fewer than an equal share of the pool among the tenants holding slots (itself
+    /// counted) and fewer than half of it. For what is worth having but never worth waiting
+    /// for.
+    pub fn try_share(&self, tenant: &str) -> Option<Slot> {
+        let mut state = lock(&self.state);
+        if state.free == 0 || !state.waiting.is_empty() {
+            return None;
+        }
+        let held = state.running.get(tenant).copied().unwrap_or(0);
+        let tenants = state.running.len() + usize::from(held == 0);
+        // Never more than half the pool, so that another tenant always finds room.
+        let share = (self.capacity / tenants.max(1))
+            .min(self.capacity / 2)
+            .max(1);
+        if held >= share {
+            return None;
+        }
+        state.free -= 1;
+        *state.running.entry(tenant.to_owned()).or_default() += 1;
+        Some(Slot {
+            state: self.state.clone(),
+            tenant: tenant.to_owned(),
+            armed: true,
+        })
     }
 
     /// Waits for a slot for `tenant`.
@@ -184,6 +219,36 @@ mod tests {
             assert!(granted(waiter).await.is_none());
         }
         drop((b_slot, first));
+    }
+
+    #[test]
+    fn a_share_is_taken_only_when_free_and_within_the_tenants_part() {
+        let pool = FairSlots::sized(4);
+        // Alone, a tenant takes half the pool, never more.
+        let a: Vec<Slot> = (0..3).filter_map(|_| pool.try_share("a")).collect();
+        assert_eq!(a.len(), 2);
+        // Another tenant finds the rest: its equal share of two tenants.
+        let b: Vec<Slot> = (0..3).filter_map(|_| pool.try_share("b")).collect();
+        assert_eq!(b.len(), 2);
+        assert!(pool.try_share("c").is_none(), "the pool is full");
+        drop(a);
+        // b and c now: c's share is 4 / 2.
+        let c: Vec<Slot> = (0..3).filter_map(|_| pool.try_share("c")).collect();
+        assert_eq!(c.len(), 2);
+        drop(b);
+        let b = pool.try_share("b");
+        assert!(b.is_some());
+        // Three tenants: d's share is 4 / 3 = 1.
+        let d = pool.try_share("d");
+        assert!(d.is_some(), "the free slot, within d's share of 1");
+        assert!(pool.try_share("e").is_none(), "the pool is full");
+        drop((b, c, d));
+        assert!(
+            FairSlots::sized(0).try_share("a").is_none(),
+            "an empty pool"
+        );
+        let one = FairSlots::sized(1);
+        assert!(one.try_share("a").is_some(), "a pool of one: its one");
     }
 
     #[tokio::test]

@@ -27,7 +27,7 @@ use tracing::Instrument;
 use crate::api::Problem;
 use crate::controller::{Backoff, Cached, Change, Kind, ObjectKey, Watch, WorkQueue, WriteGate};
 use crate::metrics::Metrics;
-use crate::sandbox::{GuestPre, Limits, MAX_GUEST_MESSAGE_BYTES, Sandbox, guest_text};
+use crate::sandbox::{GuestPre, Limits, MAX_GUEST_MESSAGE_BYTES, Ready, Sandbox, guest_text};
 
 use super::actions::{ChildKind, EventRecorder, HeldStatuses};
 use super::cache::CacheSource;
@@ -159,6 +159,8 @@ pub struct Runner {
     reconciled: Mutex<HashMap<ObjectKey, Arc<Cached>>>,
     /// Keys whose last reconcile the guest failed with a permanent error, and on what.
     permanent: Mutex<HashMap<ObjectKey, pipeline::Attempt>>,
+    /// Its next instance, made ahead while it is busy.
+    ready: Ready,
 }
 
 impl Runner {
@@ -182,6 +184,7 @@ impl Runner {
             held: HeldStatuses::default(),
             reconciled: Mutex::default(),
             permanent: Mutex::default(),
+            ready: Ready::new(),
         })
     }
 

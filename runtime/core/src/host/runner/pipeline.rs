@@ -298,7 +298,7 @@ impl Runner {
         // Fair between tenants: a namespace's controllers, or one cluster controller.
         let tenant = s.namespace.as_deref().unwrap_or(&s.id);
         s.sandbox
-            .reconcile(tenant, guest, request, reads, s.limits)
+            .reconcile(tenant, guest, request, reads, s.limits, Some(&self.ready))
             .await
     }
 
