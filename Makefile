@@ -28,7 +28,7 @@ CLUSTER_DIR ?= $(or $(KUBEWASM_CLUSTER_DIR),$(KUBEWASM_CACHE)/clusters/default-$
 include deploy/dev/local/cluster.mk
 include deploy/install.mk
 
-.PHONY: all test demo demo-offline variant-guests up down toolchain guests build lint file-sizes layers fmt unit-test integration-test bench bench-reconcile bench-storm bench-cluster bench-cluster-venv bench-density bench-python bench-cache bench-compile bench-restart bench-fairness bench-shadow crds guest-sizes guest-size-typed
+.PHONY: all test demo demo-offline variant-guests up down toolchain guests build lint file-sizes layers fmt unit-test integration-test bench bench-reconcile bench-storm bench-cluster bench-cluster-venv bench-density bench-python bench-cache bench-compile bench-restart bench-fairness bench-shadow bench-ahead crds guest-sizes guest-size-typed
 
 all: build guests
 
@@ -166,6 +166,11 @@ bench-restart: guests k8s-binaries
 ## and beside it, and the comparison of the two answers; latency and CPU.
 bench-shadow: guests
 	$(CARGO) bench -p kubewasm --bench reconcile -- shadow
+
+## P1 as the runtime calls a busy controller: instances made ahead against instances made on
+## the call's path, the native floor and the Python webhook (latency and CPU per reconcile).
+bench-ahead: guests python-guests
+	$(CARGO) bench -p kubewasm --bench reconcile -- ahead
 
 ## P1 (one reconcile: sandbox, native floor, axum webhook, Python webhook) and P5 (epochs on/off).
 bench-reconcile: guests

@@ -15,11 +15,14 @@
 //! - **Python guests** (issue 25, `reconcile/python.rs`): the Python HelloWorld beside the Rust
 //!   one — size, compile time with and without the compiled cache, phases, one reconcile at
 //!   1 KiB interleaved with the other ways, memory per running instance.
+//! - **P1 as the runtime calls a busy controller** (`reconcile/ahead.rs`): instances made
+//!   ahead against instances made on the call's path, the native floor and the Python
+//!   webhook; latency and CPU.
 //! - **Shadow rollouts** (`reconcile/shadow.rs`): one reconcile without and with a candidate
 //!   module called beside it, and the comparison of the two answers; latency and CPU.
 //!
-//! `make bench`, or `cargo bench -p kubewasm --bench reconcile [-- ITERATIONS] [python|shadow]`
-//! (`python`: that section alone, `make bench-python`; `shadow`: that section alone);
+//! `make bench`, or `cargo bench -p kubewasm --bench reconcile [-- ITERATIONS] [python|shadow|ahead]`
+//! (`python`: that section alone, `make bench-python`; `shadow`, `ahead`: that section alone);
 //! `KUBEWASM_BENCH_ITERS` also sets the iterations (default 20000). To measure one change to
 //! a guest or the SDK at a time, `KUBEWASM_BENCH_CANDIDATE=path/to/hello_world.wasm` adds
 //! that build as a fifth way of P1, interleaved with the others (this machine is too noisy to
@@ -27,6 +30,8 @@
 //! 20 iterations, a debug build, to keep it working: those numbers mean nothing.
 
 use kubewasm_test_support::guests as common;
+#[path = "reconcile/ahead.rs"]
+mod ahead;
 #[path = "reconcile/python.rs"]
 mod python;
 #[path = "reconcile/shadow.rs"]
@@ -66,6 +71,10 @@ fn main() {
             sandbox.load(&bytes).expect("the guest loads")
         };
         shadow::section(&load("hello_world"), load("hello_world_howdy"), iters);
+        return;
+    }
+    if std::env::args().skip(1).any(|a| a == "ahead") {
+        ahead::section(iters);
         return;
     }
     if std::env::args().skip(1).any(|a| a == "python") {
@@ -124,7 +133,6 @@ fn main() {
                     request.clone(),
                     reads.clone(),
                     limits,
-                    None,
                 )
                 .await
                 .expect("reconcile");
@@ -161,6 +169,7 @@ fn main() {
         }
     }
     p1(guest.clone(), no_wasi, candidate, iters);
+    ahead::section(iters);
     let howdy = std::fs::read(common::guest("hello_world_howdy")).expect("reading the Howdy build");
     let howdy = sandbox.load(&howdy).expect("the Howdy build loads");
     shadow::section(&guest, howdy, iters);

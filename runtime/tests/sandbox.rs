@@ -832,7 +832,6 @@ async fn a_looping_call_does_not_hold_up_the_others() {
             hostile_request(mode),
             Arc::new(NoReads),
             Limits::default().with_timeout(limit),
-            None,
         )
     });
     let results = tokio::time::timeout(WATCHDOG, futures::future::join_all(calls))
@@ -879,7 +878,6 @@ async fn a_guest_blocked_in_wasi_times_out_and_frees_its_slot() {
                 hostile_request("sleep"),
                 Arc::new(NoReads),
                 Limits::default().with_timeout(limit),
-                None,
             ),
         )
         .await
@@ -897,7 +895,6 @@ async fn a_guest_blocked_in_wasi_times_out_and_frees_its_slot() {
             hostile_request("ok"),
             Arc::new(NoReads),
             Limits::default(),
-            None,
         ),
     )
     .await
@@ -1019,20 +1016,28 @@ async fn remember_rounds(
         }))
         .expect("a valid request")
         .with_controller(format!("{tenant}/hostile"));
-        let outcome = tokio::time::timeout(
-            WATCHDOG,
-            sandbox.reconcile(
-                tenant,
-                hostile.clone(),
-                request,
-                Arc::new(NoReads),
-                Limits::default().with_timeout(Duration::from_secs(10)),
-                ready,
-            ),
-        )
-        .await
-        .expect("a remembering call did not return")
-        .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let limits = Limits::default().with_timeout(Duration::from_secs(10));
+        let call = async {
+            let (tenant, guest, reads) = (tenant, hostile.clone(), Arc::new(NoReads));
+            match ready {
+                None => {
+                    sandbox
+                        .reconcile(tenant, guest, request, reads, limits)
+                        .await
+                }
+                Some(ready) => {
+                    let (called, tidy) = (sandbox)
+                        .reconcile_ahead(tenant, guest, request, reads, limits, ready)
+                        .await;
+                    tidy.run().await;
+                    called
+                }
+            }
+        };
+        let outcome = tokio::time::timeout(WATCHDOG, call)
+            .await
+            .expect("a remembering call did not return")
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
         assert_eq!(
             outcome.made_ahead, held,
             "round {round}: an instance ready before the call serves it"

@@ -250,7 +250,6 @@ async fn at_once(
                 request,
                 Arc::new(NoReads) as SharedReads,
                 limits,
-                None,
             )
             .await
             .expect("the Python guest reconciles");

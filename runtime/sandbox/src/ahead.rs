@@ -2,22 +2,26 @@
 //!
 //! A reconcile needs a fresh instance (no call may see another's memory), and making one and
 //! unmaking it are a third of a small call's time. Neither has to sit between the event and the
-//! actions: a busy controller's next instance is made on the sandbox's own threads while the
-//! caller carries out the actions of the last one, and a spent Store is dropped there too (its
-//! touched pages reset). Each instance made ahead still serves exactly one call.
+//! actions: a call made with the controller's [`Ready`] uses the instance made for it ahead, and
+//! hands back a [`Tidy`] — its spent Store to drop (the teardown: the slot's touched pages
+//! reset) and, for a busy controller, the next instance to make — which the caller runs once
+//! the answer is handed on, on its own task, while the actions' writes are on their way. No
+//! other thread is woken per call (a thread hand-off cost more CPU than it saved: BENCHMARKS).
+//! Each instance made ahead still serves exactly one call.
 //!
-//! Bounds: a controller holds at most one ([`Ready`]); all together hold at most
+//! Bounds: a controller holds at most one; all together hold at most
 //! `SandboxConfig::max_ready_instances` pool slots, each charged to its tenant, who may hold no
-//! more than an equal share among the tenants holding some; a controller counts as busy when
-//! its call comes within [`READY_IDLE`] of its last, and what waits longer is dropped; a module
-//! whose instantiation fails or outlasts [`MAKE_DEADLINE`] ahead is made on the call's path only.
+//! more than an equal share among the tenants holding some and never more than half; a
+//! controller counts as busy when its call comes within [`READY_IDLE`] of its last, and an
+//! instance that waits longer is dropped by the sandbox's sweeper thread; a module whose
+//! instantiation fails or outlasts [`MAKE_DEADLINE`] ahead is made on the call's path only.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak, mpsc};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use super::call::Instance;
-use super::engine::{Digest, GuestPre, block_on};
+use super::engine::{Digest, GuestPre};
 use super::limits::Limits;
 use super::output::SharedLines;
 use super::slots::Slot;
@@ -30,9 +34,6 @@ pub const READY_IDLE: Duration = Duration::from_secs(2);
 /// The longest an instantiation ahead may take (a component's start function is guest code):
 /// a module past it, or failing, is made on the call's path only, where its own deadline holds.
 pub const MAKE_DEADLINE: Duration = Duration::from_millis(100);
-
-/// Threads that make instances ahead and drop spent ones (at most; one per core).
-const MAX_WORKERS: usize = 4;
 
 /// One controller's instance made ahead: at most one, of one module with one set of limits.
 /// Cloning shares it; dropped with the controller.
@@ -90,118 +91,124 @@ impl Made {
     }
 }
 
-/// A job for the makers.
-enum Job {
-    /// Something to drop: a spent Store with the slots it held, last the slots.
-    Drop(Box<dyn Send>),
-    Make(Box<Make>),
-}
-
-struct Make {
+/// An instance to make ahead for a controller, charged to `slot`. Dropped unmade, its
+/// controller may have another made.
+pub(crate) struct Make {
     ready: Weak<ReadyInner>,
     guest: Arc<GuestPre>,
     limits: Limits,
     controller: String,
-    slot: Slot,
-    lines: SharedLines,
+    slot: Option<Slot>,
+    lines: Option<SharedLines>,
 }
 
-/// The sandbox's threads for instances made ahead and spent ones dropped.
-pub(crate) struct Makers {
-    jobs: mpsc::Sender<Job>,
-}
-
-/// Controllers holding an instance made ahead, for the sweep of idle ones.
-#[derive(Default)]
-struct Holding {
-    swept: Option<Instant>,
-    readies: Vec<Weak<ReadyInner>>,
-}
-
-impl Makers {
-    /// Starts the threads (one per core, at most [`MAX_WORKERS`]); they end with the sender.
-    pub(crate) fn start() -> Makers {
-        let (jobs, rx) = mpsc::channel();
-        let rx = Arc::new(Mutex::new(rx));
-        let holding = Arc::new(Mutex::new(Holding::default()));
-        let workers = std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_WORKERS));
-        for n in 0..workers {
-            let (rx, holding) = (rx.clone(), holding.clone());
-            let spawned = std::thread::Builder::new()
-                .name(format!("kubewasm-ahead-{n}"))
-                .spawn(move || work(&rx, &holding));
-            if let Err(e) = spawned {
-                // Fewer threads: what is sent is still done, by the others; with none at all
-                // the caller drops its Stores itself (see `drop_later`).
-                tracing::warn!("starting a thread for instances made ahead: {e}");
-            }
-        }
-        Makers { jobs }
-    }
-
-    /// Drops `value` on a maker thread; here, when there is none.
-    pub(crate) fn drop_later(&self, value: impl Send + 'static) {
-        if let Err(mpsc::SendError(job)) = self.jobs.send(Job::Drop(Box::new(value))) {
-            drop(job);
-        }
-    }
-
-    /// Makes `guest`'s next instance for `ready`, charged to `slot`, unless one is on its way.
-    pub(crate) fn make(
-        &self,
+impl Make {
+    /// `guest`'s next instance for `ready`, unless one is on its way (`None` then).
+    pub(crate) fn next(
         ready: &Ready,
         guest: Arc<GuestPre>,
         limits: Limits,
         controller: String,
         slot: Slot,
         lines: SharedLines,
-    ) {
+    ) -> Option<Make> {
         if ready.inner.making.swap(true, Ordering::AcqRel) {
-            return;
+            return None;
         }
-        let job = Make {
+        Some(Make {
             ready: Arc::downgrade(&ready.inner),
             guest,
             limits,
             controller,
-            slot,
-            lines,
-        };
-        if self.jobs.send(Job::Make(Box::new(job))).is_err() {
-            ready.inner.making.store(false, Ordering::Release);
+            slot: Some(slot),
+            lines: Some(lines),
+        })
+    }
+}
+
+impl Drop for Make {
+    fn drop(&mut self) {
+        if let Some(ready) = self.ready.upgrade() {
+            ready.making.store(false, Ordering::Release);
         }
     }
 }
 
-fn work(rx: &Mutex<mpsc::Receiver<Job>>, holding: &Mutex<Holding>) {
-    loop {
-        let job = rx.locked().recv_timeout(READY_IDLE / 4);
-        match job {
-            Ok(Job::Drop(value)) => drop(value),
-            Ok(Job::Make(make)) => made(*make, holding),
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+/// What is left of a call made with a [`Ready`]: its spent Store with the slots it held, and
+/// maybe the controller's next instance to make. [`Tidy::run`] does both; dropped unrun, the
+/// Store is dropped where it is and nothing is made.
+#[must_use = "run it once the answer is handed on, or the next instance is not made"]
+pub struct Tidy {
+    spent: Option<Box<dyn Send>>,
+    make: Option<Make>,
+    holding: Arc<Mutex<Holding>>,
+}
+
+impl Tidy {
+    pub(crate) fn new(
+        spent: impl Send + 'static,
+        make: Option<Make>,
+        holding: Arc<Mutex<Holding>>,
+    ) -> Tidy {
+        Tidy {
+            spent: Some(Box::new(spent)),
+            make,
+            holding,
         }
-        sweep(holding);
     }
+
+    /// Drops the spent Store (and then the slots it held), then makes the next instance ahead,
+    /// on this task (its instantiation yields every epoch tick and ends at [`MAKE_DEADLINE`]).
+    pub async fn run(mut self) {
+        drop(self.spent.take());
+        if let Some(make) = self.make.take() {
+            made(make, &self.holding).await;
+        }
+    }
+}
+
+/// Controllers holding an instance made ahead, for the sweep of idle ones.
+#[derive(Default)]
+pub(crate) struct Holding {
+    readies: Vec<Weak<ReadyInner>>,
+}
+
+/// Starts the thread that drops instances made ahead once they waited [`READY_IDLE`] (every
+/// quarter of it); it ends with the sandbox (the list it sweeps).
+pub(crate) fn start_sweeper() -> Arc<Mutex<Holding>> {
+    let holding = Arc::new(Mutex::new(Holding::default()));
+    let weak = Arc::downgrade(&holding);
+    let spawned = std::thread::Builder::new()
+        .name("kubewasm-ready-sweep".into())
+        .spawn(move || {
+            while let Some(holding) = weak.upgrade() {
+                sweep(&holding);
+                drop(holding);
+                std::thread::sleep(READY_IDLE / 4);
+            }
+        });
+    if let Err(e) = spawned {
+        // Without it an idle controller keeps its one instance (still bounded by the pool).
+        tracing::warn!("starting the sweeper of instances made ahead: {e}");
+    }
+    holding
 }
 
 /// Makes one instance ahead and leaves it with its controller (if it is still there and holds
 /// none).
-fn made(make: Make, holding: &Mutex<Holding>) {
-    let Make {
-        ready,
-        guest,
-        limits,
-        controller,
-        slot,
-        lines,
-    } = make;
-    let Some(ready) = ready.upgrade() else {
+async fn made(mut make: Make, holding: &Mutex<Holding>) {
+    let Some(ready) = make.ready.upgrade() else {
         return;
     };
-    let deadline = MAKE_DEADLINE.min(limits.timeout);
-    match block_on(guest.instantiate(&controller, &limits, deadline, Some(lines))) {
+    let (Some(slot), lines) = (make.slot.take(), make.lines.take()) else {
+        return;
+    };
+    let guest = &make.guest;
+    let deadline = MAKE_DEADLINE.min(make.limits.timeout);
+    match guest
+        .instantiate(&make.controller, &make.limits, deadline, lines)
+        .await
+    {
         Ok(instance) => {
             let made = Made {
                 digest: guest.digest(),
@@ -224,28 +231,20 @@ fn made(make: Make, holding: &Mutex<Holding>) {
         Err(e) => {
             if !guest.refuse_ahead() {
                 tracing::warn!(
-                    controller,
+                    controller = make.controller,
                     module = %guest.digest(),
                     "instances of this module are made on the call's path from now on: making one ahead failed ({e})"
                 );
             }
         }
     }
-    ready.making.store(false, Ordering::Release);
 }
 
-/// Drops the instances made ahead that waited past [`READY_IDLE`] (at most every quarter of it).
+/// Drops the instances made ahead that waited past [`READY_IDLE`].
 fn sweep(holding: &Mutex<Holding>) {
-    let mut holding = holding.locked();
     let now = Instant::now();
-    if holding
-        .swept
-        .is_some_and(|at| now.duration_since(at) < READY_IDLE / 4)
-    {
-        return;
-    }
-    holding.swept = Some(now);
     let mut idle = Vec::new();
+    let mut holding = holding.locked();
     holding.readies.retain(|weak| {
         let Some(ready) = weak.upgrade() else {
             return false;

@@ -10,7 +10,7 @@ use sha2::{Digest as _, Sha256};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-use super::ahead::{Made, Makers, Ready};
+use super::ahead::{Holding, Made, Make, Ready, Tidy, start_sweeper};
 use super::bindings::ControllerPre;
 use super::call::{self, CallOutcome, CallState, Instance, Spent};
 use super::compiled::{self, Compilations, CompiledCache};
@@ -241,7 +241,7 @@ fn serialize(request: impl IntoWire) -> (WireRequest, Duration) {
 }
 
 /// Drives a call on this thread's current-thread tokio runtime.
-pub(crate) fn block_on<T>(call: impl std::future::Future<Output = T>) -> T {
+fn block_on<T>(call: impl std::future::Future<Output = T>) -> T {
     thread_local! {
         // Building a current-thread runtime fails only when the process cannot make a timer
         // (out of file descriptors): no guest or spec is involved, and nothing could go on.
@@ -268,7 +268,8 @@ struct Inner {
     slots: FairSlots,
     /// Pool slots for instances made ahead, charged to tenants.
     ready_slots: FairSlots,
-    makers: Makers,
+    /// Controllers holding an instance made ahead (swept when idle).
+    holding: Arc<Mutex<Holding>>,
     log_rate: Arc<TenantRate>,
     config: SandboxConfig,
 }
@@ -326,7 +327,7 @@ impl Sandbox {
                 compilations: Compilations::default(),
                 slots: FairSlots::new(config.max_instances as usize),
                 ready_slots: FairSlots::sized(config.max_ready_instances as usize),
-                makers: Makers::start(),
+                holding: start_sweeper(),
                 log_rate: Arc::new(TenantRate::new(
                     config.log_lines_per_second,
                     config.log_line_burst,
@@ -377,10 +378,6 @@ impl Sandbox {
     /// tenants (a namespace's controllers, or one cluster controller), and shares the tenant's
     /// log rate; past its deadline the call is dropped and the slot freed. The runtime passes
     /// a [`WireRequest`]: each cached object serialized once per version.
-    ///
-    /// With the controller's `ready`, the call uses the instance made ahead for it (when it was
-    /// made of this module with these limits), the spent Store is dropped on the sandbox's
-    /// threads, and a busy controller's next instance is made there (see [`Ready`]).
     pub async fn reconcile(
         &self,
         tenant: &str,
@@ -388,8 +385,39 @@ impl Sandbox {
         request: impl IntoWire,
         reads: SharedReads,
         limits: Limits,
-        ready: Option<&Ready>,
     ) -> Result<CallOutcome, CallError> {
+        let (result, tidy) = self.call(tenant, guest, request, reads, limits, None).await;
+        // The Store and then the slot, here.
+        drop(tidy);
+        result
+    }
+
+    /// [`Sandbox::reconcile`] for a controller with its `ready`: the call uses the instance
+    /// made ahead for it (when it was made of this module with these limits); the [`Tidy`]
+    /// handed back drops the spent Store and, when the controller is busy, makes its next
+    /// instance: run it once the answer is handed on (see [`Ready`]).
+    pub async fn reconcile_ahead(
+        &self,
+        tenant: &str,
+        guest: Arc<GuestPre>,
+        request: impl IntoWire,
+        reads: SharedReads,
+        limits: Limits,
+        ready: &Ready,
+    ) -> (Result<CallOutcome, CallError>, Tidy) {
+        self.call(tenant, guest, request, reads, limits, Some(ready))
+            .await
+    }
+
+    async fn call(
+        &self,
+        tenant: &str,
+        guest: Arc<GuestPre>,
+        request: impl IntoWire,
+        reads: SharedReads,
+        limits: Limits,
+        ready: Option<&Ready>,
+    ) -> (Result<CallOutcome, CallError>, Tidy) {
         let permit = self.inner.slots.acquire(tenant).await;
         // The tenant's log lines per second are shared by its calls, taken a few at a time as
         // each logs (see `SharedLines`).
@@ -397,24 +425,11 @@ impl Sandbox {
             rate: self.inner.log_rate.clone(),
             tenant: tenant.to_owned(),
         };
-        let Some(ready) = ready else {
-            // On this task, not a blocking thread: the guest yields every epoch tick, and a
-            // call past its deadline is dropped with its Store, so the slot is free again at
-            // once.
-            let result = guest
-                .call_serialized(request, reads, &limits, Some(lines))
-                .await;
-            drop(permit);
-            return result;
-        };
-        let busy = ready.called();
-        let made = match ready.take() {
+        let busy = ready.is_some_and(Ready::called);
+        let made = match ready.and_then(Ready::take) {
             Some(made) if made.serves(&guest.digest(), &limits) => Some(made),
-            Some(other) => {
-                self.inner.makers.drop_later(other);
-                None
-            }
-            None => None,
+            // Made for another module or other limits: dropped here.
+            Some(_) | None => None,
         };
         let (instance, ready_slot) = match made {
             Some(Made { instance, slot, .. }) => (Some(instance), Some(slot)),
@@ -422,6 +437,8 @@ impl Sandbox {
         };
         let (wire, serialized) = serialize(request);
         let controller = wire.controller.clone();
+        // On this task, not a blocking thread: the guest yields every epoch tick, and a call
+        // past its deadline is dropped with its Store, so the slot is free again at once.
         let (result, spent) = guest
             .run(
                 wire,
@@ -432,16 +449,20 @@ impl Sandbox {
                 instance,
             )
             .await;
+        let make = match ready {
+            Some(ready) if busy && guest.may_be_made_ahead() && !ready.holds() => {
+                (self.inner.ready_slots.try_share(tenant))
+                    .and_then(|slot| Make::next(ready, guest, limits, controller, slot, lines))
+            }
+            _ => None,
+        };
         // The Store first, then the slots it held.
-        self.inner.makers.drop_later((spent, ready_slot, permit));
-        if busy
-            && guest.may_be_made_ahead()
-            && !ready.holds()
-            && let Some(slot) = self.inner.ready_slots.try_share(tenant)
-        {
-            (self.inner.makers).make(ready, guest, limits, controller, slot, lines);
-        }
-        result
+        let tidy = Tidy::new(
+            (spent, ready_slot, permit),
+            make,
+            self.inner.holding.clone(),
+        );
+        (result, tidy)
     }
 
     fn compile(&self, bytes: &[u8], digest: Digest) -> Result<GuestPre, LoadError> {

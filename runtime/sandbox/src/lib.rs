@@ -22,7 +22,7 @@ pub mod sync;
 mod text;
 mod types;
 
-pub use ahead::{MAKE_DEADLINE, READY_IDLE, Ready};
+pub use ahead::{MAKE_DEADLINE, READY_IDLE, Ready, Tidy};
 pub use call::{CallOutcome, Phases};
 pub use compiled::{Compilations, CompiledCache};
 pub use compiler::{ChildCompiler, child_main, compilers_cpu};

@@ -30,20 +30,13 @@ async fn hello(
     ready: &Ready,
 ) -> CallOutcome {
     let request = hello_request().with_controller(format!("{tenant}/{controller}"));
-    tokio::time::timeout(
-        WATCHDOG,
-        sandbox.reconcile(
-            tenant,
-            guest.clone(),
-            request,
-            Arc::new(NoReads),
-            Limits::default(),
-            Some(ready),
-        ),
-    )
-    .await
-    .expect("a HelloWorld call returned")
-    .expect("HelloWorld reconciles")
+    let (guest, reads, limits) = (guest.clone(), Arc::new(NoReads), Limits::default());
+    let call = sandbox.reconcile_ahead(tenant, guest, request, reads, limits, ready);
+    let (called, tidy) = tokio::time::timeout(WATCHDOG, call)
+        .await
+        .expect("a HelloWorld call returned");
+    tidy.run().await;
+    called.expect("HelloWorld reconciles")
 }
 
 /// Waits up to 2 s for `ready` to hold an instance; whether it does.
@@ -159,10 +152,10 @@ fn component_with_start(body: &str) -> Vec<u8> {
 }
 
 /// The attack: a module whose instantiation computes forever (or traps), named by a busy
-/// controller, to hold the threads that make every tenant's instances ahead. Each call still
-/// ends at its own deadline on its own path; the one make tried ahead ends at
-/// [`MAKE_DEADLINE`], and the module is never made ahead again; another tenant's controller
-/// is still served by instances made ahead meanwhile.
+/// controller, to make the runtime spend its time making instances ahead. Each call still
+/// ends at its own deadline on its own path; the one make tried ahead (on the caller's task,
+/// after the answer) ends at [`MAKE_DEADLINE`], and the module is never made ahead again;
+/// another tenant's controller is still served by instances made ahead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_module_whose_instantiation_loops_or_traps_is_never_made_ahead() {
     let sandbox = sandbox(4, 4);
@@ -176,19 +169,19 @@ async fn a_module_whose_instantiation_loops_or_traps_is_never_made_ahead() {
         let started = std::time::Instant::now();
         for _ in 0..4 {
             let request = hello_request().with_controller("team-x/evil");
-            let ended = tokio::time::timeout(
-                WATCHDOG,
-                sandbox.reconcile(
-                    "team-x",
-                    guest.clone(),
-                    request,
-                    Arc::new(NoReads),
-                    Limits::default().with_timeout(limit),
-                    Some(&ready),
-                ),
-            )
-            .await
-            .expect("the call ended");
+            let (guest, reads) = (guest.clone(), Arc::new(NoReads));
+            let limits = Limits::default().with_timeout(limit);
+            let call = sandbox.reconcile_ahead("team-x", guest, request, reads, limits, &ready);
+            let (ended, tidy) = tokio::time::timeout(WATCHDOG, call)
+                .await
+                .expect("the call ended");
+            let tidied = std::time::Instant::now();
+            tidy.run().await;
+            assert!(
+                tidied.elapsed() < MAKE_DEADLINE + Duration::from_secs(1),
+                "{ends}: tidying took {:?}",
+                tidied.elapsed()
+            );
             match (ends, ended) {
                 ("timeout", Err(CallError::Timeout { .. })) => {}
                 ("trap", Err(CallError::Trap(_))) => {}

@@ -125,9 +125,11 @@ impl Runner {
         // The candidate (if any, and this reconcile is sampled) is called on the same request
         // once the live reconcile is done, and compared.
         let shadowed = self.shadow_start(&prepared, &request);
-        let outcome = match self.call(guest, request, recording.clone()).await {
+        let (called, tidy) = self.call(guest, request, recording.clone()).await;
+        let outcome = match called {
             Ok(outcome) => outcome,
             Err(e) => {
+                tidy.run().await;
                 let problem = Problem::new(super::super::reason_of(&e), e.to_string());
                 let recorded = recording.reads();
                 self.capsule(&prepared, &recording, &problem, Stage::Call, attempt.module);
@@ -147,7 +149,10 @@ impl Runner {
             Some(_) => recording.reads(),
             None => Vec::new(),
         };
-        let applied = match self.apply(&prepared, outcome).await {
+        // The spent instance is torn down, and the next made ahead, while the actions' writes
+        // are on their way.
+        let (applied, ()) = tokio::join!(self.apply(&prepared, outcome), tidy.run());
+        let applied = match applied {
             Ok(applied) => applied,
             Err(problem) => {
                 self.capsule(
@@ -284,13 +289,17 @@ impl Runner {
     }
 
     /// Step 2: the guest, in the sandbox, reading through the controller's grants (and
-    /// recorded, for a capsule should it fail).
+    /// recorded, for a capsule should it fail), in the instance made ahead for it when it is
+    /// busy; what is left to tidy comes back with the answer.
     async fn call(
         &self,
         guest: Arc<crate::sandbox::GuestPre>,
         request: WireRequest,
         reads: SharedReads,
-    ) -> Result<CallOutcome, crate::sandbox::CallError> {
+    ) -> (
+        Result<CallOutcome, crate::sandbox::CallError>,
+        crate::sandbox::Tidy,
+    ) {
         let s = &self.setup;
         self.stats
             .reconciles
@@ -298,7 +307,7 @@ impl Runner {
         // Fair between tenants: a namespace's controllers, or one cluster controller.
         let tenant = s.namespace.as_deref().unwrap_or(&s.id);
         s.sandbox
-            .reconcile(tenant, guest, request, reads, s.limits, Some(&self.ready))
+            .reconcile_ahead(tenant, guest, request, reads, s.limits, &self.ready)
             .await
     }
 

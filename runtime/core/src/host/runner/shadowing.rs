@@ -108,14 +108,7 @@ impl Runner {
         let reads: SharedReads = Arc::new(Replayed::or(recorded, shadowed.reads.clone()));
         let span = tracing::info_span!("reconcile", controller = s.id.as_str(), object = %key, candidate = %shadowed.digest);
         let called = (s.sandbox)
-            .reconcile(
-                tenant,
-                shadowed.guest,
-                shadowed.request,
-                reads,
-                s.limits,
-                None,
-            )
+            .reconcile(tenant, shadowed.guest, shadowed.request, reads, s.limits)
             .instrument(span)
             .await;
         let candidate = match called {
