@@ -852,7 +852,6 @@ async fn a_looping_call_does_not_hold_up_the_others() {
 fn one_slot_hostile() -> (Sandbox, Arc<GuestPre>) {
     let one_slot = Sandbox::new(SandboxConfig {
         max_instances: 1,
-        max_ready_instances: 0,
         ..SandboxConfig::default()
     })
     .expect("a sandbox with one instance slot");

@@ -9,9 +9,11 @@
 //! other thread is woken per call (a thread hand-off cost more CPU than it saved: BENCHMARKS).
 //! Each instance made ahead still serves exactly one call.
 //!
-//! Bounds: a controller holds at most one; all together hold at most
-//! `SandboxConfig::max_ready_instances` pool slots, each charged to its tenant, who may hold no
-//! more than an equal share among the tenants holding some and never more than half; a
+//! Bounds: a controller holds at most one; each holds one of the sandbox's instance slots
+//! (`--max-instances`, so that the memory budget is unchanged), charged to its tenant, who may
+//! hold no more than an equal share among the tenants holding some and never more than half;
+//! one is made only when a slot is free and no call waits, and a call that would wait drops
+//! them all first; a
 //! controller counts as busy when its call comes within [`READY_IDLE`] of its last, and an
 //! instance that waits longer is dropped by the sandbox's sweeper thread; a module whose
 //! instantiation fails or outlasts [`MAKE_DEADLINE`] ahead is made on the call's path only.
@@ -24,7 +26,7 @@ use super::call::Instance;
 use super::engine::{Digest, GuestPre};
 use super::limits::Limits;
 use super::output::SharedLines;
-use super::slots::Slot;
+use super::slots::{FairSlots, Slot};
 use crate::sync::Locks as _;
 
 /// An instance made ahead waits this long for its call before it is dropped; a controller whose
@@ -91,15 +93,16 @@ impl Made {
     }
 }
 
-/// An instance to make ahead for a controller, charged to `slot`. Dropped unmade, its
-/// controller may have another made.
+/// An instance to make ahead for a controller, in a slot of `slots` charged to `tenant` (taken
+/// once the spent Store gave its slot back). Dropped unmade, its controller may have another
+/// made.
 pub(crate) struct Make {
     ready: Weak<ReadyInner>,
     guest: Arc<GuestPre>,
     limits: Limits,
     controller: String,
-    slot: Option<Slot>,
-    lines: Option<SharedLines>,
+    slots: FairSlots,
+    lines: SharedLines,
 }
 
 impl Make {
@@ -109,7 +112,7 @@ impl Make {
         guest: Arc<GuestPre>,
         limits: Limits,
         controller: String,
-        slot: Slot,
+        slots: FairSlots,
         lines: SharedLines,
     ) -> Option<Make> {
         if ready.inner.making.swap(true, Ordering::AcqRel) {
@@ -120,8 +123,8 @@ impl Make {
             guest,
             limits,
             controller,
-            slot: Some(slot),
-            lines: Some(lines),
+            slots,
+            lines,
         })
     }
 }
@@ -196,13 +199,14 @@ pub(crate) fn start_sweeper() -> Arc<Mutex<Holding>> {
 
 /// Makes one instance ahead and leaves it with its controller (if it is still there and holds
 /// none).
-async fn made(mut make: Make, holding: &Mutex<Holding>) {
+async fn made(make: Make, holding: &Mutex<Holding>) {
     let Some(ready) = make.ready.upgrade() else {
         return;
     };
-    let (Some(slot), lines) = (make.slot.take(), make.lines.take()) else {
+    let Some(slot) = make.slots.try_share(&make.lines.tenant) else {
         return;
     };
+    let lines = Some(make.lines.clone());
     let guest = &make.guest;
     let deadline = MAKE_DEADLINE.min(make.limits.timeout);
     match guest
@@ -240,10 +244,19 @@ async fn made(mut make: Make, holding: &Mutex<Holding>) {
     }
 }
 
+/// Drops every instance made ahead: a call is about to wait for a slot.
+pub(crate) fn drop_ready(holding: &Mutex<Holding>) {
+    sweep_older(holding, Duration::ZERO);
+}
+
 /// Drops the instances made ahead that waited past [`READY_IDLE`].
 fn sweep(holding: &Mutex<Holding>) {
+    sweep_older(holding, READY_IDLE);
+}
+
+fn sweep_older(holding: &Mutex<Holding>, idle: Duration) {
     let now = Instant::now();
-    let mut idle = Vec::new();
+    let mut dropped = Vec::new();
     let mut holding = holding.locked();
     holding.readies.retain(|weak| {
         let Some(ready) = weak.upgrade() else {
@@ -252,9 +265,9 @@ fn sweep(holding: &Mutex<Holding>) {
         let mut cell = ready.made.locked();
         if cell
             .as_ref()
-            .is_some_and(|m| now.duration_since(m.at) >= READY_IDLE)
+            .is_some_and(|m| now.duration_since(m.at) >= idle)
         {
-            idle.extend(cell.take());
+            dropped.extend(cell.take());
         }
         let keep = cell.is_some();
         if !keep {
@@ -263,5 +276,5 @@ fn sweep(holding: &Mutex<Holding>) {
         keep
     });
     drop(holding);
-    drop(idle);
+    drop(dropped);
 }

@@ -10,7 +10,7 @@ use sha2::{Digest as _, Sha256};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-use super::ahead::{Holding, Made, Make, Ready, Tidy, start_sweeper};
+use super::ahead::{Holding, Made, Make, Ready, Tidy, drop_ready, start_sweeper};
 use super::bindings::ControllerPre;
 use super::call::{self, CallOutcome, CallState, Instance, Spent};
 use super::compiled::{self, Compilations, CompiledCache};
@@ -26,11 +26,10 @@ use crate::sync::Locks as _;
 /// Engine-wide settings. Per-call limits live in [`Limits`].
 #[derive(Debug, Clone)]
 pub struct SandboxConfig {
-    /// Guest instances that may run calls at once; calls beyond this wait for a free slot.
+    /// Guest instances that may exist at once (the pooling allocator's size): running calls
+    /// and instances made ahead (see [`Ready`]) together; calls beyond this wait for a free
+    /// slot, and a call that would wait first drops the instances made ahead.
     pub max_instances: u32,
-    /// Instances made ahead for busy controllers that may wait at once (see [`Ready`]); 0: none
-    /// is. The pooling allocator's size is this plus `max_instances`.
-    pub max_ready_instances: u32,
     /// The largest per-call memory limit any controller may ask for (pool slot size).
     pub max_memory_bytes: usize,
     /// The largest module accepted.
@@ -59,7 +58,6 @@ impl Default for SandboxConfig {
     fn default() -> Self {
         SandboxConfig {
             max_instances: 32,
-            max_ready_instances: 32,
             max_memory_bytes: 512 << 20,
             // `sources::DEFAULT_MAX_MODULE_BYTES` (a test checks it): `kubewasm run` sets both
             // from `--max-module-bytes`.
@@ -265,9 +263,8 @@ struct Inner {
     compiled_dir: Option<PathBuf>,
     /// How the modules loaded so far were had: compiled, or from the compiled cache.
     compilations: Compilations,
+    /// Instance slots: running calls and instances made ahead.
     slots: FairSlots,
-    /// Pool slots for instances made ahead, charged to tenants.
-    ready_slots: FairSlots,
     /// Controllers holding an instance made ahead (swept when idle).
     holding: Arc<Mutex<Holding>>,
     log_rate: Arc<TenantRate>,
@@ -326,7 +323,6 @@ impl Sandbox {
                 compiled_dir,
                 compilations: Compilations::default(),
                 slots: FairSlots::new(config.max_instances as usize),
-                ready_slots: FairSlots::sized(config.max_ready_instances as usize),
                 holding: start_sweeper(),
                 log_rate: Arc::new(TenantRate::new(
                     config.log_lines_per_second,
@@ -418,7 +414,6 @@ impl Sandbox {
         limits: Limits,
         ready: Option<&Ready>,
     ) -> (Result<CallOutcome, CallError>, Tidy) {
-        let permit = self.inner.slots.acquire(tenant).await;
         // The tenant's log lines per second are shared by its calls, taken a few at a time as
         // each logs (see `SharedLines`).
         let lines = SharedLines {
@@ -426,14 +421,21 @@ impl Sandbox {
             tenant: tenant.to_owned(),
         };
         let busy = ready.is_some_and(Ready::called);
-        let made = match ready.and_then(Ready::take) {
-            Some(made) if made.serves(&guest.digest(), &limits) => Some(made),
-            // Made for another module or other limits: dropped here.
-            Some(_) | None => None,
-        };
-        let (instance, ready_slot) = match made {
-            Some(Made { instance, slot, .. }) => (Some(instance), Some(slot)),
-            None => (None, None),
+        // The instance made ahead for this controller brings its slot; a call without one takes
+        // a slot fairly, and when it would wait, the instances made ahead are dropped first
+        // (they are worth having, never worth waiting for).
+        let (instance, permit) = match ready.and_then(Ready::take) {
+            Some(made) if made.serves(&guest.digest(), &limits) => {
+                let Made { instance, slot, .. } = made;
+                (Some(instance), slot)
+            }
+            other => {
+                drop(other);
+                if self.inner.slots.would_wait() {
+                    drop_ready(&self.inner.holding);
+                }
+                (None, self.inner.slots.acquire(tenant).await)
+            }
         };
         let (wire, serialized) = serialize(request);
         let controller = wire.controller.clone();
@@ -451,17 +453,13 @@ impl Sandbox {
             .await;
         let make = match ready {
             Some(ready) if busy && guest.may_be_made_ahead() && !ready.holds() => {
-                (self.inner.ready_slots.try_share(tenant))
-                    .and_then(|slot| Make::next(ready, guest, limits, controller, slot, lines))
+                let slots = self.inner.slots.clone();
+                Make::next(ready, guest, limits, controller, slots, lines)
             }
             _ => None,
         };
         // The Store first, then the slots it held.
-        let tidy = Tidy::new(
-            (spent, ready_slot, permit),
-            make,
-            self.inner.holding.clone(),
-        );
+        let tidy = Tidy::new((spent, permit), make, self.inner.holding.clone());
         (result, tidy)
     }
 
@@ -595,8 +593,7 @@ fn swap_in_meminfo(meminfo: &str) -> bool {
 
 fn engine_config(config: &SandboxConfig, swap: bool) -> Config {
     let mut pool = PoolingAllocationConfig::new();
-    // Calls and instances made ahead each take a slot.
-    let n = config.max_instances + config.max_ready_instances;
+    let n = config.max_instances;
     pool.total_component_instances(n)
         .total_core_instances(n * 16)
         .max_core_instances_per_component(16)

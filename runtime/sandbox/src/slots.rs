@@ -39,12 +39,7 @@ pub struct Slot {
 impl FairSlots {
     /// A pool of `slots` slots (at least one).
     pub fn new(slots: usize) -> Self {
-        Self::sized(slots.max(1))
-    }
-
-    /// A pool of `slots` slots, none when 0 (for [`FairSlots::try_share`] only: `acquire` on
-    /// it would wait forever).
-    pub(crate) fn sized(slots: usize) -> Self {
+        let slots = slots.max(1);
         FairSlots {
             state: Arc::new(Mutex::new(State {
                 free: slots,
@@ -52,6 +47,12 @@ impl FairSlots {
             })),
             capacity: slots,
         }
+    }
+
+    /// Whether an `acquire` now would wait (no slot free, or others waiting).
+    pub fn would_wait(&self) -> bool {
+        let state = lock(&self.state);
+        state.free == 0 || !state.waiting.is_empty()
     }
 
     /// A slot for `tenant` now, without waiting: when one is free, nobody waits, and `tenant`
@@ -223,7 +224,7 @@ mod tests {
 
     #[test]
     fn a_share_is_taken_only_when_free_and_within_the_tenants_part() {
-        let pool = FairSlots::sized(4);
+        let pool = FairSlots::new(4);
         // Alone, a tenant takes half the pool, never more.
         let a: Vec<Slot> = (0..3).filter_map(|_| pool.try_share("a")).collect();
         assert_eq!(a.len(), 2);
@@ -243,11 +244,7 @@ mod tests {
         assert!(d.is_some(), "the free slot, within d's share of 1");
         assert!(pool.try_share("e").is_none(), "the pool is full");
         drop((b, c, d));
-        assert!(
-            FairSlots::sized(0).try_share("a").is_none(),
-            "an empty pool"
-        );
-        let one = FairSlots::sized(1);
+        let one = FairSlots::new(1);
         assert!(one.try_share("a").is_some(), "a pool of one: its one");
     }
 

@@ -18,14 +18,11 @@ fn millis(d: Duration) -> u64 {
 /// `SandboxConfig`, `CacheCaps`, `SPEC_LIMITS`), read here, never written again.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Guest instances that may run at once across all controllers.
+    /// Guest instances that may exist at once across all controllers: running calls, and the
+    /// next instances of busy controllers made ahead (dropped whenever a call would wait).
     #[arg(long, default_value_t = SandboxConfig::default().max_instances)]
     max_instances: u32,
-    /// Instances made ahead for busy controllers that may wait at once (each controller holds
-    /// at most one, each tenant an equal share; idle ones are dropped after 2 s); 0: every
-    /// instance is made on its call's path.
-    #[arg(long, default_value_t = SandboxConfig::default().max_ready_instances)]
-    max_ready_instances: u32,
+
     /// Seconds between re-reads of modules given as file paths.
     #[arg(long, default_value_t = ManagerConfig::default().module_poll.as_secs())]
     module_poll_seconds: u64,
@@ -230,7 +227,6 @@ pub fn run(args: Args, logs: std::sync::Arc<kubewasm::logs::LogStore>) -> anyhow
             .map_err(|e| anyhow::anyhow!("--verify-key {e}"))?;
         let mut config = ManagerConfig::default();
         config.sandbox.max_instances = args.max_instances;
-        config.sandbox.max_ready_instances = args.max_ready_instances;
         config.sandbox.log_lines_per_second = args.max_log_lines_per_second;
         config.sandbox.log_line_burst = args.log_line_burst;
         config.sandbox.compiled_cache = args.compiled_cache_dir.map(|dir| CompiledCache {

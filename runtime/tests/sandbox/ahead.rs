@@ -6,10 +6,9 @@
 use super::*;
 use kubewasm::sandbox::{MAKE_DEADLINE, READY_IDLE, Ready};
 
-fn sandbox(max_instances: u32, max_ready_instances: u32) -> Sandbox {
+fn sandbox(max_instances: u32) -> Sandbox {
     Sandbox::new(SandboxConfig {
         max_instances,
-        max_ready_instances,
         ..SandboxConfig::default()
     })
     .expect("a sandbox")
@@ -50,12 +49,12 @@ async fn made(ready: &Ready) -> bool {
     false
 }
 
-/// The `remember` rounds of the isolation test with one slot for calls and one for an
-/// instance made ahead: every instance, made ahead or on the call's path, starts from memory
-/// no call left anything in.
+/// The `remember` rounds of the isolation test with two instance slots, one for the call and
+/// one for an instance made ahead: every instance, made ahead or on the call's path, starts
+/// from memory no call left anything in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_made_ahead_sees_nothing_an_earlier_call_left() {
-    let sandbox = sandbox(1, 1);
+    let sandbox = sandbox(2);
     let hostile = guest_in(&sandbox, "hostile");
     let readies = [("team-a", Ready::new()), ("team-b", Ready::new())];
     let ahead = remember_rounds(&sandbox, &hostile, Some(&readies)).await;
@@ -70,7 +69,7 @@ async fn an_instance_made_ahead_sees_nothing_an_earlier_call_left() {
 /// controller, at most half the pool per tenant, and none once the controller is idle.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_controller_holds_one_instance_ahead_and_an_idle_one_none() {
-    let sandbox = sandbox(4, 4);
+    let sandbox = sandbox(4);
     let guest = guest_in(&sandbox, "hello_world");
     let ready = Ready::new();
     let first = hello(&sandbox, &guest, "team-a", "one", &ready).await;
@@ -124,6 +123,61 @@ async fn a_busy_controller_holds_one_instance_ahead_and_an_idle_one_none() {
     assert!(!after.made_ahead, "after idling, the call makes its own");
 }
 
+/// Instances made ahead hold slots only while nobody waits: team-a's busy controller holds
+/// one of two slots ahead, team-b's guest sleeps in the other, and team-c's call, which would
+/// wait, drops team-a's instance and runs at once — not after the sleeper's deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_would_wait_drops_the_instances_made_ahead() {
+    let sandbox = sandbox(2);
+    let guest = guest_in(&sandbox, "hello_world");
+    let hostile = guest_in(&sandbox, "hostile");
+    let ready = Ready::new();
+    for _ in 0..2 {
+        hello(&sandbox, &guest, "team-a", "one", &ready).await;
+    }
+    assert!(
+        made(&ready).await,
+        "team-a's busy controller holds one ahead"
+    );
+    let sleeper = {
+        let sandbox = sandbox.clone();
+        tokio::spawn(async move {
+            let limits = Limits::default().with_timeout(Duration::from_secs(3));
+            let request = hostile_request("sleep").with_controller("team-b/sleeper");
+            sandbox
+                .reconcile("team-b", hostile, request, Arc::new(NoReads), limits)
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = std::time::Instant::now();
+    let request = hello_request().with_controller("team-c/hello");
+    let done = tokio::time::timeout(
+        WATCHDOG,
+        sandbox.reconcile(
+            "team-c",
+            guest.clone(),
+            request,
+            Arc::new(NoReads),
+            Limits::default(),
+        ),
+    )
+    .await
+    .expect("team-c's call returned");
+    let took = started.elapsed();
+    done.expect("team-c's HelloWorld reconciles");
+    assert!(
+        took < Duration::from_secs(1),
+        "team-c waited {took:?}: for the sleeper, not for the instance made ahead"
+    );
+    assert!(
+        !ready.holds(),
+        "team-a's instance made ahead was dropped for it"
+    );
+    let slept = sleeper.await.expect("the sleeper's task");
+    assert!(matches!(slept, Err(CallError::Timeout { .. })), "{slept:?}");
+}
+
 /// A component whose core module has a start function (guest code run while instantiating):
 /// `body` is its body.
 fn component_with_start(body: &str) -> Vec<u8> {
@@ -158,7 +212,7 @@ fn component_with_start(body: &str) -> Vec<u8> {
 /// another tenant's controller is still served by instances made ahead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_module_whose_instantiation_loops_or_traps_is_never_made_ahead() {
-    let sandbox = sandbox(4, 4);
+    let sandbox = sandbox(4);
     let hello_guest = guest_in(&sandbox, "hello_world");
     for (body, ends) in [("(loop $l (br $l))", "timeout"), ("unreachable", "trap")] {
         let guest = sandbox
