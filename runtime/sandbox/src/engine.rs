@@ -7,14 +7,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest as _, Sha256};
+use wasmtime::Engine;
 use wasmtime::component::{Component, Linker};
-use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+use super::pool::{engine_config, machine_has_swap, start_epoch_ticker};
 
 use super::ahead::{Holding, Made, Make, Ready, Tidy, drop_ready, start_sweeper};
 use super::bindings::ControllerPre;
 use super::call::{self, CallOutcome, CallState, Instance, Spent};
 use super::compiled::{self, Compilations, CompiledCache};
-use super::compiler::{ChildCompiler, codegen_config};
+use super::compiler::ChildCompiler;
 use super::error::{CallError, LoadError};
 use super::limits::Limits;
 use super::output::SharedLines;
@@ -554,86 +556,6 @@ impl Sandbox {
     }
 }
 
-/// Linear memory kept resident per freed pool slot (see [`engine_config`]).
-const KEEP_RESIDENT_MEMORY_BYTES: usize = 2 << 20;
-
-/// Table memory kept resident per freed pool slot.
-const KEEP_RESIDENT_TABLE_BYTES: usize = 64 << 10;
-
-/// How a freed slot's touched pages are found. PAGEMAP_SCAN (Linux 6.7+) reports the pages
-/// written since the last reset, and wasmtime resets only those; a written page that was
-/// swapped out is not reported, so on a machine with swap a reused slot could keep a page of
-/// another call (wasmtime's open issue). With swap, the reset does without it: the kept
-/// resident bytes are zeroed whole (memset) and the rest discarded (madvise), which cannot
-/// skip a page, whatever is swapped.
-fn pagemap_scan(swap: bool) -> Enabled {
-    match swap {
-        true => Enabled::No,
-        false => Enabled::Auto,
-    }
-}
-
-/// Whether `/proc/meminfo` says the machine has swap (`SwapTotal` above 0). Unreadable: yes
-/// (the safe reset only costs time).
-pub fn machine_has_swap() -> bool {
-    std::fs::read_to_string("/proc/meminfo").map_or(true, |m| swap_in_meminfo(&m))
-}
-
-fn swap_in_meminfo(meminfo: &str) -> bool {
-    meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("SwapTotal:"))
-        .is_none_or(|v| {
-            v.split_whitespace()
-                .next()
-                .and_then(|kib| kib.parse::<u64>().ok())
-                .is_none_or(|kib| kib > 0)
-        })
-}
-
-fn engine_config(config: &SandboxConfig, swap: bool) -> Config {
-    let mut pool = PoolingAllocationConfig::new();
-    let n = config.max_instances;
-    pool.total_component_instances(n)
-        .total_core_instances(n * 16)
-        .max_core_instances_per_component(16)
-        .total_memories(n * 2)
-        .max_memories_per_component(2)
-        .total_tables(n * 8)
-        .max_tables_per_component(8)
-        .max_memory_size(config.max_memory_bytes)
-        .total_stacks(n)
-        // A freed slot is zeroed with memset up to these sizes and stays resident, instead of
-        // being handed back with madvise and faulted in again by the next call; with
-        // PAGEMAP_SCAN (Linux 6.7+, used when the kernel has it) only the pages the call
-        // touched are reset. At most `n` slots × these bytes stay resident.
-        .linear_memory_keep_resident(KEEP_RESIDENT_MEMORY_BYTES)
-        .table_keep_resident(KEEP_RESIDENT_TABLE_BYTES)
-        .pagemap_scan(pagemap_scan(swap));
-    let mut cfg = codegen_config(config.epoch_interruption);
-    cfg.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-    cfg
-}
-
-/// Advances the epoch every `tick` for as long as the Engine lives. The thread holds only a
-/// weak reference, so it ends when the last Engine clone is dropped. Started once, when the
-/// sandbox is made; without it no guest could be stopped, so a failure to spawn it ends the
-/// process before any guest runs.
-#[allow(clippy::expect_used)]
-fn start_epoch_ticker(engine: &Engine, tick: Duration) {
-    let weak = engine.weak();
-    std::thread::Builder::new()
-        .name("kubewasm-epoch".into())
-        .spawn(move || {
-            while let Some(engine) = weak.upgrade() {
-                engine.increment_epoch();
-                drop(engine);
-                std::thread::sleep(tick);
-            }
-        })
-        .expect("spawning the epoch ticker thread");
-}
-
 /// Refuses a component (or any component nested in it) with a canonical option other than
 /// UTF-8 strings: for UTF-16 and Latin-1, wasmtime transcodes each string the guest hands the
 /// host into host memory before the host sees its length, so no bound of the host could hold.
@@ -668,52 +590,4 @@ fn utf8_strings_only(bytes: &[u8]) -> Result<(), LoadError> {
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn swap_turns_the_page_scanning_reset_off() {
-        let with =
-            "MemTotal:       24000000 kB\nSwapTotal:       8388604 kB\nSwapFree: 8388604 kB\n";
-        let without = "MemTotal:       24000000 kB\nSwapTotal:             0 kB\n";
-        assert!(swap_in_meminfo(with));
-        assert!(!swap_in_meminfo(without));
-        // What cannot be read is taken for swap: the safe reset.
-        assert!(swap_in_meminfo("MemTotal: 1 kB\n"));
-        assert!(swap_in_meminfo("SwapTotal: lots\n"));
-        assert!(matches!(pagemap_scan(true), Enabled::No));
-        assert!(matches!(pagemap_scan(false), Enabled::Auto));
-    }
-
-    #[test]
-    fn a_sandbox_made_as_on_a_machine_with_swap_runs_a_guest_twice_clean() {
-        // The engine built the way a machine with swap builds it: instances in reused slots
-        // start from zeroed memory (the sandbox tests check isolation with the default).
-        let config = SandboxConfig::default();
-        let engine = Engine::new(&engine_config(&config, true)).unwrap();
-        let module = wasmtime::Module::new(
-            &engine,
-            r#"(module (memory (export "m") 1)
-                 (func (export "f") (result i32)
-                   (local $old i32)
-                   (local.set $old (i32.load (i32.const 64)))
-                   (i32.store (i32.const 64) (i32.const 42))
-                   (local.get $old)))"#,
-        )
-        .unwrap();
-        for _ in 0..3 {
-            let mut store = wasmtime::Store::new(&engine, ());
-            store.set_epoch_deadline(u64::MAX / 2);
-            let instance = wasmtime::Instance::new(&mut store, &module, &[]).unwrap();
-            let f = instance.get_typed_func::<(), i32>(&mut store, "f").unwrap();
-            assert_eq!(
-                f.call(&mut store, ()).unwrap(),
-                0,
-                "a reused slot kept a page"
-            );
-        }
-    }
 }

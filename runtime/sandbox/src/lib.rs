@@ -16,6 +16,7 @@ mod engine;
 mod error;
 mod limits;
 mod output;
+mod pool;
 mod rate;
 mod slots;
 pub mod sync;

@@ -1,25 +1,25 @@
 //! One reconcile: a fresh Store with limits and a deadline (an [`Instance`], made on the call's
 //! path or ahead of it), the host imports, trap mapping.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kubewasm_guest_sdk::selector::MAX_SELECTOR_BYTES;
+use wasmtime::StoreContextMut;
 use wasmtime::component::{ComponentType, Lift, Linker, ResourceTable, WasmStr};
-use wasmtime::{Engine, Store, StoreContextMut, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
-use super::bindings::{Controller, ControllerPre, HOST_INTERFACE, wit};
+use super::bindings::{HOST_INTERFACE, wit};
 use super::error::{CallError, HostCallLimitHit};
 use super::limits::{Limits, MemoryLimiter};
-use super::output::{BoundedOutput, Captured, LogBudget, MIN_LOG_LINE_COST, SharedLines};
+use super::output::{BoundedOutput, Captured, LogBudget, MIN_LOG_LINE_COST};
 use super::text::{MAX_GUEST_LOG_LINE_BYTES, MAX_GUEST_MESSAGE_BYTES, guest_text};
-use super::types::{
-    NoReads, ObjectRef, Response, SharedReads, WireRequest, decode_response, wire_to_wit,
-};
+use super::types::{ObjectRef, Response, SharedReads, decode_response};
 
 mod ended;
+mod instance;
 
 use ended::classify;
+pub(crate) use instance::{Instance, Spent, call, instantiate};
 
 /// What a successful call produced, besides the response.
 #[derive(Debug)]
@@ -338,175 +338,6 @@ pub(crate) fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<
     host.func_wrap("list", list)?;
     host.func_wrap("respond", respond)?;
     Ok(())
-}
-
-/// A guest instantiated in a fresh Store for one controller, before its request is known: made
-/// on the call's path, or ahead of it ([`crate::Ready`]). It serves exactly one call
-/// ([`call`] consumes it) and is never reset for another.
-pub(crate) struct Instance {
-    store: Store<CallState>,
-    guest: Controller,
-    stdout: BoundedOutput,
-    stderr: BoundedOutput,
-    /// Its setup and instantiation.
-    phases: Phases,
-    limits: Limits,
-    /// Made ahead of its call: its making is not the call's time.
-    ahead: bool,
-}
-
-impl Instance {
-    /// The same instance, made ahead of its call.
-    pub(crate) fn made_ahead(self) -> Instance {
-        Instance {
-            ahead: true,
-            ..self
-        }
-    }
-
-    /// The limits it was made with (its memory limiter is already set).
-    pub(crate) fn limits(&self) -> &Limits {
-        &self.limits
-    }
-}
-
-/// A used instance's Store: dropping it hands the pool slot back and resets the pages the call
-/// touched (the teardown), which the caller may do off the latency path.
-pub(crate) struct Spent(#[allow(dead_code)] Store<CallState>);
-
-/// Makes an [`Instance`] of `pre` for `controller` with `limits`; `deadline` bounds the
-/// instantiation (a component's start function is guest code). Until [`call`], its reads are
-/// none and its log lines name no object.
-pub(crate) async fn instantiate(
-    engine: &Engine,
-    pre: &ControllerPre<CallState>,
-    tick: Duration,
-    controller: &str,
-    limits: &Limits,
-    deadline: Duration,
-    lines: Option<SharedLines>,
-) -> Result<Instance, CallError> {
-    let entered = Instant::now();
-    let stdout = BoundedOutput::new(limits.output_bytes);
-    let stderr = BoundedOutput::new(limits.output_bytes);
-    let state = CallState {
-        wasi: None,
-        stdout: stdout.clone(),
-        stderr: stderr.clone(),
-        table: ResourceTable::new(),
-        limiter: MemoryLimiter::new(limits.memory_bytes),
-        reads: std::sync::Arc::new(NoReads),
-        host_calls: 0,
-        limits: *limits,
-        logs: LogBudget::new(limits.log_bytes, limits.log_lines).sharing(lines),
-        controller: controller.to_owned(),
-        target: ObjectRef::new("", "", None, ""),
-        answer: None,
-        panic_line: None,
-    };
-    let mut store = Store::new(engine, state);
-    store.limiter(|s| &mut s.limiter);
-    arm_deadline(&mut store, deadline, tick);
-    let started = Instant::now();
-    match pre.instantiate_async(&mut store).await {
-        Ok(guest) => Ok(Instance {
-            store,
-            guest,
-            stdout,
-            stderr,
-            phases: Phases {
-                setup: started - entered,
-                instantiate: started.elapsed(),
-                ..Phases::default()
-            },
-            limits: *limits,
-            ahead: false,
-        }),
-        Err(err) => Err(classify(err, store.data(), &stderr.take(), limits)),
-    }
-}
-
-/// Every epoch tick the guest yields to the executor, so that a caller's timeout can drop the
-/// call (and with it the Store and the instance slot) at any moment; the deadline itself traps
-/// a guest that computes, whoever polls it. Armed again for the call of an instance made ahead.
-fn arm_deadline(store: &mut Store<CallState>, timeout: Duration, tick: Duration) {
-    let deadline = deadline_ticks(timeout, tick);
-    let mut ticks = 0u64;
-    store.set_epoch_deadline(1);
-    store.epoch_deadline_callback(move |_| {
-        ticks += 1;
-        Ok(if ticks >= deadline {
-            UpdateDeadline::Interrupt
-        } else {
-            UpdateDeadline::Yield(1)
-        })
-    });
-}
-
-/// The one call `instance` serves: `request` with `reads`, within the instance's limits. The
-/// Store comes back spent, for the caller to drop where it costs the least.
-pub(crate) async fn call(
-    mut instance: Instance,
-    tick: Duration,
-    request: WireRequest,
-    reads: SharedReads,
-) -> (Result<CallOutcome, CallError>, Spent) {
-    let limits = instance.limits;
-    let about = About {
-        controller: request.controller.clone(),
-        target: request.target.clone(),
-    };
-    let store = &mut instance.store;
-    let state = store.data_mut();
-    state.reads = reads;
-    state.controller = request.controller.clone();
-    state.target = request.target.clone();
-    arm_deadline(store, limits.timeout, tick);
-    let made_ahead = instance.ahead;
-    let mut phases = match made_ahead {
-        true => Phases::default(),
-        false => instance.phases,
-    };
-    let started = Instant::now();
-    let wit_request = wire_to_wit(request);
-    let converted = Instant::now();
-    phases.request = converted - started;
-    let result = instance
-        .guest
-        .call_reconcile(&mut *store, &wit_request)
-        .await;
-    phases.call = converted.elapsed();
-    let elapsed = phases.instantiate + started.elapsed();
-    let (stdout, stderr) = (instance.stdout.take(), instance.stderr.take());
-    let state = store.data_mut();
-    // Lines of stdout and stderr are logged within the same budget as `log` lines.
-    log_output(&about, "stdout", &stdout, &mut state.logs);
-    log_output(&about, "stderr", &stderr, &mut state.logs);
-    log_dropped_lines(&about, &state.logs, &limits);
-    let outcome = match result {
-        Err(err) => Err(classify(err, state, &stderr, &limits)),
-        Ok(()) => state
-            .answer
-            .take()
-            .unwrap_or_else(|| {
-                Err(CallError::InvalidResponse(
-                    "the guest returned without calling `respond`; build it with the current kubewasm-guest-sdk".into(),
-                ))
-            })
-            .map(|response| CallOutcome {
-                response,
-                stdout,
-                stderr,
-                host_calls: state.host_calls,
-                log_dropped: state.logs.dropped(),
-                log_lines: state.logs.lines(),
-                elapsed,
-                phases,
-                made_ahead,
-                memory_bytes: state.limiter.used(),
-            }),
-    };
-    (outcome, Spent(instance.store))
 }
 
 fn deadline_ticks(timeout: Duration, tick: Duration) -> u64 {
