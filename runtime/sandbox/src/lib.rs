@@ -6,6 +6,7 @@
 // `expect` says in an `allow` why no input can reach it; tests may panic.
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod accept;
 mod ahead;
 mod bindings;
 mod call;
