@@ -14,7 +14,10 @@ export KUBEWASM_GUEST_DIR := $(GUEST_DIR)
 # Guests built without WASI too (docs/03-writing-a-controller.md, "Guests without WASI"):
 # wasm32-unknown-unknown, made a component by the toolchain's wasm-component-ld
 # (.cargo/config.toml).
-NO_WASI_GUESTS := hello-world hostile
+# Every shipped guest needs neither a clock nor stdio, so each is shipped built this way (the
+# demo and the examples load these); the hostile test guest is built both ways (some of its
+# attacks need WASI). The Python guests need WASI (componentize-py's interpreter).
+NO_WASI_GUESTS := hello-world configmap-restarter guitar-reviewer pod-watcher hello-finalizer hostile
 export KUBEWASM_GUEST_DIR_NO_WASI := $(TARGET_DIR)/wasm32-unknown-unknown/guest
 # The debug kubewasm binary the demo scripts run (deploy/dev/demo/*.sh read $KUBEWASM).
 export KUBEWASM ?= $(TARGET_DIR)/debug/kubewasm
@@ -53,7 +56,8 @@ guests: toolchain python-guests variant-guests
 ## candidate of the shadow-rollout test). runtime/test-support/src/guests.rs builds the same.
 VARIANT_DIR := $(TARGET_DIR)/variants
 variant-guests: toolchain
-	HELLO_WORLD_GREETING=Howdy CONFIGMAP_RESTARTER_WIDEN=1 $(CARGO) build --profile guest --target wasm32-wasip2 --target-dir $(VARIANT_DIR) -p hello-world -p configmap-restarter
+	HELLO_WORLD_GREETING=Howdy CONFIGMAP_RESTARTER_WIDEN=1 $(CARGO) build --profile guest --target wasm32-wasip2 --target wasm32-unknown-unknown --target-dir $(VARIANT_DIR) -p hello-world -p configmap-restarter
+	@mkdir -p $(KUBEWASM_GUEST_DIR_NO_WASI) && cp $(VARIANT_DIR)/wasm32-unknown-unknown/guest/hello_world.wasm $(KUBEWASM_GUEST_DIR_NO_WASI)/hello_world_howdy.wasm
 	@mkdir -p $(GUEST_DIR) && cp $(VARIANT_DIR)/wasm32-wasip2/guest/hello_world.wasm $(GUEST_DIR)/hello_world_howdy.wasm \
 		&& cp $(VARIANT_DIR)/wasm32-wasip2/guest/configmap_restarter.wasm $(GUEST_DIR)/configmap_restarter_wide.wasm
 

@@ -9,7 +9,8 @@
 
 include deploy/dev/image/image.mk
 
-GUEST_DIR ?= target/wasm32-wasip2/guest
+# The tutorial guests as shipped: built without WASI (they need neither a clock nor stdio).
+SHIPPED_GUEST_DIR ?= $(or $(KUBEWASM_GUEST_DIR_NO_WASI),target/wasm32-unknown-unknown/guest)
 TUTORIALS_GENERATED := deploy/overlays/tutorials/generated
 
 .PHONY: install-files install-check
@@ -22,8 +23,8 @@ install-files: guests
 	@rm -rf $(TUTORIALS_GENERATED)
 	@mkdir -p $(TUTORIALS_GENERATED)/crds $(TUTORIALS_GENERATED)/hello-world $(TUTORIALS_GENERATED)/configmap-restarter
 	cp deploy/crds/kubewasm.dev.yaml $(TUTORIALS_GENERATED)/crds/
-	gzip -9n < $(GUEST_DIR)/hello_world.wasm > $(TUTORIALS_GENERATED)/hello_world.wasm.gz
-	gzip -9n < $(GUEST_DIR)/configmap_restarter.wasm > $(TUTORIALS_GENERATED)/configmap_restarter.wasm.gz
+	gzip -9n < $(SHIPPED_GUEST_DIR)/hello_world.wasm > $(TUTORIALS_GENERATED)/hello_world.wasm.gz
+	gzip -9n < $(SHIPPED_GUEST_DIR)/configmap_restarter.wasm > $(TUTORIALS_GENERATED)/configmap_restarter.wasm.gz
 	cp deploy/examples/hello-world/crd.yaml deploy/examples/hello-world/rbac.yaml \
 		deploy/examples/hello-world/controller.yaml $(TUTORIALS_GENERATED)/hello-world/
 	cp deploy/examples/configmap-restarter/rbac.yaml deploy/examples/configmap-restarter/controller.yaml \

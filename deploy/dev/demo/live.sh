@@ -19,6 +19,8 @@ KEEP=false
 CACHE=${KUBEWASM_CACHE:-$HOME/.cache/kubewasm}
 STATE=${KUBEWASM_DEMO_DIR:-$CACHE/clusters/demo}
 GUESTS=${KUBEWASM_GUEST_DIR:-$ROOT/target/wasm32-wasip2/guest}
+# The Rust controllers as shipped: built without WASI (they need neither a clock nor stdio).
+SHIPPED=${KUBEWASM_GUEST_DIR_NO_WASI:-$ROOT/target/wasm32-unknown-unknown/guest}
 KUBEWASM=${KUBEWASM:-$ROOT/target/debug/kubewasm}
 EX=$ROOT/deploy/examples
 RUNTIME_PID=
@@ -87,9 +89,10 @@ cleanup() {
     bash "$ROOT/deploy/dev/local/cluster.sh" down "$STATE" >/dev/null 2>&1 || true
 }
 
-for f in hello_world.wasm configmap_restarter.wasm guitar_reviewer.wasm pod_watcher.wasm hello_finalizer.wasm hello_world_howdy.wasm python_hello_world.wasm; do
-    [ -f "$GUESTS/$f" ] || fail "$GUESTS/$f is missing: run make guests"
+for f in hello_world.wasm configmap_restarter.wasm guitar_reviewer.wasm pod_watcher.wasm hello_finalizer.wasm hello_world_howdy.wasm; do
+    [ -f "$SHIPPED/$f" ] || fail "$SHIPPED/$f is missing: run make guests"
 done
+[ -f "$GUESTS/python_hello_world.wasm" ] || fail "$GUESTS/python_hello_world.wasm is missing: run make guests"
 [ -x "$KUBEWASM" ] || fail "$KUBEWASM is missing: run make build"
 
 say "1. Starting a local Kubernetes cluster: etcd, kube-apiserver, kube-controller-manager, kube-scheduler v1.20 and one real node (kubelet, containerd)"
@@ -108,12 +111,12 @@ k apply -f "$EX/hello-world/crd.yaml" >/dev/null
 wait_for 30 "the CRDs becoming established" k wait --for=condition=Established --timeout=1s crd/wasmcontrollers.kubewasm.dev crd/wasmcontrollerstates.kubewasm.dev crd/helloworlds.example.com
 k apply -f "$EX/hello-world/rbac.yaml" >/dev/null
 k apply -f "$EX/configmap-restarter/rbac.yaml" >/dev/null
-k -n hello create configmap hello-controller --from-file=hello_world.wasm="$GUESTS/hello_world.wasm" >/dev/null
-k -n test-space create configmap configmap-restarter --from-file=configmap_restarter.wasm="$GUESTS/configmap_restarter.wasm" >/dev/null
+k -n hello create configmap hello-controller --from-file=hello_world.wasm="$SHIPPED/hello_world.wasm" >/dev/null
+k -n test-space create configmap configmap-restarter --from-file=configmap_restarter.wasm="$SHIPPED/configmap_restarter.wasm" >/dev/null
 k apply -f "$EX/hello-world/controller.yaml" >/dev/null
 k apply -f "$EX/configmap-restarter/controller.yaml" >/dev/null
-step "hello_world.wasm ($(stat -c %s "$GUESTS/hello_world.wasm") bytes) is in ConfigMap hello/hello-controller"
-step "configmap_restarter.wasm ($(stat -c %s "$GUESTS/configmap_restarter.wasm") bytes) is in ConfigMap test-space/configmap-restarter"
+step "hello_world.wasm ($(stat -c %s "$SHIPPED/hello_world.wasm") bytes) is in ConfigMap hello/hello-controller"
+step "configmap_restarter.wasm ($(stat -c %s "$SHIPPED/configmap_restarter.wasm") bytes) is in ConfigMap test-space/configmap-restarter"
 
 say "3. Starting a module registry and the kubewasm runtime (log: $STATE/kubewasm.log)"
 start_registry
@@ -222,7 +225,7 @@ say "6. The Guitar reviewer tutorial (a ClusterWasmController over every namespa
 k apply -f "$EX/guitar-reviewer/crd.yaml" >/dev/null
 wait_for 30 "the Guitar CRD becoming established" k wait --for=condition=Established --timeout=1s crd/guitars.kool.karmalabs.local
 k apply -f "$EX/guitar-reviewer/rbac.yaml" >/dev/null
-k -n guitars create configmap guitar-reviewer --from-file=guitar_reviewer.wasm="$GUESTS/guitar_reviewer.wasm" >/dev/null
+k -n guitars create configmap guitar-reviewer --from-file=guitar_reviewer.wasm="$SHIPPED/guitar_reviewer.wasm" >/dev/null
 k apply -f "$EX/guitar-reviewer/controller.yaml" >/dev/null
 k apply -f "$EX/guitar-reviewer/guitars.yaml" >/dev/null
 step "created Guitars: $(k get guit -o jsonpath='{range .items[*]}{.metadata.name} ({.spec.brand}) {end}')"
@@ -236,7 +239,7 @@ step "each reviewed once: a reviewed Guitar is never rewritten (resourceVersion 
 
 say "7. The Chronos pod watcher (read-only: it may not write anything)"
 k apply -f "$EX/pod-watcher/rbac.yaml" >/dev/null
-k -n chronos create configmap pod-watcher --from-file=pod_watcher.wasm="$GUESTS/pod_watcher.wasm" >/dev/null
+k -n chronos create configmap pod-watcher --from-file=pod_watcher.wasm="$SHIPPED/pod_watcher.wasm" >/dev/null
 k apply -f "$EX/pod-watcher/controller.yaml" >/dev/null
 wait_for 60 "ClusterWasmController pod-watcher becoming Ready" bash -c "[ \"\$(kubectl get clusterwasmcontroller pod-watcher -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}')\" = True ]"
 k -n chronos run watched --image=busybox --labels=app=demo -- sleep 3600 >/dev/null
@@ -252,7 +255,7 @@ say "8. Finalizers: a HelloWorld that cleans up outside the cluster before it ma
 k -n hello delete wasmcontroller hello-world >/dev/null
 step "the HelloWorld tutorial's controller is removed; its successor keeps a record per HelloWorld"
 k apply -f "$EX/hello-finalizer/rbac.yaml" >/dev/null
-k -n hello create configmap hello-finalizer --from-file=hello_finalizer.wasm="$GUESTS/hello_finalizer.wasm" >/dev/null
+k -n hello create configmap hello-finalizer --from-file=hello_finalizer.wasm="$SHIPPED/hello_finalizer.wasm" >/dev/null
 k apply -f "$EX/hello-finalizer/controller.yaml" >/dev/null
 k apply -f "$EX/hello-world/hello.yaml" >/dev/null
 record() { k -n hello get configmap greeting-your-name; }
@@ -268,7 +271,7 @@ step "deleted the HelloWorld: the guest deleted the record first, then said 'fin
 say "9. The HelloWorld controller from an OCI registry: push, sign, run by tag; v2 in shadow, compared, promoted"
 k apply -f "$EX/hello-world-oci/rbac.yaml" >/dev/null
 IMAGE=$REG/hello-oci/hello-world:v1
-pushed1=$("$KUBEWASM" push "$GUESTS/hello_world.wasm" "$IMAGE" --insecure 2>"$STATE/push.log") || { cat "$STATE/push.log" >&2; fail "kubewasm push to $IMAGE failed"; }
+pushed1=$("$KUBEWASM" push "$SHIPPED/hello_world.wasm" "$IMAGE" --insecure 2>"$STATE/push.log") || { cat "$STATE/push.log" >&2; fail "kubewasm push to $IMAGE failed"; }
 digest1=${pushed1##*@}
 step "kubewasm push hello_world.wasm $IMAGE --insecure printed:"
 echo "      $pushed1"
@@ -287,7 +290,7 @@ oci_pod_says() { [ "$(k -n hello-oci get pod your-name -o jsonpath='{.spec.conta
 wait_for 60 "Pod hello-oci/your-name printing 'Hello, Your Name!'" oci_pod_says "Hello, Your Name!"
 step "HelloWorld hello-oci/your-name got its Pod; kubectl -n hello-oci logs your-name: $(k -n hello-oci logs your-name)"
 IMAGE2=$REG/hello-oci/hello-world:v2
-pushed2=$("$KUBEWASM" push "$GUESTS/hello_world_howdy.wasm" "$IMAGE2" --insecure 2>"$STATE/push.log") || { cat "$STATE/push.log" >&2; fail "kubewasm push to $IMAGE2 failed"; }
+pushed2=$("$KUBEWASM" push "$SHIPPED/hello_world_howdy.wasm" "$IMAGE2" --insecure 2>"$STATE/push.log") || { cat "$STATE/push.log" >&2; fail "kubewasm push to $IMAGE2 failed"; }
 digest2=${pushed2##*@}
 [ "$digest1" != "$digest2" ] || fail "the second build has the first one's digest"
 step "a second build (make guests: HELLO_WORLD_GREETING=Howdy) pushed as v2:"

@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../../.."
 demo=deploy/dev/demo
 kubewasm=${KUBEWASM:-target/debug/kubewasm}
-guests=${KUBEWASM_GUEST_DIR:-target/wasm32-wasip2/guest}
+# The Rust controllers as shipped: built without WASI.
+guests=${KUBEWASM_GUEST_DIR_NO_WASI:-target/wasm32-unknown-unknown/guest}
 
 fail() {
     echo "demo FAILED: $*" >&2

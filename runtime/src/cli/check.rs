@@ -61,7 +61,7 @@ fn configmap_size_warning(path: &Path, raw: &[u8]) -> Option<String> {
     );
     let smaller = "build with the release profile `kubewasm new` writes (`[profile.release]` with \
                    lto = true, strip = true, codegen-units = 1, panic = \"abort\"; `cargo build \
-                   --release --target wasm32-wasip2`, i.e. `make build`: a debug build is many \
+                   --release --target wasm32-unknown-unknown`, i.e. `make build`: a debug build is many \
                    times bigger)";
     let elsewhere = "or push it to a registry (`kubewasm push`) and name it in `spec.module.image`, \
                      which has no such limit, or give a ClusterWasmController the module as a file \

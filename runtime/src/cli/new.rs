@@ -77,10 +77,15 @@ const SDK_MANIFESTS: &[(&str, &str)] = &[
 /// Every file of a new guest crate: its path in the crate and its template.
 const TEMPLATES: &[(&str, &str)] = &[
     ("Cargo.toml", include_str!("new/template/Cargo.toml.tmpl")),
-    // The toolchain kubewasm is built and tested with, and the wasm32-wasip2 target.
+    // The toolchain kubewasm is built and tested with, and its wasm targets.
     (
         "rust-toolchain.toml",
         include_str!("../../../rust-toolchain.toml"),
+    ),
+    // How the module is linked without WASI: the toolchain's component linker.
+    (
+        ".cargo/config.toml",
+        include_str!("new/template/cargo-config.toml.tmpl"),
     ),
     (".gitignore", include_str!("new/template/gitignore.tmpl")),
     ("README.md", include_str!("new/template/README.md.tmpl")),

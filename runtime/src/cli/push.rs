@@ -19,7 +19,7 @@ use super::registry::{RegistryArgs, block_on, image_reference};
 /// Arguments of `kubewasm push`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The built component (`.wasm`, e.g. from `cargo build --target wasm32-wasip2`).
+    /// The built component (`.wasm`, e.g. from `cargo build --target wasm32-unknown-unknown`).
     file: PathBuf,
     /// Where to push it: `registry/repository:tag` (the registry named, e.g.
     /// `127.0.0.1:5000/team/hello:v1`).

@@ -83,7 +83,14 @@ const WASIP2: Target = Target {
 /// `NO_WASI_GUESTS` of the Makefile.
 const WITHOUT_WASI: Target = Target {
     triple: "wasm32-unknown-unknown",
-    crates: &["hello-world", "hostile"],
+    crates: &[
+        "hello-world",
+        "configmap-restarter",
+        "guitar-reviewer",
+        "pod-watcher",
+        "hello-finalizer",
+        "hostile",
+    ],
 };
 
 /// One build at a time within a test binary (across binaries: the build's own locks).

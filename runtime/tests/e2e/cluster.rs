@@ -82,8 +82,14 @@ impl Inputs {
             Some(dir) => PathBuf::from(dir),
             None => workspace().join("target/wasm32-wasip2/guest"),
         };
-        let hello_wasm = guests.join("hello_world.wasm");
-        let restarter_wasm = guests.join("configmap_restarter.wasm");
+        // The tutorial guests as shipped (and packed by `make install-files`): built without WASI.
+        let shipped = match std::env::var_os("KUBEWASM_GUEST_DIR_NO_WASI").filter(|v| !v.is_empty())
+        {
+            Some(dir) => PathBuf::from(dir),
+            None => workspace().join("target/wasm32-unknown-unknown/guest"),
+        };
+        let hello_wasm = shipped.join("hello_world.wasm");
+        let restarter_wasm = shipped.join("configmap_restarter.wasm");
         let hostile_wasm = guests.join("hostile.wasm");
         for guest in [&hello_wasm, &restarter_wasm, &hostile_wasm] {
             ensure!(

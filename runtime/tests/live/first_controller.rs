@@ -345,7 +345,7 @@ impl Scaffold {
     /// The built module.
     fn wasm(&self) -> PathBuf {
         self.target_dir
-            .join("wasm32-wasip2/release")
+            .join("wasm32-unknown-unknown/release")
             .join(format!("{NAME}.wasm"))
     }
 
