@@ -807,6 +807,7 @@ fn new_writes_a_guest_crate_and_refuses_what_it_cannot_write() {
     for file in [
         "Cargo.toml",
         "rust-toolchain.toml",
+        ".cargo/config.toml",
         "Makefile",
         "README.md",
         "src/lib.rs",
@@ -875,6 +876,17 @@ fn new_writes_a_guest_crate_and_refuses_what_it_cannot_write() {
     );
     // `make deploy` and `make update` end with the runtime's verdict.
     let makefile = std::fs::read_to_string(crate_dir.join("Makefile")).unwrap();
+    // The module is built without WASI, linked into a component by the toolchain's linker.
+    assert!(
+        makefile.contains("TARGET ?= wasm32-unknown-unknown"),
+        "{makefile}"
+    );
+    let config = std::fs::read_to_string(crate_dir.join(".cargo/config.toml")).unwrap();
+    assert!(
+        config.contains("[target.wasm32-unknown-unknown]")
+            && config.contains("linker = \"wasm-component-ld\""),
+        "{config}"
+    );
     assert!(
         makefile.contains("$(KUBEWASM) wait -n $(NAMESPACE) summariser"),
         "{makefile}"
