@@ -13,10 +13,10 @@
 //! (`--max-instances`, so that the memory budget is unchanged), charged to its tenant, who may
 //! hold no more than an equal share among the tenants holding some and never more than half;
 //! one is made only when a slot is free and no call waits, and a call that would wait drops
-//! them all first; a
-//! controller counts as busy when its call comes within [`READY_IDLE`] of its last, and an
-//! instance that waits longer is dropped by the sandbox's sweeper thread; a module whose
-//! instantiation fails or outlasts [`MAKE_DEADLINE`] ahead is made on the call's path only.
+//! them all first; a controller counts as busy when its call comes within [`READY_IDLE`] of its
+//! last, and an instance that waits longer is dropped by the sandbox's sweeper thread; a module
+//! whose instantiation fails or outlasts [`MAKE_DEADLINE`] ahead is made on the call's path
+//! only.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -51,11 +51,11 @@ struct ReadyInner {
     making: AtomicBool,
     /// When the controller's last call started.
     last: Mutex<Option<Instant>>,
-    /// In the makers' list of controllers holding one (listed once).
+    /// In the sweeper's list of controllers holding one (listed once).
     listed: AtomicBool,
 }
 
-/// An instance made ahead with the pool slot it is charged to.
+/// An instance made ahead with the instance slot it is charged to.
 pub(crate) struct Made {
     digest: Digest,
     pub(crate) instance: Instance,
@@ -93,9 +93,9 @@ impl Made {
     }
 }
 
-/// An instance to make ahead for a controller, in a slot of `slots` charged to `tenant` (taken
-/// once the spent Store gave its slot back). Dropped unmade, its controller may have another
-/// made.
+/// An instance to make ahead for a controller, in a slot of `slots` charged to its tenant
+/// (taken once the spent Store gave its slot back). Dropped unmade, its controller may have
+/// another made.
 pub(crate) struct Make {
     ready: Weak<ReadyInner>,
     guest: Arc<GuestPre>,
