@@ -11,8 +11,6 @@ use wasmtime::Engine;
 use wasmtime::component::{Component, Linker};
 
 use super::accept::utf8_strings_only;
-use super::pool::{engine_config, machine_has_swap, start_epoch_ticker};
-
 use super::ahead::{Holding, Made, Make, Ready, Tidy, drop_ready, start_sweeper};
 use super::bindings::ControllerPre;
 use super::call::{self, CallOutcome, CallState, Instance, Spent};
@@ -21,6 +19,7 @@ use super::compiler::ChildCompiler;
 use super::error::{CallError, LoadError};
 use super::limits::Limits;
 use super::output::SharedLines;
+use super::pool::{engine_config, machine_has_swap, start_epoch_ticker};
 use super::rate::TenantRate;
 use super::slots::FairSlots;
 use super::types::{IntoWire, SharedReads, WireRequest};
@@ -187,10 +186,11 @@ impl GuestPre {
     }
 
     /// One reconcile (`serialized`: the time its request took to serialize, counted in
-    /// [`Phases::request`](super::Phases)), in `made` when it is given (an instance made ahead), else in a fresh one made here;
-    /// ended at `limits.timeout` wherever the guest is (computing: the epoch deadline traps;
-    /// blocked in a host or WASI call: the call is dropped, its Store with it). The Store comes
-    /// back spent when the call ended in time, for the caller to drop.
+    /// [`Phases::request`](super::Phases)), in `made` when it is given (an instance made
+    /// ahead), else in a fresh one made here; ended at `limits.timeout` wherever the guest is
+    /// (computing: the epoch deadline traps; blocked in a host or WASI call: the call is
+    /// dropped, its Store with it). The Store comes back spent when the call ended in time, for
+    /// the caller to drop.
     async fn run(
         &self,
         wire: WireRequest,
