@@ -141,6 +141,8 @@ struct Run {
     ready: Duration,
     rss_kib: u64,
     hwm_kib: u64,
+    /// The runtime's CPU time (user and system) from its start to all Ready.
+    cpu: Duration,
 }
 
 async fn measure(
@@ -230,11 +232,12 @@ async fn measure(
             )
             .await?;
             eprintln!(
-                "N={n} {}: Ready in {:.2?}, VmRSS {} KiB, VmHWM {} KiB",
+                "N={n} {}: Ready in {:.2?}, VmRSS {} KiB, VmHWM {} KiB, CPU {:.2?}",
                 if round == 0 { "cold" } else { "warm" },
                 run.ready,
                 run.rss_kib,
-                run.hwm_kib
+                run.hwm_kib,
+                run.cpu
             );
             if round == 0 {
                 cold = Some(run);
@@ -503,6 +506,7 @@ async fn run_once(
     .await;
     let elapsed = started.elapsed();
     let memory = support::runtime::memory_kib(child.id());
+    let cpu = support::runtime::cpu_time(child.id());
     if let Some(perf) = &mut profiler {
         Command::new("kill")
             .arg("-INT")
@@ -524,6 +528,7 @@ async fn run_once(
         ready: elapsed,
         rss_kib,
         hwm_kib,
+        cpu: cpu?,
     })
 }
 
@@ -541,8 +546,8 @@ async fn run_candidate(
     let log = state_dir.join(format!("kubewasm-density-{n}-{round}-candidate.log"));
     let run = run_once(binary, args, kubeconfig, client, n, &log).await?;
     eprintln!(
-        "N={n} candidate: Ready in {:.2?}, VmRSS {} KiB, VmHWM {} KiB",
-        run.ready, run.rss_kib, run.hwm_kib
+        "N={n} candidate: Ready in {:.2?}, VmRSS {} KiB, VmHWM {} KiB, CPU {:.2?}",
+        run.ready, run.rss_kib, run.hwm_kib, run.cpu
     );
     Ok(run)
 }

@@ -63,6 +63,8 @@ mod rollout;
 mod state;
 #[path = "live/state_budget.rs"]
 mod state_budget;
+#[path = "live/state_together.rs"]
+mod state_together;
 use kubewasm_test_support::runtime;
 #[path = "live/signatures.rs"]
 mod signatures;

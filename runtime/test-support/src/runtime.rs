@@ -336,3 +336,23 @@ pub fn memory_kib(pid: u32) -> Result<(u64, u64)> {
     };
     Ok((field("VmRSS:")?, field("VmHWM:")?))
 }
+
+/// The CPU time (user and system) process `pid` has used so far, from `/proc/PID/stat` (in
+/// clock ticks of 10 ms, as Linux counts them for every architecture it runs these tests on).
+pub fn cpu_time(pid: u32) -> Result<std::time::Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The command name (field 2) may hold spaces: fields are counted after its `)`.
+    let after = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .with_context(|| format!("/proc/{pid}/stat has no command name"))?;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // utime and stime are fields 14 and 15: the 12th and 13th after the command name.
+    let ticks = |i: usize| -> Result<u64> {
+        fields
+            .get(i)
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("no field {} in /proc/{pid}/stat", i + 3))
+    };
+    Ok(std::time::Duration::from_millis((ticks(11)? + ticks(12)?) * 10))
+}

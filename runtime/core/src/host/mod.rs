@@ -34,5 +34,5 @@ pub use runner::{
 };
 pub use state::{
     DEFAULT_MAX_STATE_BYTES_PER_NAMESPACE, GuestState, LINGER, MAX_SHARD_BYTES, STATE_SHARDS,
-    StateAccounts, StateBook, StateError, StateOwner, shard_of_key,
+    StateAccounts, StateBook, StateError, StateOwner, Stored, shard_of_key,
 };

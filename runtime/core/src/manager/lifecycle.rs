@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures::StreamExt;
 
 use crate::api::Reason;
-use crate::host::Runner;
+use crate::host::{Runner, Stored};
 use crate::sandbox::GuestPre;
 
 use super::setup::ReadAccess;
@@ -18,6 +18,10 @@ use super::{ControllerId, Manager, PARALLEL_STARTS, Problem, status};
 /// Controllers started together before their statuses are written (see
 /// [`Manager::start_all`]).
 const START_CHUNK: usize = 4 * PARALLEL_STARTS;
+
+/// How many controllers starting together list every saved states' object once, instead of
+/// one list each (a runtime's start, shards taken over).
+const LIST_STATES_FROM: usize = PARALLEL_STARTS;
 
 /// How long a stopping controller's running reconciles may take to finish; then they are
 /// aborted.
@@ -119,7 +123,8 @@ impl Manager {
             .filter(|id| !self.refuse_over_cap(id, &over))
             .cloned()
             .collect();
-        let mut writing = None;
+        let stored = self.stored_states(&ids).await;
+        let (mut writing, mut set_up) = (None, None);
         for chunk in ids.chunks(START_CHUNK) {
             // Starting many is progress too: each chunk is bounded (reads, setups).
             self.metrics.manager_beat(true);
@@ -134,13 +139,22 @@ impl Manager {
             };
             self.load_fetched(fetched);
             self.retain_modules();
-            self.set_up_all(chunk).await;
-            if ids.len() > START_CHUNK {
-                writing = Some(self.status_writes(Some(chunk), status::settled));
+            self.set_up_all(chunk, stored.as_ref()).await;
+            // The chunk before's statuses, now that its runners had this chunk's setup to
+            // find their caches synced: settled (Ready), they are written here, not left to
+            // the status ticks, which would hold the starts up writing them.
+            if ids.len() > START_CHUNK
+                && let Some(before) = set_up.replace(chunk)
+            {
+                writing = Some(self.status_writes(Some(before), status::settled));
             }
         }
         if let Some(writes) = writing {
             let written = writes.await;
+            self.record_written(written);
+        }
+        if let Some(last) = set_up {
+            let written = self.status_writes(Some(last), status::settled).await;
             self.record_written(written);
         }
     }
@@ -163,8 +177,23 @@ impl Manager {
         true
     }
 
-    /// Sets up and runs these controllers (their modules loaded), [`PARALLEL_STARTS`] at once.
-    pub(super) async fn set_up_all(&mut self, ids: &[ControllerId]) {
+    /// Which of these controllers have saved states, from one list of every shard object,
+    /// when at least [`LIST_STATES_FROM`] start together ([`Stored`]); `None` otherwise, or
+    /// when that list could not say (each reads its own then).
+    async fn stored_states(&self, ids: &[ControllerId]) -> Option<Stored> {
+        if ids.len() < LIST_STATES_FROM {
+            return None;
+        }
+        let wanted: HashSet<(String, String)> = ids
+            .iter()
+            .filter_map(|id| self.controllers.get(id)?.state.place())
+            .collect();
+        Stored::list(&self.client, self.config.namespace.as_deref(), &wanted).await
+    }
+
+    /// Sets up and runs these controllers (their modules loaded), [`PARALLEL_STARTS`] at once;
+    /// `stored` says which have saved states, when known.
+    pub(super) async fn set_up_all(&mut self, ids: &[ControllerId], stored: Option<&Stored>) {
         let loaded: Vec<_> = ids
             .iter()
             .filter_map(|id| {
@@ -180,7 +209,7 @@ impl Manager {
         let this = &*self;
         let set_up: Vec<_> = futures::stream::iter(loaded)
             .map(|(id, (spec, plan, uid), state, guest)| async move {
-                let setup = this.setup(&id, (&spec, &plan, uid.as_deref()), state);
+                let setup = this.setup(&id, (&spec, &plan, uid.as_deref()), (state, stored));
                 let result = tokio::time::timeout(SETUP_TIMEOUT, setup)
                     .await
                     .unwrap_or_else(|_| {

@@ -441,7 +441,7 @@ impl Manager {
             .into_iter()
             .filter(|id| self.controllers.get(id).is_some_and(|m| !m.life.running()))
             .collect();
-        self.set_up_all(&stopped).await;
+        self.set_up_all(&stopped, None).await;
     }
 
     /// These module ConfigMaps changed (or were listed again): the controllers whose module

@@ -10,7 +10,7 @@ use crate::api::{ControllerPlan, Plan, Reason, Verb, WasmControllerSpec};
 use crate::controller::{Kind, ResolveError, WriteGate};
 use crate::host::{
     Acting, CacheSource, ChildKind, ControllerSetup, DeclaredKinds, Finalizer, GuestState,
-    NeededRules, Permissions, SERVICE_ACCOUNT_OPT_IN, ServiceAccount, TENANT_LABEL,
+    NeededRules, Permissions, SERVICE_ACCOUNT_OPT_IN, ServiceAccount, Stored, TENANT_LABEL,
     TENANT_LABEL_VALUE,
 };
 
@@ -45,7 +45,7 @@ impl Manager {
         &self,
         id: &ControllerId,
         (spec, plan, uid): (&WasmControllerSpec, &Plan, Option<&str>),
-        state: Arc<GuestState>,
+        (state, stored): (Arc<GuestState>, Option<&Stored>),
     ) -> Result<(ControllerSetup, ReadAccess), Problem> {
         // Parsed before anything else sees them: every apiVersion and kind the spec names
         // becomes part of a discovery URL, a cache key and an allowlist match.
@@ -63,7 +63,7 @@ impl Manager {
         let (limits, concurrency) = (crate::host::call_limits(&run.limits), run.concurrency);
         // The guest's saved states, read before its first reconcile (once per controller).
         state
-            .load()
+            .load(stored)
             .await
             .map_err(|e| Problem::new(Reason::StateUnavailable, e.to_string()))?;
         // The operator's rules come first: nothing is looked up for a kind it does not allow.

@@ -26,6 +26,7 @@ mod budget;
 mod entries;
 mod error;
 mod store;
+mod stored;
 #[cfg(test)]
 mod tests;
 
@@ -42,6 +43,7 @@ pub use entries::shard_of_key;
 use entries::{Entries, cost_of};
 pub use error::StateError;
 pub use store::StateOwner;
+pub use stored::Stored;
 
 /// Shard objects per controller: few enough that saves left behind gather in each during
 /// [`LINGER`], enough that 10,000 objects' states fit (16 MiB at most).
@@ -135,20 +137,38 @@ impl GuestState {
     /// guest; what is loaded is charged to the namespace however much that is (it is stored:
     /// a namespace over its cap, the operator having lowered it, saves no more until it is
     /// under it again).
-    pub async fn load(&self) -> Result<(), StateError> {
+    ///
+    /// `stored`, when many controllers start together, says which have shard objects at all:
+    /// one that has none is not asked for them.
+    pub async fn load(&self, stored: Option<&Stored>) -> Result<(), StateError> {
         self.loaded
-            .get_or_try_init(|| self.load_once())
+            .get_or_try_init(|| self.load_once(stored))
             .await
             .map(drop)
     }
 
-    async fn load_once(&self) -> Result<(), StateError> {
+    /// Where its shards live (namespace, name prefix), unless kept in memory only.
+    pub fn place(&self) -> Option<(String, String)> {
+        match &self.owner {
+            StateOwner::Store(store) => {
+                let (home, prefix) = store.place();
+                Some((home.to_owned(), prefix.to_owned()))
+            }
+            StateOwner::Memory => None,
+        }
+    }
+
+    async fn load_once(&self, stored: Option<&Stored>) -> Result<(), StateError> {
         let found = std::mem::take(&mut *self.found.locked());
         let StateOwner::Store(store) = &self.owner else {
             self.keep_loaded(found.into_iter().map(|(k, v)| (shard_of_key(&k), k, v)));
             return Ok(());
         };
-        let shards = store.read().await?;
+        let (home, prefix) = store.place();
+        let shards = match stored {
+            Some(stored) if !stored.has(home, prefix) => Vec::new(),
+            _ => store.read().await?,
+        };
         self.keep_loaded(
             shards
                 .into_iter()

@@ -33,6 +33,8 @@ pub enum StateOwner {
 #[derive(Clone)]
 pub struct Store {
     api: Api<WasmControllerState>,
+    /// The namespace its shards live in.
+    home: String,
     /// `WasmController/<name>` or `ClusterWasmController/<name>`.
     controller: String,
     /// Name prefix and label value ([`state_prefix`]).
@@ -81,6 +83,7 @@ impl StateOwner {
         });
         StateOwner::Store(Box::new(Store {
             api: Api::namespaced(client, home),
+            home: home.to_owned(),
             controller: format!("{kind}/{name}"),
             prefix: state_prefix(kind, name),
             owner,
@@ -93,6 +96,11 @@ impl Store {
     /// The controller, as its shards name it (`WasmController/<name>`).
     pub(super) fn controller(&self) -> &str {
         &self.controller
+    }
+
+    /// Where its shards live: their namespace and name prefix (also their label's value).
+    pub(super) fn place(&self) -> (&str, &str) {
+        (&self.home, &self.prefix)
     }
 
     /// The entries of each of the controller's shard objects, by shard. Objects labelled as

@@ -71,7 +71,7 @@ async fn states_found_in_the_status_are_loaded_within_the_bounds() {
     ]);
     let state = GuestState::new(StateOwner::Memory, usize::MAX, unbounded(), found);
     assert_eq!(state.get("ns/ok"), None, "nothing before the load");
-    state.load().await.unwrap();
+    state.load(None).await.unwrap();
     assert_eq!(state.get("ns/ok").as_deref(), Some("v"));
     assert_eq!(state.get("ns/big"), None);
 }
@@ -447,7 +447,7 @@ async fn states_loaded_past_the_cap_are_charged_and_only_forgets_pass() {
         accounts.open(Some("ns")),
         found,
     );
-    state.load().await.unwrap();
+    state.load(None).await.unwrap();
     assert_eq!(state.len(), 3, "what is stored is loaded, whatever the cap");
     assert_eq!(accounts.used(Some("ns")), 3 * one);
     let err = state.set("ns/o-3", Some("v")).await.unwrap_err();
