@@ -354,5 +354,7 @@ pub fn cpu_time(pid: u32) -> Result<std::time::Duration> {
             .and_then(|v| v.parse().ok())
             .with_context(|| format!("no field {} in /proc/{pid}/stat", i + 3))
     };
-    Ok(std::time::Duration::from_millis((ticks(11)? + ticks(12)?) * 10))
+    Ok(std::time::Duration::from_millis(
+        (ticks(11)? + ticks(12)?) * 10,
+    ))
 }

@@ -105,9 +105,9 @@ impl Manager {
     /// Modules are read [`PARALLEL_STARTS`] at once and compiled once per digest; the setups,
     /// which wait on the API server (discovery, access reviews), run [`PARALLEL_STARTS`] at
     /// once. Many controllers are started in chunks of [`START_CHUNK`], and the settled
-    /// statuses of one chunk are written while the next chunk's modules are read: both wait
-    /// on the API server, and a thousand controllers starting would otherwise show no status
-    /// until the last one started.
+    /// statuses of one chunk are written while the next but one is started (its modules read,
+    /// its controllers set up): both wait on the API server, and a thousand controllers
+    /// starting would otherwise show no status until the last one started.
     pub(super) async fn start_all(&mut self, ids: &[ControllerId]) {
         if ids.is_empty() {
             return;
@@ -128,18 +128,16 @@ impl Manager {
         for chunk in ids.chunks(START_CHUNK) {
             // Starting many is progress too: each chunk is bounded (reads, setups).
             self.metrics.manager_beat(true);
-            let fetched = match writing.take() {
+            // A chunk's statuses are written while the next but one starts: both wait on the
+            // API server, and neither needs the other's answers.
+            let start = self.start_chunk(chunk, stored.as_ref());
+            match writing.take() {
                 Some(writes) => {
-                    let (written, fetched) =
-                        futures::future::join(writes, self.read_modules(chunk)).await;
+                    let (written, ()) = futures::future::join(writes, start).await;
                     self.record_written(written);
-                    fetched
                 }
-                None => self.read_modules(chunk).await,
-            };
-            self.load_fetched(fetched);
-            self.retain_modules();
-            self.set_up_all(chunk, stored.as_ref()).await;
+                None => start.await,
+            }
             // The chunk before's statuses, now that its runners had this chunk's setup to
             // find their caches synced: settled (Ready), they are written here, not left to
             // the status ticks, which would hold the starts up writing them.
@@ -157,6 +155,14 @@ impl Manager {
             let written = self.status_writes(Some(last), status::settled).await;
             self.record_written(written);
         }
+    }
+
+    /// Reads the modules of `chunk`, loads them and sets its controllers up.
+    async fn start_chunk(&mut self, chunk: &[ControllerId], stored: Option<&Stored>) {
+        let fetched = self.read_modules(chunk).await;
+        self.load_fetched(fetched);
+        self.retain_modules();
+        self.set_up_all(chunk, stored).await;
     }
 
     /// Refuses a controller past its namespace's cap (its status says so); whether it was.
@@ -180,7 +186,7 @@ impl Manager {
     /// Which of these controllers have saved states, from one list of every shard object,
     /// when at least [`LIST_STATES_FROM`] start together ([`Stored`]); `None` otherwise, or
     /// when that list could not say (each reads its own then).
-    async fn stored_states(&self, ids: &[ControllerId]) -> Option<Stored> {
+    pub(super) async fn stored_states(&self, ids: &[ControllerId]) -> Option<Stored> {
         if ids.len() < LIST_STATES_FROM {
             return None;
         }

@@ -441,7 +441,8 @@ impl Manager {
             .into_iter()
             .filter(|id| self.controllers.get(id).is_some_and(|m| !m.life.running()))
             .collect();
-        self.set_up_all(&stopped, None).await;
+        let stored = self.stored_states(&stopped).await;
+        self.set_up_all(&stopped, stored.as_ref()).await;
     }
 
     /// These module ConfigMaps changed (or were listed again): the controllers whose module

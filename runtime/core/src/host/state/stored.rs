@@ -17,11 +17,12 @@ use kube::{Api, Client, ResourceExt as _};
 
 use crate::api::{STATE_OF_LABEL, WasmControllerState};
 
-/// Shard objects' metadata read a page (about 1 KiB each).
-const PAGE: u32 = 500;
+/// Shard objects' metadata read a page: about 1 KiB each as the runtime writes them (a
+/// cluster admin's annotations could make one up to 256 KiB; tenants may not write them).
+const PAGE: u32 = 100;
 
 /// The most shard objects one list reads before it gives up (and each controller reads its
-/// own): 6,250 controllers with every shard written, at about 1 KiB a page entry.
+/// own): 6,250 controllers with every shard written.
 pub const MOST_LISTED: usize = 100_000;
 
 /// The controllers (namespace, name prefix) that have shard objects, among those asked for.
