@@ -7,7 +7,7 @@
 //! WasmController, and prints how long that took. Only then is the runtime started, so the
 //! times below measure the runtime alone: from spawning the release binary to the moment the
 //! bench's watch sees condition `Ready=True` on all N, with VmRSS and VmHWM
-//! (`/proc/PID/status`) read at that moment.
+//! (`/proc/PID/status`) and the CPU time it used (`/proc/PID/stat`) read at that moment.
 //!
 //! Cold and warm: the runtime's only compilation cache is in its process (one compiled
 //! component per module digest, `sandbox::Sandbox::load`); there is no on-disk cache, so
