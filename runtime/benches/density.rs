@@ -4,7 +4,11 @@
 //! For each N (ascending; default 10, 100, 500, 1000) the bench first creates what is missing
 //! of N namespaces `density-NNNN`, each with the hello-world example's ServiceAccount, Role
 //! and RoleBinding, its own module ConfigMap (the same `hello_world.wasm` bytes) and its
-//! WasmController, and prints how long that took. Only then is the runtime started, so the
+//! WasmController, and prints how long that took, then waits until the API server has been
+//! asked no write for 3 s (kube-controller-manager adds each new namespace's ServiceAccount
+//! and root CA ConfigMap for a while after; runs beside that measured it, not the runtime;
+//! its token Secrets, which 1.20 still makes and Kubernetes 1.24 on do not, are left out:
+//! `KUBEWASM_NO_TOKEN_CONTROLLER`). Only then is the runtime started, so the
 //! times below measure the runtime alone: from spawning the release binary to the moment the
 //! bench's watch sees condition `Ready=True` on all N, with VmRSS and VmHWM
 //! (`/proc/PID/status`) and the CPU time it used (`/proc/PID/stat`) read at that moment.
@@ -21,6 +25,9 @@
 //! (list the WasmControllers and the ConfigMaps' metadata, read each module ConfigMap, write
 //! each `Ready` status), made by a raw kube-rs client on the same API server, so that the
 //! runtime's time reads against what the API server on these cores can do.
+//!
+//! Each run prints what the API server was asked meanwhile, by verb and resource, from its own
+//! metrics (`density/requests.rs`).
 //!
 //! `KUBEWASM_DENSITY_CANDIDATE=<another kubewasm>` runs it too, a warm run beside each of the
 //! runtime's (the first alternating), to measure one change side by side.
@@ -47,6 +54,8 @@ use kubewasm_test_support::cluster;
 
 #[path = "density/image.rs"]
 mod image;
+#[path = "density/requests.rs"]
+mod requests;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -63,6 +72,7 @@ use kubewasm::api::WasmController;
 use serde_json::{Value, json};
 
 use image::Modules;
+use requests::Requests;
 use support::{ControlPlane, FIELD_MANAGER};
 
 /// Sizes measured when none are given.
@@ -77,6 +87,12 @@ const PARALLEL_WRITES: usize = 16;
 /// The longest a runtime may take until all are Ready before the run counts as failed.
 const READY_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// How the API server names a WasmController's status write in its metrics.
+const STATUS_WRITES: &str = "PATCH kubewasm.dev/wasmcontrollers/status";
+
+/// The longest the bench waits for kube-controller-manager to be done with new namespaces.
+const SETTLE_LIMIT: Duration = Duration::from_secs(600);
+
 /// How long a stopping runtime may take before it is killed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -90,7 +106,9 @@ fn main() -> Result<()> {
     let example = Example::from_env()?;
     let wasm = cluster::guest(example.guest);
     let state_dir = ControlPlane::state_dir_of_this_process();
-    let control_plane = ControlPlane::start(&state_dir, Some(std::process::id()))?;
+    // No token Secret per ServiceAccount (as from Kubernetes 1.24 on): 1.20's token controller
+    // would write 20,000 for 10,000 namespaces, for most of an hour, beside every run.
+    let control_plane = ControlPlane::start_without_tokens(&state_dir, Some(std::process::id()))?;
     let runtime = tokio::runtime::Runtime::new()?;
     let result = runtime.block_on(measure(
         &control_plane,
@@ -136,13 +154,15 @@ struct Row {
 }
 
 /// One start of the runtime until all are Ready.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 struct Run {
     ready: Duration,
     rss_kib: u64,
     hwm_kib: u64,
     /// The runtime's CPU time (user and system) from its start to all Ready.
     cpu: Duration,
+    /// What it asked of the API server from its start to all Ready.
+    asked: Requests,
 }
 
 async fn measure(
@@ -200,6 +220,10 @@ async fn measure(
         let created = n - existing;
         existing = n;
         eprintln!("N={n}: created {created} namespaces with their objects in {create:.1?}");
+        let settled = Requests::quiet(&client, SETTLE_LIMIT).await?;
+        eprintln!(
+            "N={n}: the control plane was done with the new namespaces {settled:.1?} later (no write for 3 s)"
+        );
         let mut cold = None;
         let mut warm = Vec::new();
         let mut floor = Vec::new();
@@ -239,13 +263,19 @@ async fn measure(
                 run.hwm_kib,
                 run.cpu
             );
+            run.asked.print("its start", n);
             if round == 0 {
                 cold = Some(run);
             } else {
                 warm.push(run);
                 clear_statuses(&client).await?;
+                let asked_before = Requests::read(&client).await?;
                 let took = floor_once(&client, n, wasm.len()).await?;
                 eprintln!("N={n} floor: the same API calls by a raw client in {took:.2?}");
+                Requests::read(&client)
+                    .await?
+                    .since(&asked_before)
+                    .print("the floor", n);
                 floor.push(took);
                 if let Some(c) = candidate.as_ref().filter(|_| !candidate_first) {
                     candidate_runs.push(candidate_run(c).await?);
@@ -472,6 +502,7 @@ async fn run_once(
         }
     }
     let log_file = std::fs::File::create(log)?;
+    let asked_before = Requests::read(client).await?;
     let started = Instant::now();
     let mut child = Command::new(binary)
         .arg("run")
@@ -507,6 +538,7 @@ async fn run_once(
     let elapsed = started.elapsed();
     let memory = support::runtime::memory_kib(child.id());
     let cpu = support::runtime::cpu_time(child.id());
+    let asked = Requests::read(client).await;
     if let Some(perf) = &mut profiler {
         Command::new("kill")
             .arg("-INT")
@@ -524,11 +556,18 @@ async fn run_once(
         ),
     }
     let (rss_kib, hwm_kib) = memory?;
+    let asked = asked?.since(&asked_before);
+    ensure!(
+        asked.count(STATUS_WRITES) >= n as f64,
+        "the API server counted {} status writes for {n} controllers made Ready: are its metrics read right?",
+        asked.count(STATUS_WRITES)
+    );
     Ok(Run {
         ready: elapsed,
         rss_kib,
         hwm_kib,
         cpu: cpu?,
+        asked,
     })
 }
 
@@ -549,6 +588,7 @@ async fn run_candidate(
         "N={n} candidate: Ready in {:.2?}, VmRSS {} KiB, VmHWM {} KiB, CPU {:.2?}",
         run.ready, run.rss_kib, run.hwm_kib, run.cpu
     );
+    run.asked.print("its start", n);
     Ok(run)
 }
 

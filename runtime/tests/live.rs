@@ -43,6 +43,8 @@ mod identity;
 mod isolation;
 #[path = "live/logs.rs"]
 mod logs;
+#[path = "live/metadata_list.rs"]
+mod metadata_list;
 #[path = "live/module_reads.rs"]
 mod module_reads;
 #[path = "live/oci/mod.rs"]

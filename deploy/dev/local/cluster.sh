@@ -712,7 +712,8 @@ cmd_up() {
         --api-audiences=https://kubernetes.default.svc
         --service-cluster-ip-range=10.0.0.0/24
         --allow-privileged=true
-        --profiling=false
+        # KUBEWASM_APISERVER_PROFILING=true serves /debug/pprof (e.g. to see what a bench costs it).
+        --profiling="${KUBEWASM_APISERVER_PROFILING:-false}"
         # The aggregation layer (APIServices such as logs.kubewasm.dev): the front proxy's
         # client certificate and the headers that carry the user to the extension server;
         # routing to the Endpoints' addresses, as there is no kube-proxy.
@@ -751,6 +752,10 @@ cmd_up() {
         # not-ready taint), attach/detach and TTL.
         local controllers='*,-nodelifecycle,-nodeipam,-cloud-node-lifecycle,-route,-service,-attachdetach,-persistentvolume-expander,-horizontalpodautoscaling,-csrsigning,-csrapproving,-csrcleaner,-ttl'
         [ -z "$NODE" ] || controllers='*,-nodeipam,-cloud-node-lifecycle,-route,-service,-persistentvolume-expander,-horizontalpodautoscaling,-csrsigning,-csrapproving,-csrcleaner'
+        # KUBEWASM_NO_TOKEN_CONTROLLER=1: no token Secret per ServiceAccount, as from 1.24 on
+        # (the density bench: 1.20's token controller writes 20,000 of them for 10,000
+        # namespaces, ~7 a second, for most of an hour). Pods then cannot be created in 1.20.
+        [ "${KUBEWASM_NO_TOKEN_CONTROLLER:-}" != 1 ] || controllers="$controllers,-serviceaccount-token"
         local kcm_args=(
             --kubeconfig="$KUBECONFIG_FILE"
             --leader-elect=false

@@ -134,6 +134,12 @@ pub struct Args {
     /// the cap and what it inflates to).
     #[arg(long, default_value_t = Unit::Bytes.show(ManagerConfig::default().module_read_bytes))]
     module_read_bytes: String,
+    /// The most bytes one list of the ConfigMaps' metadata may read at once from the API
+    /// server's watch cache, a quantity. Past it (a cluster of very many ConfigMaps, or
+    /// ConfigMaps with large labels and annotations), they are listed in pages of 100 from
+    /// etcd instead, which reads each ConfigMap whole: a slower start, nothing more held.
+    #[arg(long, default_value_t = Unit::Bytes.show(ManagerConfig::default().metadata_list_bytes as u64))]
+    metadata_list_bytes: String,
     /// A registry (`HOST:PORT`, as image references name it) spoken to over plain HTTP instead
     /// of HTTPS; repeatable. Every other registry is HTTPS only.
     #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
@@ -276,6 +282,13 @@ pub fn run(args: Args, logs: std::sync::Arc<kubewasm::logs::LogStore>) -> anyhow
                 "--module-read-bytes {}: give a quantity of at least twice --max-module-bytes ({}), e.g. 128Mi: a gzipped layer at the cap and what it inflates to are held at once",
                 args.module_read_bytes,
                 Unit::Bytes.show(config.max_module_bytes.saturating_mul(2))
+            ),
+        };
+        config.metadata_list_bytes = match kubewasm::api::parse_bytes(&args.metadata_list_bytes) {
+            Ok(bytes) if bytes > 0 => bytes,
+            _ => anyhow::bail!(
+                "--metadata-list-bytes {}: give a quantity above 0, e.g. 32Mi",
+                args.metadata_list_bytes
             ),
         };
         let kube_config = kube::Config::infer().await.context(

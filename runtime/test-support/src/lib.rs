@@ -136,17 +136,30 @@ impl ControlPlane {
     /// Starts a control plane of its own in `state_dir` (`cluster.sh up`). With `watch_pid`,
     /// the script's watchdog stops it once that process is gone; without, call [`Self::stop`].
     pub fn start(state_dir: &Path, watch_pid: Option<u32>) -> Result<ControlPlane> {
-        Self::up(state_dir, watch_pid, false)
+        Self::up(state_dir, watch_pid, false, true)
+    }
+
+    /// Like [`Self::start`], without kube-controller-manager's token controller (no token
+    /// Secret per ServiceAccount, as from Kubernetes 1.24 on; Pods cannot be created then):
+    /// for a bench of many namespaces, which 1.20's token controller would otherwise write
+    /// Secrets into for most of an hour beside every run.
+    pub fn start_without_tokens(state_dir: &Path, watch_pid: Option<u32>) -> Result<ControlPlane> {
+        Self::up(state_dir, watch_pid, false, false)
     }
 
     /// Like [`Self::start`], with one real node that runs Pods (`cluster.sh up --node`: the
     /// kubelet, containerd, kube-scheduler and a local registry; root only, one node per
     /// machine). Returns once the Node is Ready. [`Self::stop`] stops the node too.
     pub fn start_with_node(state_dir: &Path, watch_pid: Option<u32>) -> Result<ControlPlane> {
-        Self::up(state_dir, watch_pid, true)
+        Self::up(state_dir, watch_pid, true, true)
     }
 
-    fn up(state_dir: &Path, watch_pid: Option<u32>, node: bool) -> Result<ControlPlane> {
+    fn up(
+        state_dir: &Path,
+        watch_pid: Option<u32>,
+        node: bool,
+        tokens: bool,
+    ) -> Result<ControlPlane> {
         std::fs::create_dir_all(state_dir)
             .with_context(|| format!("creating {}", state_dir.display()))?;
         let mut up = Command::new("bash");
@@ -158,6 +171,9 @@ impl ControlPlane {
             up.arg("--watch-pid").arg(pid.to_string());
         }
         up.arg(state_dir).stdin(Stdio::null());
+        if !tokens {
+            up.env("KUBEWASM_NO_TOKEN_CONTROLLER", "1");
+        }
         let started = Instant::now();
         let out = up
             .output()

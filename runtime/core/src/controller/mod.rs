@@ -24,4 +24,7 @@ pub use shards::{
     tenant_of,
 };
 pub use watchable::{DEFAULT_WATCHABLE_KINDS, InvalidRule, WatchableKinds};
-pub use watches::{Cached, Change, LIST_PAGE_SIZE, ObjectKey, SharedWatches, Watch, watch_config};
+pub use watches::{
+    Cached, Change, LIST_PAGE_SIZE, ObjectKey, SharedWatches, Watch, cached_then_paged,
+    capped_lists, over_cap, watch_config,
+};

@@ -51,6 +51,10 @@ pub struct ManagerConfig {
     /// The most bytes all module reads, pulls and gunzips in flight may hold at once
     /// ([`crate::sources::ReadBudget`]).
     pub module_read_bytes: u64,
+    /// The most bytes one list of the ConfigMaps' metadata may read from the API server's
+    /// watch cache at once; past it, they are listed in pages from etcd
+    /// ([`crate::controller::cached_then_paged`]).
+    pub metadata_list_bytes: usize,
     /// Registries (`host:port`) spoken to over plain HTTP.
     pub insecure_registries: Vec<String>,
     /// Registries (`host` or `host:port`) reached even at internal addresses
@@ -103,6 +107,10 @@ impl Default for ManagerConfig {
             compile_cpu_seconds_per_hour: 600,
             max_module_bytes: crate::sources::DEFAULT_MAX_MODULE_BYTES,
             module_read_bytes: crate::sources::DEFAULT_MODULE_READ_BYTES,
+            // The metadata of ~50,000 ConfigMaps (about 650 bytes each as the API server
+            // sends it); decoded, it is held with the response until its objects are cut to
+            // their names and versions.
+            metadata_list_bytes: 32 << 20,
             insecure_registries: Vec::new(),
             allowed_registries: Vec::new(),
             verify_keys: Vec::new(),

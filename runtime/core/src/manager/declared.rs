@@ -146,6 +146,7 @@ impl Manager {
             promotion: None,
             life,
             written: None,
+            since: std::time::Instant::now(),
         };
         self.controllers.insert(id.clone(), managed);
         Some(id)

@@ -254,6 +254,7 @@ impl Manager {
                 runner.set_candidate(candidate.map(|(g, i)| (g.clone(), i.map(str::to_owned))));
                 let task = tokio::spawn(runner.clone().run());
                 m.life.start(runner, task, access);
+                m.since = std::time::Instant::now();
                 tracing::info!(controller = %id, "controller started");
             }
             Err(problem) => {

@@ -39,7 +39,7 @@ use anyhow::Context;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::core::PartialObjectMeta;
-use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::runtime::{WatchStreamExt, reflector};
 use kube::{Api, Client, ResourceExt};
 
 use crate::api::{ClusterWasmController, WasmController, WasmControllerSpec};
@@ -72,6 +72,12 @@ const OPT_INS_FIRST_LIST: Duration = Duration::from_secs(10);
 
 /// How soon after controllers were started their statuses are written.
 const STATUS_SOON: Duration = Duration::from_millis(200);
+
+/// How long a controller may be starting or waiting for its caches before its status says
+/// so. Most are Ready sooner, and then their status is written once instead of twice: ten
+/// thousand starting are twenty thousand status writes otherwise, and the API server's time
+/// is what a start waits on.
+const UNSETTLED_SHOWN_AFTER: Duration = Duration::from_secs(5);
 
 /// How long the API server gets to answer one request of the runtime (its response's
 /// headers, and then each part of its body): a request that hangs fails with a timeout
@@ -135,6 +141,9 @@ struct Managed {
     /// [`life::Life`].
     life: life::Life,
     written: Option<crate::api::WasmControllerStatus>,
+    /// When it was declared, or its runner last started: a status still unsettled (starting,
+    /// waiting for its caches) is written only [`UNSETTLED_SHOWN_AFTER`] past it.
+    since: std::time::Instant,
 }
 
 /// Keys of ConfigMaps that changed since the manager last took them.
@@ -162,6 +171,9 @@ pub struct Manager {
     client: Client,
     /// Watches (no read timeout: see [`watch_config`]).
     watch_client: Client,
+    /// Watches whose lists come whole from the API server's cache, each cut off past
+    /// `--metadata-list-bytes` ([`crate::controller::capped_lists`]).
+    capped_watch_client: Client,
     base_config: kube::Config,
     config: ManagerConfig,
     sandbox: Sandbox,
@@ -229,6 +241,10 @@ impl Manager {
         // Watches stream for minutes with nothing to read (kube-runtime's watcher has its own
         // idle timeout); every other request gets [`API_REQUEST_TIMEOUT`].
         let watch_client = Client::try_from(watch_config(base_config.clone()))?;
+        let capped_watch_client = crate::controller::capped_lists(
+            watch_config(base_config.clone()),
+            config.metadata_list_bytes,
+        )?;
         let base_config = request_config(base_config);
         let client = Client::try_from(base_config.clone())?;
         let sandbox = Sandbox::new(config.sandbox.clone())?;
@@ -266,6 +282,7 @@ impl Manager {
                 Arc::new(crate::controller::CacheAccounts::new(config.cache_caps)),
             ),
             watch_client,
+            capped_watch_client,
             resolver: Resolver::new(client.clone()),
             access: AccessReviews::new(client.clone(), config.access_review_ttl),
             fence: Fence::default(),
@@ -511,16 +528,27 @@ impl Manager {
         Arc<ChangedConfigMaps>,
     ) {
         // `PartialObjectMeta`: the API server sends metadata only.
-        let api: Api<PartialObjectMeta<ConfigMap>> = match &self.config.namespace {
-            Some(ns) => Api::namespaced(self.watch_client.clone(), ns),
-            None => Api::all(self.watch_client.clone()),
+        let api = |client: &Client| -> Api<PartialObjectMeta<ConfigMap>> {
+            match &self.config.namespace {
+                Some(ns) => Api::namespaced(client.clone(), ns),
+                None => Api::all(client.clone()),
+            }
         };
+        // Listed from the API server's cache, not from etcd: etcd reads every ConfigMap
+        // whole, modules included, for the API server to send its metadata (15 s of the API
+        // server's time at 20,000 ConfigMaps holding 10,000 modules, before any controller
+        // could start).
+        let events = crate::controller::cached_then_paged(
+            api(&self.capped_watch_client),
+            api(&self.watch_client),
+            crate::controller::watch_config(),
+            "ConfigMaps' metadata",
+        );
         let (store, writer) = reflector::store();
         let changed = Arc::new(ChangedConfigMaps::default());
         let collected = changed.clone();
         tokio::spawn(async move {
-            let events = watcher(api, crate::controller::watch_config())
-                .default_backoff()
+            let events = events
                 // Only the name, namespace, uid and resourceVersion are used: the labels,
                 // annotations and managedFields of every ConfigMap of the cluster (up to
                 // 256 KiB of annotations each, tenants' to size) are not kept.

@@ -13,7 +13,7 @@ use crate::api::{ClusterWasmController, Reason, WasmController, WasmControllerSt
 use prometheus_client::metrics::counter::Counter;
 
 use super::life::Phase;
-use super::{ControllerId, Managed, Manager};
+use super::{ControllerId, Managed, Manager, UNSETTLED_SHOWN_AFTER};
 use crate::host::MAX_LISTED_FINALIZING;
 use crate::sync::Locks as _;
 
@@ -324,8 +324,10 @@ impl Manager {
                 .filter_map(|(id, m)| {
                     let mut status = desired(m, self.place_of(id), id.namespace.is_some());
                     keep_transition_times(&mut status, m.written.as_ref());
-                    (m.written.as_ref() != Some(&status) && which(&status))
-                        .then(|| (id.clone(), status))
+                    (m.written.as_ref() != Some(&status)
+                        && which(&status)
+                        && shown(&status, m.since.elapsed()))
+                    .then(|| (id.clone(), status))
                 })
                 .collect()
         } else {
@@ -392,6 +394,12 @@ pub(super) fn settled(status: &WasmControllerStatus) -> bool {
                 || (c.reason != Reason::WaitingForCaches.to_string()
                     && c.reason != Reason::Starting.to_string()))
     })
+}
+
+/// Whether a status is written now, `since` its controller was declared or its runner
+/// started: settled, or unsettled for [`UNSETTLED_SHOWN_AFTER`] already.
+fn shown(status: &WasmControllerStatus, since: std::time::Duration) -> bool {
+    settled(status) || since >= UNSETTLED_SHOWN_AFTER
 }
 
 /// The name status writes have among a tenant's controllers at the replica's write scheduler.
@@ -485,12 +493,19 @@ mod tests {
     }
 
     #[test]
-    fn a_status_is_settled_when_ready_or_stuck_not_while_starting() {
+    fn a_status_is_settled_when_ready_or_stuck_not_while_starting_and_shown_when_either() {
+        use std::time::Duration;
         assert!(settled(&with_ready(true, Reason::Running)));
         assert!(settled(&with_ready(false, Reason::Forbidden)));
         assert!(settled(&with_ready(false, Reason::ModuleNotReady)));
         assert!(!settled(&with_ready(false, Reason::WaitingForCaches)));
         assert!(!settled(&with_ready(false, Reason::Starting)));
+        // Unsettled, it is shown once it has been for a while; settled, at once.
+        let waiting = with_ready(false, Reason::WaitingForCaches);
+        assert!(!shown(&waiting, Duration::from_secs(1)));
+        assert!(shown(&waiting, UNSETTLED_SHOWN_AFTER));
+        assert!(shown(&with_ready(true, Reason::Running), Duration::ZERO));
+        assert!(shown(&with_ready(false, Reason::Forbidden), Duration::ZERO));
         assert!(!settled(&WasmControllerStatus::default()));
     }
 }

@@ -19,8 +19,10 @@ use super::discovery::Kind;
 use crate::sync::Locks as _;
 
 mod cached;
+mod capped;
 mod task;
 pub use cached::Cached;
+pub use capped::{cached_then_paged, capped_lists, over_cap};
 use task::WatchTask;
 
 /// Namespace and name of an object.
@@ -369,7 +371,8 @@ pub const LIST_PAGE_SIZE: u32 = 100;
 /// server of the tests, and in releases long after) and answers with every object at once,
 /// which the runtime would read and decode whole before weighing any of it. Pages cost etcd reads instead (the metadata of 1,772
 /// ConfigMaps took 1.37 s in four pages of 500 from etcd, `make bench-density`); the runtime
-/// lists once per watch start and relist, not per controller.
+/// lists once per watch start and relist, not per controller. (The runtime's watch of the
+/// ConfigMaps' metadata is the exception: see [`cached_then_paged`].)
 pub fn watch_config() -> watcher::Config {
     watcher::Config::default().page_size(LIST_PAGE_SIZE)
 }
