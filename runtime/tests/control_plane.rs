@@ -425,10 +425,10 @@ async fn acting_as_an_account_is_proven_by_its_rules_review() -> Result<()> {
     // The namespace's label from the watch of Namespaces (`list`/`watch` on namespaces): not
     // read at all.
     let watched = AccessReviews::new(runtime.clone(), ttl);
-    let opt_ins = OptIns::watch(runtime.clone(), Some(&namespace));
+    let opt_ins = OptIns::watch(runtime.clone(), runtime.clone(), Some(&namespace));
     opt_ins.first_list(WAIT).await;
     watched.watch_opt_ins(opt_ins);
-    let namespaces = OptIns::watch_namespaces(runtime.clone(), Some(&namespace));
+    let namespaces = OptIns::watch_namespaces(runtime.clone(), runtime.clone(), Some(&namespace));
     namespaces.first_list(WAIT).await;
     watched.watch_namespaces(namespaces);
     let acting = watched.may_act_as(&account("lender")).await?;
@@ -461,7 +461,7 @@ async fn acting_as_an_account_is_proven_by_its_rules_review() -> Result<()> {
     accounts
         .patch("lender", &params, &annotate(serde_json::Value::Null))
         .await?;
-    let opt_ins = OptIns::watch(runtime.clone(), Some(&namespace));
+    let opt_ins = OptIns::watch(runtime.clone(), runtime.clone(), Some(&namespace));
     opt_ins.first_list(WAIT).await;
     let watched = AccessReviews::new(runtime.clone(), ttl);
     watched.watch_opt_ins(opt_ins);

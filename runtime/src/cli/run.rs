@@ -134,10 +134,10 @@ pub struct Args {
     /// the cap and what it inflates to).
     #[arg(long, default_value_t = Unit::Bytes.show(ManagerConfig::default().module_read_bytes))]
     module_read_bytes: String,
-    /// The most bytes one list of the ConfigMaps' metadata may read at once from the API
-    /// server's watch cache, a quantity. Past it (a cluster of very many ConfigMaps, or
-    /// ConfigMaps with large labels and annotations), they are listed in pages of 100 from
-    /// etcd instead, which reads each ConfigMap whole: a slower start, nothing more held.
+    /// The most bytes one list of the ConfigMaps', ServiceAccounts' or Namespaces' metadata
+    /// may read at once from the API server's watch cache, a quantity. Past it (very many of
+    /// them, or large labels and annotations), they are listed in pages of 100 from etcd
+    /// instead, which reads each object whole: a slower start, nothing more held.
     #[arg(long, default_value_t = Unit::Bytes.show(ManagerConfig::default().metadata_list_bytes as u64))]
     metadata_list_bytes: String,
     /// A registry (`HOST:PORT`, as image references name it) spoken to over plain HTTP instead

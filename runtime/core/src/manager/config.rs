@@ -51,9 +51,9 @@ pub struct ManagerConfig {
     /// The most bytes all module reads, pulls and gunzips in flight may hold at once
     /// ([`crate::sources::ReadBudget`]).
     pub module_read_bytes: u64,
-    /// The most bytes one list of the ConfigMaps' metadata may read from the API server's
-    /// watch cache at once; past it, they are listed in pages from etcd
-    /// ([`crate::controller::cached_then_paged`]).
+    /// The most bytes one list of the ConfigMaps', ServiceAccounts' or Namespaces' metadata
+    /// may read from the API server's watch cache at once; past it, they are listed in pages
+    /// from etcd ([`crate::controller::cached_then_paged`]).
     pub metadata_list_bytes: usize,
     /// Registries (`host:port`) spoken to over plain HTTP.
     pub insecure_registries: Vec<String>,
@@ -108,8 +108,8 @@ impl Default for ManagerConfig {
             max_module_bytes: crate::sources::DEFAULT_MAX_MODULE_BYTES,
             module_read_bytes: crate::sources::DEFAULT_MODULE_READ_BYTES,
             // The metadata of ~50,000 ConfigMaps (about 650 bytes each as the API server
-            // sends it); decoded, it is held with the response until its objects are cut to
-            // their names and versions.
+            // sends it), or ServiceAccounts (550) or Namespaces (800); decoded, it is held
+            // with the response until its objects are cut to what is kept of them.
             metadata_list_bytes: 32 << 20,
             insecure_registries: Vec::new(),
             allowed_registries: Vec::new(),

@@ -360,11 +360,15 @@ impl Manager {
         // ServiceAccounts' opt-ins from a watch of their metadata, so that a controller's
         // start reads none; listed beside the ConfigMaps' metadata, and waited for a while
         // (until then, or while the watch fails, each start reads its ServiceAccount).
-        let opt_ins =
-            crate::host::OptIns::watch(self.watch_client.clone(), self.config.namespace.as_deref());
+        let opt_ins = crate::host::OptIns::watch(
+            self.watch_client.clone(),
+            self.capped_watch_client.clone(),
+            self.config.namespace.as_deref(),
+        );
         // The namespaces a cluster admin enabled (their label), the same way.
         let namespaces = crate::host::OptIns::watch_namespaces(
             self.watch_client.clone(),
+            self.capped_watch_client.clone(),
             self.config.namespace.as_deref(),
         );
         let (module_config_maps, cm_changes) = self.watch_config_map_metadata();

@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::{
     Namespace as NamespaceObject, ServiceAccount as ServiceAccountObject,
 };
 use kube::core::PartialObjectMeta;
-use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::runtime::watcher;
 use kube::{Api, Client};
 
 use super::{SERVICE_ACCOUNT_OPT_IN, ServiceAccount, TENANT_LABEL, TENANT_LABEL_VALUE};
@@ -108,33 +108,43 @@ pub struct OptIns {
 }
 
 impl OptIns {
-    /// Watches the metadata of the ServiceAccounts of `namespace` (or all) with `client`.
-    pub fn watch(client: Client, namespace: Option<&str>) -> OptIns {
-        let api: Api<Meta> = match namespace {
-            Some(ns) => Api::namespaced(client, ns),
-            None => Api::all(client),
+    /// Watches the metadata of the ServiceAccounts of `namespace` (or all): listed whole from
+    /// the API server's cache with `capped` (a [`crate::controller::capped_lists`] client),
+    /// in pages with `client` past its cap.
+    pub fn watch(client: Client, capped: Client, namespace: Option<&str>) -> OptIns {
+        let api = |client: Client| -> Api<Meta> {
+            match namespace {
+                Some(ns) => Api::namespaced(client, ns),
+                None => Api::all(client),
+            }
         };
         Self::spawn(
-            api,
+            (api(capped), api(client)),
             crate::controller::watch_config(),
             "ServiceAccounts' opt-ins",
             opted_in,
         )
     }
 
-    /// Watches the metadata of the Namespaces (only `namespace`, when given) with `client`:
-    /// which ones a cluster admin labelled [`TENANT_LABEL`].
-    pub fn watch_namespaces(client: Client, namespace: Option<&str>) -> OptIns {
-        let api: Api<PartialObjectMeta<NamespaceObject>> = Api::all(client);
+    /// Watches the metadata of the Namespaces (only `namespace`, when given), as
+    /// [`Self::watch`] does: which ones a cluster admin labelled [`TENANT_LABEL`].
+    pub fn watch_namespaces(client: Client, capped: Client, namespace: Option<&str>) -> OptIns {
+        let api = Api::<PartialObjectMeta<NamespaceObject>>::all;
         let mut config = crate::controller::watch_config();
         if let Some(ns) = namespace {
             config = config.fields(&format!("metadata.name={ns}"));
         }
-        Self::spawn(api, config, "Namespaces' tenant label", enabled)
+        Self::spawn(
+            (api(capped), api(client)),
+            config,
+            "Namespaces' tenant label",
+            enabled,
+        )
     }
 
+    /// `apis`: the capped one, and the one for pages.
     fn spawn<K>(
-        api: Api<PartialObjectMeta<K>>,
+        (capped, paged): (Api<PartialObjectMeta<K>>, Api<PartialObjectMeta<K>>),
         config: watcher::Config,
         what: &'static str,
         yes: Yes,
@@ -147,7 +157,10 @@ impl OptIns {
         let (listed_tx, listed) = tokio::sync::watch::channel(false);
         let writer = seen.clone();
         tokio::spawn(async move {
-            let events = watcher(api, config).default_backoff();
+            // Each list in one piece from the cache, not in pages from etcd: 20,000
+            // ServiceAccounts were 200 pages read one after the other (16 s) before any
+            // controller could start.
+            let events = crate::controller::cached_then_paged(capped, paged, config, what);
             let mut events = std::pin::pin!(events);
             let mut warned = false;
             while let Some(event) = events.next().await {
