@@ -19,21 +19,6 @@ use super::{ControllerId, Manager, PARALLEL_STARTS, Problem, status};
 /// [`Manager::start_all`]).
 const START_CHUNK: usize = 4 * PARALLEL_STARTS;
 
-/// Chunks whose status writes may be under way while the next chunk starts (each at most
-/// `PARALLEL_STATUS_WRITES` requests at once).
-const WRITING_CHUNKS: usize = 2;
-
-/// What a task of status writes wrote; nothing when it panicked (the status ticks write
-/// them again, as any status not recorded as written).
-fn written(
-    joined: Result<Vec<status::StatusWritten>, tokio::task::JoinError>,
-) -> Vec<status::StatusWritten> {
-    joined.unwrap_or_else(|e| {
-        tracing::error!("status writes ended without an answer: {e}");
-        Vec::new()
-    })
-}
-
 /// How many controllers starting together list every saved states' object once, instead of
 /// one list each (a runtime's start, shards taken over).
 const LIST_STATES_FROM: usize = PARALLEL_STARTS;
@@ -120,10 +105,9 @@ impl Manager {
     /// Modules are read [`PARALLEL_STARTS`] at once and compiled once per digest; the setups,
     /// which wait on the API server (discovery, access reviews), run [`PARALLEL_STARTS`] at
     /// once. Many controllers are started in chunks of [`START_CHUNK`], and the settled
-    /// statuses of one chunk are written while the next ones are started (their modules read,
-    /// their controllers set up; [`WRITING_CHUNKS`] chunks' writes at most): both wait on the
-    /// API server, and a thousand controllers starting would otherwise show no status until
-    /// the last one started.
+    /// statuses of one chunk are written while the next but one is started (its modules read,
+    /// its controllers set up): both wait on the API server, and a thousand controllers
+    /// starting would otherwise show no status until the last one started.
     pub(super) async fn start_all(&mut self, ids: &[ControllerId]) {
         if ids.is_empty() {
             return;
@@ -140,36 +124,32 @@ impl Manager {
             .cloned()
             .collect();
         let stored = self.stored_states(&ids).await;
-        // Chunks' status writes under way beside the next starts, the oldest first.
-        let mut writing = std::collections::VecDeque::new();
-        let mut set_up = None;
+        let (mut writing, mut set_up) = (None, None);
         for chunk in ids.chunks(START_CHUNK) {
             // Starting many is progress too: each chunk is bounded (reads, setups).
             self.metrics.manager_beat(true);
-            self.start_chunk(chunk, stored.as_ref()).await;
+            // A chunk's statuses are written while the next but one starts: both wait on the
+            // API server, and neither needs the other's answers.
+            let start = self.start_chunk(chunk, stored.as_ref());
+            match writing.take() {
+                Some(writes) => {
+                    let (written, ()) = futures::future::join(writes, start).await;
+                    self.record_written(written);
+                }
+                None => start.await,
+            }
             // The chunk before's statuses, now that its runners had this chunk's setup to
             // find their caches synced: settled (Ready), they are written here, not left to
-            // the status ticks, which would hold the starts up writing them. Written beside
-            // the next starts (both wait on the API server, neither needs the other's
-            // answers), not waited for unless [`WRITING_CHUNKS`] are under way already: a
-            // chunk's starts waiting for the chunk before's writes kept the API server half
-            // idle between them.
+            // the status ticks, which would hold the starts up writing them.
             if ids.len() > START_CHUNK
                 && let Some(before) = set_up.replace(chunk)
             {
-                writing.push_back(tokio::spawn(
-                    self.status_writes(Some(before), status::settled),
-                ));
-            }
-            while writing.len() > WRITING_CHUNKS || writing.front().is_some_and(|w| w.is_finished())
-            {
-                if let Some(oldest) = writing.pop_front() {
-                    self.record_written(written(oldest.await));
-                }
+                writing = Some(self.status_writes(Some(before), status::settled));
             }
         }
-        for writes in writing {
-            self.record_written(written(writes.await));
+        if let Some(writes) = writing {
+            let written = writes.await;
+            self.record_written(written);
         }
         if let Some(last) = set_up {
             let written = self.status_writes(Some(last), status::settled).await;
