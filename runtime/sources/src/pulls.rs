@@ -13,7 +13,10 @@
 //! has passed: a module nobody takes must not hold a permit), so at most [`PARALLEL_PULLS`]
 //! pulled modules are held between the registry and the compiler at once. A layer is charged
 //! to the module read budget (`--module-read-bytes`, [`super::ReadBudget`]) before it is read,
-//! and every controller a pull serves gets the same bytes, not a copy.
+//! and every controller a pull serves gets the same bytes, not a copy. The answer of a
+//! digest-pinned shared pull is kept [`TAKEN_GRACE`] after its last waiter took it (its
+//! permit freed, its bytes still charged), for a controller that names it while the module
+//! compiles.
 //!
 //! Shared pulls: an *anonymous* pull gets the same answer for whoever asks (the registry
 //! gives it to anyone): of a digest-pinned reference, the bytes the digest names; of a tag,
@@ -108,9 +111,18 @@ struct SharedPull {
     /// Woken when a controller joins: the pull may now take its tenant's turn.
     joined: Arc<Notify>,
     /// The answer (with its permit), until every waiter has taken it (or [`UNTAKEN_TTL`] has
-    /// passed).
+    /// passed); then, of a digest-pinned reference, for [`TAKEN_GRACE`] more without its
+    /// permit.
     finished: Option<Finished>,
+    /// Whether it pulls a digest-pinned reference (its answer never changes).
+    pinned: bool,
 }
+
+/// How long the answer of a digest-pinned shared pull is kept after its last waiter took it:
+/// a controller naming the same reference meanwhile (declared while the module compiles,
+/// before the manager has it compiled) gets the same bytes, and joins that compile, instead
+/// of pulling again. The bytes stay charged to the module read budget until dropped.
+const TAKEN_GRACE: Duration = Duration::from_secs(10);
 
 impl SharedPulls {
     /// `key` no longer waits for `reference`; a pull nobody waits for is forgotten (its bytes
@@ -119,8 +131,14 @@ impl SharedPulls {
         if let Some(pull) = self.pulls.get_mut(reference) {
             pull.waiters.remove(key);
             if pull.waiters.is_empty() {
-                pull.finished = None;
-                if !pull.running {
+                match pull.finished.as_mut() {
+                    Some(kept) if pull.pinned && kept.result.is_ok() => {
+                        kept._permit = None;
+                        kept.at = tokio::time::Instant::now();
+                    }
+                    _ => pull.finished = None,
+                }
+                if !pull.running && pull.finished.is_none() {
                     self.pulls.remove(reference);
                 }
             }
@@ -242,6 +260,7 @@ impl Pulls {
             shared.leave(&before, key);
         }
         let pull = shared.pulls.entry(reference.clone()).or_default();
+        pull.pinned = image.digest().is_some();
         if let Some(finished) = &pull.finished {
             // The permit stays with the answer until its last waiter has taken it (`leave`
             // below drops both). Each waiter takes the same bytes (`ModuleBytes` is shared),
@@ -424,9 +443,12 @@ impl Pulls {
             .pulls
             .iter()
             .filter(|(_, p)| {
-                p.finished
-                    .as_ref()
-                    .is_some_and(|f| now >= f.at + UNTAKEN_TTL)
+                let kept = if p.waiters.is_empty() {
+                    TAKEN_GRACE
+                } else {
+                    UNTAKEN_TTL
+                };
+                p.finished.as_ref().is_some_and(|f| now >= f.at + kept)
             })
             .map(|(reference, _)| reference.clone())
             .collect();
@@ -668,9 +690,20 @@ mod tests {
         assert_eq!(
             free(),
             PARALLEL_PULLS,
-            "taken by every waiter: bytes and permit freed"
+            "taken by every waiter: permit freed"
         );
-        assert!(pulls.shared.locked().pulls.is_empty());
+        // A controller naming it a moment later (declared while the module compiles) gets
+        // the same answer without a pull; past the grace, it is forgotten.
+        let taken = pulls.shared_module("c/three", &image, reference.to_owned(), None);
+        assert!(
+            matches!(taken, Polled::Done(Ok(Pulled::Module { .. }))),
+            "{taken:?}"
+        );
+        assert!(!pulls.shared.locked().pulls[reference].running, "no pull");
+        tokio::time::pause();
+        tokio::time::advance(TAKEN_GRACE).await;
+        pulls.retain(|_| true);
+        assert!(pulls.shared.locked().pulls.is_empty(), "bytes freed");
     }
 
     #[tokio::test]
