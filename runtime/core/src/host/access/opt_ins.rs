@@ -158,8 +158,8 @@ impl OptIns {
         let writer = seen.clone();
         tokio::spawn(async move {
             // Each list in one piece from the cache, not in pages from etcd: 20,000
-            // ServiceAccounts were 200 pages read one after the other (16 s) before any
-            // controller could start.
+            // ServiceAccounts were 200 pages read one after the other before any controller
+            // could start.
             let events = crate::controller::cached_then_paged(capped, paged, config, what);
             let mut events = std::pin::pin!(events);
             let mut warned = false;
