@@ -14,6 +14,12 @@
 //! - **CPU** per reconcile is the whole process's (every thread; instantiation and teardown
 //!   included wherever they run), from the process's CPU clock, back to back. The Python
 //!   webhook's CPU is its client's only (the server is another process).
+//!
+//! To measure one change at a time: `KUBEWASM_BENCH_CANDIDATE=path/to/hello_world.wasm` adds
+//! that build as two more ways (on the call's path, made ahead), interleaved with the others.
+//! To profile one way: `KUBEWASM_BENCH_WAYS=<part of its label>` runs only the ways whose
+//! label has it, and `KUBEWASM_PERF_MAP=1` names the guests' compiled functions for `perf`
+//! (`/tmp/perf-<pid>.map`; build the guest without `strip` to get its own names).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -163,7 +169,11 @@ impl Bench {
 
 /// Prints the section: `guest` and `no_wasi` are HelloWorld's two builds.
 pub fn section(iters: usize) {
-    let sandbox = Sandbox::new(SandboxConfig::default()).expect("the sandbox starts");
+    let sandbox = Sandbox::new(SandboxConfig {
+        perf_map: std::env::var_os("KUBEWASM_PERF_MAP").is_some(),
+        ..SandboxConfig::default()
+    })
+    .expect("the sandbox starts");
     let load = |path: std::path::PathBuf| {
         let bytes =
             std::fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
@@ -171,6 +181,7 @@ pub fn section(iters: usize) {
     };
     let guest = load(common::guest("hello_world"));
     let no_wasi = load(common::guest_without_wasi("hello_world"));
+    let candidate = super::candidate(&sandbox);
     let python_path = common::guest_dir().join("python_hello_world.wasm");
     let python = python_path.exists().then(|| load(python_path.clone()));
     let client = tokio::runtime::Builder::new_current_thread()
@@ -204,6 +215,16 @@ pub fn section(iters: usize) {
                 Kind::Ahead(no_wasi.clone(), Ready::new()),
             ),
         ];
+        if let Some(candidate) = &candidate {
+            ways.push(Way::new(
+                "candidate, on the call's path",
+                Kind::Path(candidate.clone()),
+            ));
+            ways.push(Way::new(
+                "candidate, made ahead",
+                Kind::Ahead(candidate.clone(), Ready::new()),
+            ));
+        }
         run(
             &mut bench,
             &mut ways,
@@ -241,7 +262,13 @@ pub fn section(iters: usize) {
     print("the Python HelloWorld, 1 KiB", &mut ways);
 }
 
-fn run(bench: &mut Bench, ways: &mut [Way], request: &Request, per_round: usize) {
+fn run(bench: &mut Bench, ways: &mut Vec<Way>, request: &Request, per_round: usize) {
+    if let Ok(only) = std::env::var("KUBEWASM_BENCH_WAYS") {
+        ways.retain(|w| w.label.contains(only.as_str()));
+        if ways.is_empty() {
+            return;
+        }
+    }
     // Warm-up: two calls each make a controller busy (its next instance is then made ahead).
     for way in ways.iter_mut() {
         for _ in 0..2 {
@@ -259,6 +286,9 @@ fn run(bench: &mut Bench, ways: &mut [Way], request: &Request, per_round: usize)
 }
 
 fn print(label: &str, ways: &mut [Way]) {
+    if ways.is_empty() {
+        return;
+    }
     println!("  {label}:");
     println!(
         "    {:<34} {:>10} {:>10} {:>8} {:>12} | {:>10} {:>8} {:>12} | {:>10} {:>8}",

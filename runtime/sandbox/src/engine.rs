@@ -54,6 +54,10 @@ pub struct SandboxConfig {
     /// Compiles in a child process under limits (the runtime's way); `None`: in this process
     /// (tools, tests, benches: the module is the user's own).
     pub compiler: Option<ChildCompiler>,
+    /// Writes `/tmp/perf-<pid>.map` naming each guest function's compiled code, so that `perf`
+    /// shows where a guest spends its time (a measuring knob: the benches set it from
+    /// `KUBEWASM_PERF_MAP`; off in the runtime).
+    pub perf_map: bool,
 }
 
 impl Default for SandboxConfig {
@@ -70,6 +74,7 @@ impl Default for SandboxConfig {
             log_line_burst: 1000,
             compiled_cache: None,
             compiler: None,
+            perf_map: false,
         }
     }
 }

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+use wasmtime::{
+    Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ProfilingStrategy,
+};
 
 use super::compiler::codegen_config;
 use super::engine::SandboxConfig;
@@ -66,6 +68,9 @@ pub(crate) fn engine_config(config: &SandboxConfig, swap: bool) -> Config {
         .pagemap_scan(pagemap_scan(swap));
     let mut cfg = codegen_config(config.epoch_interruption);
     cfg.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    if config.perf_map {
+        cfg.profiler(ProfilingStrategy::PerfMap);
+    }
     cfg
 }
 
