@@ -44,7 +44,9 @@
 //! warm rounds per N (default 3), `KUBEWASM_DENSITY_BINARY` another `kubewasm` binary to
 //! measure (e.g. a copy of an older build; default: the one cargo built). Tiny mode for `make test`: `cargo test -p kubewasm --bench
 //! density -- 3` (a debug build: its numbers mean nothing). With `KUBEWASM_DENSITY_PERF`
-//! set, each run is profiled (`perf record -g -p`, start to all Ready). The runtime's log of each run is
+//! set, each run is profiled (`perf record --call-graph dwarf -p`, start to all Ready). Each
+//! run prints what the API server was asked (`density/requests.rs`) and the CPU time the API
+//! server and etcd used beside the runtime's (`density/cpu.rs`). The runtime's log of each run is
 //! kept in the control plane's state directory (`RUST_LOG` is passed on, default
 //! `kubewasm=info`).
 
@@ -52,6 +54,8 @@ use kubewasm_test_support as support;
 
 use kubewasm_test_support::cluster;
 
+#[path = "density/cpu.rs"]
+mod cpu;
 #[path = "density/image.rs"]
 mod image;
 #[path = "density/requests.rs"]
@@ -71,6 +75,7 @@ use kube::{Api, Client, ResourceExt};
 use kubewasm::api::WasmController;
 use serde_json::{Value, json};
 
+use cpu::ControlPlaneCpu;
 use image::Modules;
 use requests::Requests;
 use support::{ControlPlane, FIELD_MANAGER};
@@ -163,6 +168,8 @@ struct Run {
     cpu: Duration,
     /// What it asked of the API server from its start to all Ready.
     asked: Requests,
+    /// The API server's and etcd's CPU time meanwhile.
+    control_plane_cpu: ControlPlaneCpu,
 }
 
 async fn measure(
@@ -264,18 +271,29 @@ async fn measure(
                 run.cpu
             );
             run.asked.print("its start", n);
+            run.control_plane_cpu
+                .print("its start", ("the runtime", Some(run.cpu)), run.ready);
             if round == 0 {
                 cold = Some(run);
             } else {
                 warm.push(run);
                 clear_statuses(&client).await?;
                 let asked_before = Requests::read(&client).await?;
+                let (cpu_before, own_before) = (ControlPlaneCpu::read(), own_cpu());
                 let took = floor_once(&client, n, wasm.len()).await?;
+                let (cpu, own) = (ControlPlaneCpu::read().since(&cpu_before), own_cpu());
                 eprintln!("N={n} floor: the same API calls by a raw client in {took:.2?}");
                 Requests::read(&client)
                     .await?
                     .since(&asked_before)
                     .print("the floor", n);
+                cpu.print(
+                    "the floor",
+                    own.ok()
+                        .zip(own_before.ok())
+                        .map(|(a, b)| a.saturating_sub(b)),
+                    took,
+                );
                 floor.push(took);
                 if let Some(c) = candidate.as_ref().filter(|_| !candidate_first) {
                     candidate_runs.push(candidate_run(c).await?);
@@ -503,6 +521,7 @@ async fn run_once(
     }
     let log_file = std::fs::File::create(log)?;
     let asked_before = Requests::read(client).await?;
+    let cpu_before = ControlPlaneCpu::read();
     let started = Instant::now();
     let mut child = Command::new(binary)
         .arg("run")
@@ -538,6 +557,7 @@ async fn run_once(
     let elapsed = started.elapsed();
     let memory = support::runtime::memory_kib(child.id());
     let cpu = support::runtime::cpu_time(child.id());
+    let control_plane_cpu = ControlPlaneCpu::read().since(&cpu_before);
     let asked = Requests::read(client).await;
     if let Some(perf) = &mut profiler {
         Command::new("kill")
@@ -568,6 +588,7 @@ async fn run_once(
         hwm_kib,
         cpu: cpu?,
         asked,
+        control_plane_cpu,
     })
 }
 
@@ -589,6 +610,8 @@ async fn run_candidate(
         run.ready, run.rss_kib, run.hwm_kib, run.cpu
     );
     run.asked.print("its start", n);
+    run.control_plane_cpu
+        .print("its start", ("the runtime", Some(run.cpu)), run.ready);
     Ok(run)
 }
 
@@ -674,18 +697,32 @@ async fn floor_once(client: &Client, n: usize, module_bytes: usize) -> Result<Du
     Ok(started.elapsed())
 }
 
+/// This process's CPU time (the floor's client, and the bench's own watch).
+fn own_cpu() -> Result<Duration> {
+    support::runtime::cpu_time(std::process::id())
+}
+
 /// Requests the runtime has in flight when it starts controllers (`PARALLEL_STARTS` and
 /// `PARALLEL_STATUS_WRITES` in `runtime/core/src/manager`).
 const RUNTIME_IN_FLIGHT: usize = 32;
 
-/// With `KUBEWASM_DENSITY_PERF` set: `perf record -g` of the runtime until all are Ready,
+/// With `KUBEWASM_DENSITY_PERF` set: `perf record` of the runtime until all are Ready,
 /// written next to its log (`.perf.data`).
 fn profile(pid: u32, log: &Path) -> Result<Option<Child>> {
     if std::env::var_os("KUBEWASM_DENSITY_PERF").is_none() {
         return Ok(None);
     }
     let perf = Command::new("perf")
-        .args(["record", "-g", "-q", "-o"])
+        // DWARF unwinding: the release binary keeps no frame pointers.
+        .args([
+            "record",
+            "-F",
+            "299",
+            "--call-graph",
+            "dwarf,16384",
+            "-q",
+            "-o",
+        ])
         .arg(log.with_extension("perf.data"))
         .arg("-p")
         .arg(pid.to_string())
