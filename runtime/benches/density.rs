@@ -287,13 +287,8 @@ async fn measure(
                     .await?
                     .since(&asked_before)
                     .print("the floor", n);
-                cpu.print(
-                    "the floor",
-                    own.ok()
-                        .zip(own_before.ok())
-                        .map(|(a, b)| a.saturating_sub(b)),
-                    took,
-                );
+                let own = own.ok().zip(own_before.ok()).map(|(a, b)| a - b);
+                cpu.print("the floor", ("the bench (the floor's client)", own), took);
                 floor.push(took);
                 if let Some(c) = candidate.as_ref().filter(|_| !candidate_first) {
                     candidate_runs.push(candidate_run(c).await?);
