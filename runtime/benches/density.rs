@@ -287,7 +287,10 @@ async fn measure(
                     .await?
                     .since(&asked_before)
                     .print("the floor", n);
-                let own = own.ok().zip(own_before.ok()).map(|(a, b)| a - b);
+                let own = own
+                    .ok()
+                    .zip(own_before.ok())
+                    .map(|(a, b)| a.saturating_sub(b));
                 cpu.print("the floor", ("the bench (the floor's client)", own), took);
                 floor.push(took);
                 if let Some(c) = candidate.as_ref().filter(|_| !candidate_first) {
