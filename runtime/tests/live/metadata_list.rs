@@ -1,5 +1,5 @@
-//! The ConfigMaps' metadata is listed whole from the API server's watch cache, each list cut
-//! off past `--metadata-list-bytes`. A team whose ConfigMaps carry large annotations (a
+//! The ConfigMaps' metadata is listed whole from the API server's watch cache (the list's
+//! request, in the runtime's log, says so), each list cut off past `--metadata-list-bytes`. A team whose ConfigMaps carry large annotations (a
 //! tenant's to size: up to 256 KiB each) pushes that list past the cap: the runtime must then
 //! list them in pages instead, say so once, and lose nothing — the team's controller starts
 //! with its module, and a change of that module is still seen.
@@ -14,7 +14,7 @@ use crate::cluster::{
     WAIT, apply, apply_all, ensure_condition, fixture, guest, module_config_map, prepare, sha256,
     wait_status,
 };
-use crate::runtime::{RuntimeProcess, finish};
+use crate::runtime::{RuntimeProcess, TEST_LOG_FILTER, finish};
 use crate::support::{ControlPlane, eventually};
 
 /// The cap the second runtime runs with; the team's padded ConfigMaps hold four times as much.
@@ -34,7 +34,13 @@ const STARTED: &str = "then the ConfigMaps' metadata listed";
 async fn configmaps_past_the_metadata_list_cap_are_listed_in_pages_and_lose_nothing() {
     let control_plane = ControlPlane::shared();
     let (client, ns) = prepare(control_plane, "metadata-cap").await;
-    let mut first = RuntimeProcess::start(&control_plane.runtime_kubeconfig(), &ns);
+    // With kube's requests in its log: the list's own request is what shows where it came from.
+    let mut first = RuntimeProcess::start_with_log_filter(
+        &control_plane.runtime_kubeconfig(),
+        &ns,
+        &[],
+        &format!("{TEST_LOG_FILTER},kube_client=debug"),
+    );
     let mut second = None;
     let result = async {
         let team = control_plane.namespace_admin(&ns, "alice").await?;
@@ -47,6 +53,7 @@ async fn configmaps_past_the_metadata_list_cap_are_listed_in_pages_and_lose_noth
             !first.log().contains(OVER),
             "the default cap was reached by {PADDED} ConfigMaps"
         );
+        from_the_cache(&first.log(), &ns)?;
         first.stop()?;
         let runtime = second.insert(RuntimeProcess::start_with_args(
             &control_plane.runtime_kubeconfig(),
@@ -61,6 +68,26 @@ async fn configmaps_past_the_metadata_list_cap_are_listed_in_pages_and_lose_noth
         None => finish(result, &mut [&mut first]),
     }
     let _ = control_plane.delete_namespace(&ns).await;
+}
+
+/// The runtime's first list of the ConfigMaps (their metadata) asked the API server's cache
+/// for all of them at once: `resourceVersion=0` and no `limit` (with a limit, the API server
+/// pages from etcd, each page reading whole ConfigMaps).
+fn from_the_cache(log: &str, ns: &str) -> Result<()> {
+    let lists: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("requesting") && l.contains("otel.name=\"list\""))
+        .filter_map(|l| l.split("http.url=").nth(1)?.split_whitespace().next())
+        .filter(|url| url.contains(&format!("/namespaces/{ns}/configmaps?")))
+        .collect();
+    let first = lists
+        .first()
+        .ok_or_else(|| anyhow::anyhow!("no list of the ConfigMaps in the runtime's log"))?;
+    ensure!(
+        first.contains("resourceVersion=0") && !first.contains("limit="),
+        "the first list of the ConfigMaps was not asked of the cache whole: {first}"
+    );
+    Ok(())
 }
 
 /// The team's padded ConfigMaps (as the team: a namespace admin), then the controller.

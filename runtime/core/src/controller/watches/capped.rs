@@ -41,7 +41,7 @@ where
     K::DynamicType: Default,
 {
     let over = Arc::new(AtomicBool::new(false));
-    let from_cache = watcher(capped, config.clone().any_semantic())
+    let from_cache = watcher(capped, from_cache(config.clone()))
         .default_backoff()
         .take_while(move |event| {
             let past = matches!(event, Err(e) if over_cap(e));
@@ -53,6 +53,16 @@ where
             std::future::ready(!past)
         });
     from_cache.chain(watcher(paged, config).default_backoff())
+}
+
+/// `config` for a list from the API server's cache: `resourceVersion=0`, and no limit — kube
+/// leaves `resourceVersion=0` out of a list with a limit (its pages would come from etcd, and
+/// did: 201 pages of 20,000 ServiceAccounts at a runtime's start), and the cache sends its
+/// list whole anyway.
+fn from_cache(config: watcher::Config) -> watcher::Config {
+    let mut config = config.any_semantic();
+    config.page_size = None;
+    config
 }
 
 /// Whether `error` (or what caused it) is a response cut off by [`capped_lists`].
@@ -170,6 +180,46 @@ mod tests {
                 .await
                 .is_err()
         );
+    }
+
+    /// The requests a watch of ConfigMaps' metadata through [`cached_then_paged`] makes up to
+    /// its first list's end, each answered with an empty list.
+    async fn asked_until_listed() -> Vec<String> {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        use kube::core::PartialObjectMeta;
+        let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = asked.clone();
+        let service = tower::service_fn(move |request: Request<kube::client::Body>| {
+            seen.lock().unwrap().push(request.uri().to_string());
+            let list = r#"{"apiVersion":"meta.k8s.io/v1","kind":"PartialObjectMetadataList","metadata":{"resourceVersion":"5"},"items":[]}"#;
+            let body = kube::client::Body::from(list.as_bytes().to_vec());
+            std::future::ready(Ok::<_, std::convert::Infallible>(Response::new(body)))
+        });
+        let api: Api<PartialObjectMeta<ConfigMap>> = Api::all(kube::Client::new(service, "ns"));
+        let config = crate::controller::watch_config();
+        let events = cached_then_paged(api.clone(), api, config, "ConfigMaps");
+        let mut events = std::pin::pin!(events);
+        loop {
+            match events.next().await {
+                Some(Ok(watcher::Event::InitDone)) => break,
+                Some(Ok(_)) => continue,
+                other => panic!("the first list did not end: {other:?}"),
+            }
+        }
+        let asked = asked.lock().unwrap().clone();
+        asked
+    }
+
+    #[tokio::test]
+    async fn the_first_list_asks_the_cache_for_all_at_once() {
+        let asked = asked_until_listed().await;
+        let [list] = asked.as_slice() else {
+            panic!("one list, not {asked:?}");
+        };
+        // From the cache: `resourceVersion=0`; whole: no `limit` (with one, kube leaves the
+        // `resourceVersion` out and the API server pages from etcd).
+        assert!(list.contains("resourceVersion=0"), "{list}");
+        assert!(!list.contains("limit="), "{list}");
     }
 
     #[tokio::test]
