@@ -46,7 +46,9 @@
 //! density -- 3` (a debug build: its numbers mean nothing). With `KUBEWASM_DENSITY_PERF`
 //! set, each run is profiled (`perf record --call-graph dwarf -p`, start to all Ready). Each
 //! run prints what the API server was asked (`density/requests.rs`) and the CPU time the API
-//! server and etcd used beside the runtime's (`density/cpu.rs`). The runtime's log of each run is
+//! server and etcd used beside the runtime's (`density/cpu.rs`); with
+//! `KUBEWASM_APISERVER_PROFILING=true KUBEWASM_DENSITY_APISERVER_PROFILE=<seconds>`, a CPU
+//! profile of the API server over each run's first seconds, beside its log. The runtime's log of each run is
 //! kept in the control plane's state directory (`RUST_LOG` is passed on, default
 //! `kubewasm=info`).
 
@@ -280,8 +282,15 @@ async fn measure(
                 clear_statuses(&client).await?;
                 let asked_before = Requests::read(&client).await?;
                 let (cpu_before, own_before) = (ControlPlaneCpu::read(), own_cpu());
+                let profiling = cpu::profile_api_server(
+                    &client,
+                    state_dir.join(format!("floor-{n}-{round}.apiserver.pprof")),
+                );
                 let took = floor_once(&client, n, wasm.len()).await?;
                 let (cpu, own) = (ControlPlaneCpu::read().since(&cpu_before), own_cpu());
+                if let Some(profiling) = profiling {
+                    let _ = profiling.await;
+                }
                 eprintln!("N={n} floor: the same API calls by a raw client in {took:.2?}");
                 Requests::read(&client)
                     .await?
@@ -520,6 +529,7 @@ async fn run_once(
     let log_file = std::fs::File::create(log)?;
     let asked_before = Requests::read(client).await?;
     let cpu_before = ControlPlaneCpu::read();
+    let profiling = cpu::profile_api_server(client, log.with_extension("apiserver.pprof"));
     let started = Instant::now();
     let mut child = Command::new(binary)
         .arg("run")
@@ -557,6 +567,9 @@ async fn run_once(
     let cpu = support::runtime::cpu_time(child.id());
     let control_plane_cpu = ControlPlaneCpu::read().since(&cpu_before);
     let asked = Requests::read(client).await;
+    if let Some(profiling) = profiling {
+        let _ = profiling.await;
+    }
     if let Some(perf) = &mut profiler {
         Command::new("kill")
             .arg("-INT")

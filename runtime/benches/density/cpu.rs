@@ -60,3 +60,39 @@ impl ControlPlaneCpu {
         );
     }
 }
+
+/// With `KUBEWASM_DENSITY_APISERVER_PROFILE=<seconds>` (and `KUBEWASM_APISERVER_PROFILING=true`,
+/// read by `deploy/dev/local/cluster.sh`, so that the API server serves it): a CPU profile of the API
+/// server over the first `<seconds>` of a run, written to `to` (read it with
+/// `go tool pprof -top -cum <file>`). Asked now; the task ends when the profile is written.
+pub fn profile_api_server(
+    client: &kube::Client,
+    to: std::path::PathBuf,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let seconds: u32 = std::env::var("KUBEWASM_DENSITY_APISERVER_PROFILE")
+        .ok()?
+        .parse()
+        .ok()?;
+    let client = client.clone();
+    Some(tokio::spawn(async move {
+        let read = async {
+            use futures::AsyncReadExt as _;
+            let request = http::Request::get(format!("/debug/pprof/profile?seconds={seconds}"))
+                .body(Vec::new())?;
+            let mut body = Vec::new();
+            client
+                .request_stream(request)
+                .await?
+                .read_to_end(&mut body)
+                .await?;
+            std::fs::write(&to, body)?;
+            anyhow::Ok(())
+        };
+        match read.await {
+            Ok(()) => eprintln!("    the API server's CPU profile: {}", to.display()),
+            Err(e) => eprintln!(
+                "    no profile of the API server (is KUBEWASM_APISERVER_PROFILING=true?): {e}"
+            ),
+        }
+    }))
+}
