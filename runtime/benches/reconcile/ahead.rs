@@ -15,6 +15,9 @@
 //!   included wherever they run), from the process's CPU clock, back to back. The Python
 //!   webhook's CPU is its client's only (the server is another process).
 //!
+//! The Python HelloWorld is also timed in a sandbox that copies each instance's memory
+//! (`--copy-instance-memory`, with 16 MiB of each slot kept resident).
+//!
 //! To measure one change at a time: `KUBEWASM_BENCH_CANDIDATE=path/to/hello_world.wasm` adds
 //! that build as two more ways (on the call's path, made ahead), interleaved with the others.
 //! To profile one way: `KUBEWASM_BENCH_WAYS=<part of its label>` runs only the ways whose
@@ -34,6 +37,10 @@ use super::{Series, common, sized_request, time};
 /// Rounds, each a batch of every way in turn.
 const ROUNDS: usize = 20;
 
+/// The resident memory per slot of the sandbox that copies memories: above the Python
+/// guest's 12.5 MiB heap snapshot (`--copy-instance-memory --instance-resident-memory 16Mi`).
+const COPIED_RESIDENT: usize = 16 << 20;
+
 /// The pause before each timed call (every way).
 const GAP: Duration = Duration::from_micros(50);
 
@@ -49,6 +56,8 @@ enum Kind {
     Path(Arc<GuestPre>),
     /// With the controller's `Ready`.
     Ahead(Arc<GuestPre>, Ready),
+    /// The same in the sandbox that copies each instance's memory (`copy_memory`).
+    AheadCopied(Arc<GuestPre>, Ready),
     PythonHook,
 }
 
@@ -84,6 +93,8 @@ impl Way {
 
 struct Bench {
     sandbox: Sandbox,
+    /// A sandbox with `copy_memory` and [`COPIED_RESIDENT`] (the Python section).
+    copied: Sandbox,
     client: tokio::runtime::Runtime,
     hook: Option<Hook>,
     reads: SharedReads,
@@ -109,10 +120,13 @@ impl Bench {
                 let call = (self.sandbox).reconcile("bench", guest.clone(), request, reads, limits);
                 (self.client.block_on(call), None)
             }
-            Kind::Ahead(guest, ready) => {
+            Kind::Ahead(guest, ready) | Kind::AheadCopied(guest, ready) => {
+                let sandbox = match kind {
+                    Kind::AheadCopied(..) => &self.copied,
+                    _ => &self.sandbox,
+                };
                 let guest = guest.clone();
-                let call =
-                    (self.sandbox).reconcile_ahead("bench", guest, request, reads, limits, ready);
+                let call = sandbox.reconcile_ahead("bench", guest, request, reads, limits, ready);
                 let (outcome, tidy) = self.client.block_on(call);
                 (outcome, Some(tidy))
             }
@@ -134,7 +148,7 @@ impl Bench {
         let mut times = Vec::with_capacity(calls);
         for _ in 0..calls {
             std::thread::sleep(GAP);
-            if let Kind::Ahead(_, ready) = &way.kind {
+            if let Kind::Ahead(_, ready) | Kind::AheadCopied(_, ready) = &way.kind {
                 let waited = Instant::now();
                 while !ready.holds() && waited.elapsed() < Duration::from_millis(5) {
                     std::thread::sleep(Duration::from_micros(20));
@@ -189,8 +203,15 @@ pub fn section(iters: usize) {
         .build()
         .expect("the client's runtime");
     let hook = Hook::python(&client);
+    let copied = Sandbox::new(SandboxConfig {
+        copy_memory: true,
+        resident_memory_bytes: COPIED_RESIDENT,
+        ..SandboxConfig::default()
+    })
+    .expect("the sandbox that copies memories starts");
     let mut bench = Bench {
         sandbox: sandbox.clone(),
+        copied: copied.clone(),
         client,
         hook,
         reads: Arc::new(NoReads),
@@ -252,6 +273,12 @@ pub fn section(iters: usize) {
     ways.push(Way::new(
         "Python guest, made ahead",
         Kind::Ahead(python, Ready::new()),
+    ));
+    let bytes = std::fs::read(&python_path).expect("reading the Python guest");
+    let python_copied = copied.load(&bytes).expect("the Python guest loads");
+    ways.push(Way::new(
+        "Python, made ahead, memory copied",
+        Kind::AheadCopied(python_copied, Ready::new()),
     ));
     run(
         &mut bench,

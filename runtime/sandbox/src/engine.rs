@@ -54,11 +54,29 @@ pub struct SandboxConfig {
     /// Compiles in a child process under limits (the runtime's way); `None`: in this process
     /// (tools, tests, benches: the module is the user's own).
     pub compiler: Option<ChildCompiler>,
+    /// Linear memory each pool slot keeps resident between instances: what a call touched
+    /// below it is reset in place (only the touched pages, with PAGEMAP_SCAN) rather than
+    /// handed back to the kernel and faulted in again by the next instance.
+    pub resident_memory_bytes: usize,
+    /// Each instance's memory is initialized by copying its module's data into the slot,
+    /// instead of mapping that data copy-on-write. With `resident_memory_bytes` above a
+    /// module's data, its instances then start with every page resident and the copies made
+    /// at instantiation (off the latency path for an instance made ahead), where a mapped
+    /// one copies each page at its first write during the call: what a Python guest's heap
+    /// snapshot (12.5 MiB, thousands of pages written per call) pays. Costs CPU per
+    /// instantiation (the whole data copied) and keeps up to `resident_memory_bytes` of each
+    /// slot resident.
+    pub copy_memory: bool,
     /// Writes `/tmp/perf-<pid>.map` naming each guest function's compiled code, so that `perf`
     /// shows where a guest spends its time (a measuring knob: the benches set it from
     /// `KUBEWASM_PERF_MAP`; off in the runtime).
     pub perf_map: bool,
 }
+
+/// [`SandboxConfig::resident_memory_bytes`] by default: a Rust guest's memory (its 128 KiB
+/// stack, its data, the first allocations) stays resident; a Python guest's heap snapshot
+/// does not.
+pub const DEFAULT_RESIDENT_MEMORY_BYTES: usize = 2 << 20;
 
 impl Default for SandboxConfig {
     fn default() -> Self {
@@ -74,6 +92,8 @@ impl Default for SandboxConfig {
             log_line_burst: 1000,
             compiled_cache: None,
             compiler: None,
+            resident_memory_bytes: DEFAULT_RESIDENT_MEMORY_BYTES,
+            copy_memory: false,
             perf_map: false,
         }
     }

@@ -10,9 +10,6 @@ use wasmtime::{
 use super::compiler::codegen_config;
 use super::engine::SandboxConfig;
 
-/// Linear memory kept resident per freed pool slot (see [`engine_config`]).
-const KEEP_RESIDENT_MEMORY_BYTES: usize = 2 << 20;
-
 /// Table memory kept resident per freed pool slot.
 const KEEP_RESIDENT_TABLE_BYTES: usize = 64 << 10;
 
@@ -59,15 +56,18 @@ pub(crate) fn engine_config(config: &SandboxConfig, swap: bool) -> Config {
         .max_tables_per_component(8)
         .max_memory_size(config.max_memory_bytes)
         .total_stacks(n)
-        // A freed slot is zeroed with memset up to these sizes and stays resident, instead of
+        // A freed slot is reset in place up to these sizes and stays resident, instead of
         // being handed back with madvise and faulted in again by the next call; with
         // PAGEMAP_SCAN (Linux 6.7+, used when the kernel has it) only the pages the call
         // touched are reset. At most `n` slots × these bytes stay resident.
-        .linear_memory_keep_resident(KEEP_RESIDENT_MEMORY_BYTES)
+        .linear_memory_keep_resident(config.resident_memory_bytes)
         .table_keep_resident(KEEP_RESIDENT_TABLE_BYTES)
         .pagemap_scan(pagemap_scan(swap));
     let mut cfg = codegen_config(config.epoch_interruption);
     cfg.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    if config.copy_memory {
+        cfg.memory_init_cow(false);
+    }
     if config.perf_map {
         cfg.profiler(ProfilingStrategy::PerfMap);
     }
@@ -109,6 +109,51 @@ mod tests {
         assert!(swap_in_meminfo("SwapTotal: lots\n"));
         assert!(matches!(pagemap_scan(true), Enabled::No));
         assert!(matches!(pagemap_scan(false), Enabled::Auto));
+    }
+
+    /// Instances of a module with data (42 at byte 64) in reused slots of an engine made with
+    /// `config`: each must find the data as the module has it and every other byte zero,
+    /// whatever the instance before wrote.
+    fn reused_slots_start_clean(config: &SandboxConfig, swap: bool) {
+        let engine = Engine::new(&engine_config(config, swap)).unwrap();
+        let module = wasmtime::Module::new(
+            &engine,
+            r#"(module (memory (export "m") 2)
+                 (data (i32.const 64) "\2a")
+                 (func (export "f") (result i32)
+                   (local $seen i32)
+                   (local.set $seen (i32.add
+                     (i32.mul (i32.load8_u (i32.const 64)) (i32.const 1000))
+                     (i32.load8_u (i32.const 70000))))
+                   (i32.store8 (i32.const 64) (i32.const 7))
+                   (i32.store8 (i32.const 70000) (i32.const 9))
+                   (local.get $seen)))"#,
+        )
+        .unwrap();
+        for _ in 0..3 {
+            let mut store = wasmtime::Store::new(&engine, ());
+            store.set_epoch_deadline(u64::MAX / 2);
+            let instance = wasmtime::Instance::new(&mut store, &module, &[]).unwrap();
+            let f = instance.get_typed_func::<(), i32>(&mut store, "f").unwrap();
+            assert_eq!(
+                f.call(&mut store, ()).unwrap(),
+                42_000,
+                "a reused slot kept a page of the instance before"
+            );
+        }
+    }
+
+    #[test]
+    fn copied_memories_in_reused_slots_start_clean() {
+        for swap in [false, true] {
+            reused_slots_start_clean(&SandboxConfig::default(), swap);
+            let copied = SandboxConfig {
+                copy_memory: true,
+                resident_memory_bytes: 16 << 20,
+                ..SandboxConfig::default()
+            };
+            reused_slots_start_clean(&copied, swap);
+        }
     }
 
     #[test]
