@@ -206,8 +206,7 @@ mod tests {
                 other => panic!("the first list did not end: {other:?}"),
             }
         }
-        let asked = asked.lock().unwrap().clone();
-        asked
+        asked.lock().unwrap().clone()
     }
 
     #[tokio::test]
