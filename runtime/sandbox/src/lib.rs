@@ -28,7 +28,7 @@ pub use ahead::{MAKE_DEADLINE, READY_IDLE, Ready, Tidy};
 pub use call::{CallOutcome, Phases};
 pub use compiled::{Compilations, CompiledCache};
 pub use compiler::{ChildCompiler, child_main, compilers_cpu};
-pub use engine::{DEFAULT_RESIDENT_MEMORY_BYTES, Digest, GuestPre, Sandbox, SandboxConfig};
+pub use engine::{Digest, GuestPre, Sandbox, SandboxConfig};
 pub use error::{CallError, LoadError};
 pub use limits::{Limits, MAX_GUEST_STATE_BYTES};
 pub use output::Captured;

@@ -250,10 +250,7 @@ pub fn run(args: Args, logs: std::sync::Arc<kubewasm::logs::LogStore>) -> anyhow
         config.sandbox.max_instances = args.max_instances;
         config.sandbox.resident_memory_bytes =
             kubewasm::api::parse_bytes(&args.instance_resident_memory).map_err(|e| {
-                anyhow::anyhow!(
-                    "--instance-resident-memory {}: {e}; give a quantity, e.g. 2Mi or 16Mi",
-                    args.instance_resident_memory
-                )
+                anyhow::anyhow!("--instance-resident-memory {}: {e}", args.instance_resident_memory)
             })?;
         config.sandbox.copy_memory = args.copy_instance_memory;
         config.sandbox.log_lines_per_second = args.max_log_lines_per_second;
