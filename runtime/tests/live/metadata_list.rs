@@ -1,8 +1,9 @@
 //! The ConfigMaps' metadata is listed whole from the API server's watch cache (the list's
-//! request, in the runtime's log, says so), each list cut off past `--metadata-list-bytes`. A team whose ConfigMaps carry large annotations (a
-//! tenant's to size: up to 256 KiB each) pushes that list past the cap: the runtime must then
-//! list them in pages instead, say so once, and lose nothing — the team's controller starts
-//! with its module, and a change of that module is still seen.
+//! request, in the runtime's log, says so), each list cut off past `--metadata-list-bytes`. A
+//! team whose ConfigMaps carry large annotations (a tenant's to size: up to 256 KiB each)
+//! pushes that list past the cap: the runtime must then list them in pages instead, say so
+//! once, and lose nothing — the team's controller starts with its module, and a change of that
+//! module is still seen.
 
 use anyhow::{Result, ensure};
 use k8s_openapi::api::core::v1::ConfigMap;
