@@ -5,8 +5,8 @@
 //! `String` does; any other freed block of the tail stays used until the instance is dropped,
 //! so at most the tail's size (the initial memory less the stack and the data: some 800 KiB
 //! with the workspace's `--initial-memory` of 1 MiB) is held that way. What does not fit goes
-//! to the standard allocator, which frees as usual. The guest is single-threaded (no `atomics` target
-//! feature), so the relaxed atomics below compile to plain loads and stores.
+//! to the standard allocator, which frees as usual. The guest is single-threaded (no `atomics`
+//! target feature), so the relaxed atomics below compile to plain loads and stores.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};

@@ -76,7 +76,7 @@ pub struct SandboxConfig {
 /// [`SandboxConfig::resident_memory_bytes`] by default: a Rust guest's memory (its 128 KiB
 /// stack, its data, the first allocations) stays resident; a Python guest's heap snapshot
 /// does not.
-pub const DEFAULT_RESIDENT_MEMORY_BYTES: usize = 2 << 20;
+const DEFAULT_RESIDENT_MEMORY_BYTES: usize = 2 << 20;
 
 impl Default for SandboxConfig {
     fn default() -> Self {
