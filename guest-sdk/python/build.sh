@@ -121,7 +121,9 @@ import $module  # noqa: F401  registers its @kubewasm.reconciler
 import kubewasm.wire
 
 kubewasm.wire.exported()  # exactly one reconciler, or the build fails here
-from kubewasm._guest import WitWorld  # noqa: E402,F401  the reconcile export
+from kubewasm._guest import WitWorld, warm_up  # noqa: E402,F401  the reconcile export
+
+warm_up()  # the SDK's half of a reconcile, specialized before the snapshot
 EOF
 
     mkdir -p "$(dirname "$out")"

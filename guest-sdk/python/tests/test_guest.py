@@ -160,3 +160,21 @@ def test_a_message_with_a_lone_surrogate_still_answers(guest):
     module.WitWorld().reconcile(request(types, None))
     (answer,) = fake.answers
     assert isinstance(answer, cpt.Err) and answer.value.message == "bad ? byte"
+
+
+def test_the_warm_up_asks_the_host_nothing_and_calls_no_guest_function(guest):
+    module, types, cpt, fake = guest
+    called = []
+
+    def reconcile(request, cluster):
+        called.append(request)
+        return Response()
+
+    sdk_wire.reconciler(reconcile)
+    module.warm_up(rounds=3)
+    assert called == []
+    assert (fake.asked, fake.logs, fake.answers) == ([], [], [])
+    assert sdk_wire._registered == [reconcile]
+    # The guest's calls after it are answered as before.
+    module.WitWorld().reconcile(request(types, None))
+    assert called and fake.answers == [cpt.Ok('{"actions":[]}')]

@@ -19,7 +19,9 @@
 //! (`--copy-instance-memory`, with 16 MiB of each slot kept resident).
 //!
 //! To measure one change at a time: `KUBEWASM_BENCH_CANDIDATE=path/to/hello_world.wasm` adds
-//! that build as two more ways (on the call's path, made ahead), interleaved with the others.
+//! that build as two more ways (on the call's path, made ahead), interleaved with the others;
+//! `KUBEWASM_BENCH_PYTHON_CANDIDATE=path/to/python_hello_world.wasm` adds another build of the
+//! Python HelloWorld (made ahead, mapped and copied) beside the shipped one.
 //! To profile one way: `KUBEWASM_BENCH_WAYS=<part of its label>` runs only the ways whose
 //! label has it, and `KUBEWASM_PERF_MAP=1` names the guests' compiled functions for `perf`
 //! (`/tmp/perf-<pid>.map`; build the guest without `strip` to get its own names).
@@ -183,8 +185,9 @@ impl Bench {
 
 /// Prints the section: `guest` and `no_wasi` are HelloWorld's two builds.
 pub fn section(iters: usize) {
+    let perf_map = std::env::var_os("KUBEWASM_PERF_MAP").is_some();
     let sandbox = Sandbox::new(SandboxConfig {
-        perf_map: std::env::var_os("KUBEWASM_PERF_MAP").is_some(),
+        perf_map,
         ..SandboxConfig::default()
     })
     .expect("the sandbox starts");
@@ -206,6 +209,7 @@ pub fn section(iters: usize) {
     let copied = Sandbox::new(SandboxConfig {
         copy_memory: true,
         resident_memory_bytes: COPIED_RESIDENT,
+        perf_map,
         ..SandboxConfig::default()
     })
     .expect("the sandbox that copies memories starts");
@@ -280,6 +284,26 @@ pub fn section(iters: usize) {
         "Python, made ahead, memory copied",
         Kind::AheadCopied(python_copied, Ready::new()),
     ));
+    // Another build of the Python HelloWorld, beside it (say, the SDK changed).
+    if let Some(path) = std::env::var_os("KUBEWASM_BENCH_PYTHON_CANDIDATE") {
+        let bytes = std::fs::read(&path)
+            .unwrap_or_else(|e| panic!("reading KUBEWASM_BENCH_PYTHON_CANDIDATE {path:?}: {e}"));
+        println!(
+            "Python candidate: {} ({} bytes)",
+            std::path::Path::new(&path).display(),
+            bytes.len()
+        );
+        let mapped = sandbox.load(&bytes).expect("the Python candidate loads");
+        let copied = copied.load(&bytes).expect("the Python candidate loads");
+        ways.push(Way::new(
+            "Python candidate, made ahead",
+            Kind::Ahead(mapped, Ready::new()),
+        ));
+        ways.push(Way::new(
+            "Python candidate, made ahead, memory copied",
+            Kind::AheadCopied(copied, Ready::new()),
+        ));
+    }
     run(
         &mut bench,
         &mut ways,
