@@ -30,6 +30,10 @@ MAX_STATE_BYTES = 512
 
 _U64_MAX = 2**64 - 1
 
+#: The response document's writer, made once: ``json.dumps`` with these options makes a new
+#: encoder at every call, a tenth of a Python guest's reconcile in the sandbox.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
 
 class EventType(str, enum.Enum):
     """Whether an Event reports something normal or something to look at."""
@@ -293,9 +297,7 @@ class Response:
         """The response document the host reads. Raises :class:`PermanentError` when an action
         holds something JSON cannot write (a set, NaN, a string with a lone surrogate...)."""
         try:
-            text = json.dumps(
-                self.to_wire(), ensure_ascii=False, allow_nan=False, separators=(",", ":")
-            )
+            text = _ENCODER.encode(self.to_wire())
             text.encode("utf-8")
         except (TypeError, ValueError, RecursionError) as e:
             raise PermanentError(f"cannot write the response as JSON: {e}") from None

@@ -74,7 +74,9 @@ def test_text_is_utf8_not_escaped():
 
 
 def test_what_json_cannot_write_is_a_permanent_error():
-    for bad in [{"x": float("nan")}, {"x": {1, 2}}, {"x": "\udc80"}]:
+    circular = {}
+    circular["self"] = circular
+    for bad in [{"x": float("nan")}, {"x": {1, 2}}, {"x": "\udc80"}, circular]:
         with pytest.raises(PermanentError) as err:
             Response().set_status(bad).to_json()
         assert err.value.message.startswith("cannot write the response as JSON")
