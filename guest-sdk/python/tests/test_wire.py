@@ -41,6 +41,14 @@ def test_a_document_that_is_not_json_is_a_permanent_error():
     assert answer is None and error.message.startswith("invalid JSON") and not error.retryable
 
 
+def test_documents_with_whitespace_or_extra_data():
+    assert wire.parse_request(wit_request(' {"a": 1}\n')).parent == {"a": 1}
+    for bad in ['{"a":1} {"b":2}', '{"a":1}x', "", " "]:
+        with pytest.raises(PermanentError) as err:
+            wire.parse_request(wit_request(bad))
+        assert err.value.message.startswith("invalid JSON"), bad
+
+
 def test_the_response_goes_out_as_one_document():
     request = Request.for_object(
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}
