@@ -1063,6 +1063,21 @@ fn run_help_shows_the_module_cap_and_the_insecure_registries() {
     ]);
 }
 
+/// `--max-instances` is refused at 0 and above 100000: the sandbox's pool sizes are multiples
+/// of it, and none may be 0 or overflow.
+#[test]
+fn max_instances_is_bounded() {
+    for n in ["0", "100001", "4294967295"] {
+        let run = kubewasm(&["run", "--max-instances", n]);
+        assert_eq!(run.code, Some(2), "{}", run.stderr);
+        assert!(
+            run.stderr.contains("is not in 1..=100000"),
+            "{}",
+            run.stderr
+        );
+    }
+}
+
 /// `kubewasm logs` and the log flags of `kubewasm run` refuse bad input, saying what to give.
 #[test]
 fn log_flags_refuse_bad_input_saying_what_to_give() {

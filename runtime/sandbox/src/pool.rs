@@ -52,6 +52,12 @@ pub(crate) fn engine_config(config: &SandboxConfig, swap: bool) -> Config {
         .max_core_instances_per_component(16)
         .total_memories(n * 2)
         .max_memories_per_component(2)
+        // A freed slot stays affine to the module that used it (its pages, its mappings), and
+        // another module takes a slot never used before any slot affine to a module: with the
+        // bound at the pool's size, a slot is taken from another module only when every slot
+        // has been used (wasmtime's default, 100, is below the pool's size from
+        // `--max-instances 51` up).
+        .max_unused_warm_slots(n * 2)
         .total_tables(n * 8)
         .max_tables_per_component(8)
         .max_memory_size(config.max_memory_bytes)

@@ -20,7 +20,9 @@ fn millis(d: Duration) -> u64 {
 pub struct Args {
     /// Guest instances that may exist at once across all controllers: running calls, and the
     /// next instances of busy controllers made ahead (dropped whenever a call would wait).
-    #[arg(long, default_value_t = SandboxConfig::default().max_instances)]
+    /// From 1 to 100000 (each slot reserves address space for its memories).
+    #[arg(long, default_value_t = SandboxConfig::default().max_instances,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
     max_instances: u32,
 
     /// Memory each of the `--max-instances` slots keeps resident between instances, a
