@@ -222,8 +222,9 @@ pub fn section(iters: usize) {
         limits: Limits::default(),
     };
     println!(
-        "P1 as the runtime calls a busy controller: instances made ahead (Sandbox::reconcile_ahead with the controller's Ready, tidied after the clock) against instances made on the call's path; {ROUNDS} rounds interleaved; latency with a {} µs gap before each call, CPU per reconcile (every thread) back to back",
-        GAP.as_micros()
+        "P1 as the runtime calls a busy controller: instances made ahead (Sandbox::reconcile_ahead with the controller's Ready, tidied after the clock) against instances made on the call's path; {ROUNDS} rounds interleaved; latency with a {} µs gap before each call, CPU per reconcile (every thread) back to back; freed memory reset: {:?}",
+        GAP.as_micros(),
+        sandbox.page_reset()
     );
     for (label, bytes, divisor) in [("1 KiB", 1 << 10, 1), ("64 KiB", 64 << 10, 20)] {
         let request = sized_request(bytes);

@@ -19,7 +19,7 @@ use super::compiler::ChildCompiler;
 use super::error::{CallError, LoadError};
 use super::limits::Limits;
 use super::output::SharedLines;
-use super::pool::{engine_config, machine_has_swap, start_epoch_ticker};
+use super::pool::{PageReset, engine_config, machine_has_swap, start_epoch_ticker};
 use super::rate::TenantRate;
 use super::slots::FairSlots;
 use super::types::{IntoWire, SharedReads, WireRequest};
@@ -297,6 +297,7 @@ struct Inner {
     holding: Arc<Mutex<Holding>>,
     log_rate: Arc<TenantRate>,
     config: SandboxConfig,
+    page_reset: PageReset,
 }
 
 /// The process-wide sandbox. Cloning is cheap and shares everything.
@@ -318,11 +319,8 @@ impl Sandbox {
     /// Without [`SandboxConfig::epoch_interruption`] there is no ticker.
     pub fn new(config: SandboxConfig) -> Result<Sandbox, LoadError> {
         let swap = machine_has_swap();
-        if swap {
-            tracing::info!(
-                "this machine has swap: freed guest memory is reset without PAGEMAP_SCAN, which could skip a swapped-out page (slower resets, never a page of another call)"
-            );
-        }
+        let page_reset = PageReset::on_this_machine(swap);
+        page_reset.log();
         let engine = Engine::new(&engine_config(&config, swap)).map_err(LoadError::Engine)?;
         let compiled_dir = match &config.compiled_cache {
             None => None,
@@ -357,8 +355,14 @@ impl Sandbox {
                     config.log_line_burst,
                 )),
                 config,
+                page_reset,
             }),
         })
+    }
+
+    /// How freed instance memory is reset on this machine.
+    pub fn page_reset(&self) -> PageReset {
+        self.inner.page_reset
     }
 
     /// Compiles and validates a module, or returns the cached guest with the same digest.

@@ -33,6 +33,7 @@ pub use error::{CallError, LoadError};
 pub use limits::{Limits, MAX_GUEST_STATE_BYTES};
 pub use output::Captured;
 pub use output::MIN_LOG_LINE_COST;
+pub use pool::PageReset;
 pub use rate::TenantRate;
 pub use text::{
     MAX_EVENT_REASON_BYTES, MAX_GUEST_LOG_LINE_BYTES, MAX_GUEST_MESSAGE_BYTES, bounded, guest_text,

@@ -26,6 +26,42 @@ fn pagemap_scan(swap: bool) -> Enabled {
     }
 }
 
+/// How this sandbox resets a freed slot's memory: decided once at start, logged when it is
+/// not the page scan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageReset {
+    /// `PAGEMAP_SCAN` finds the pages a call wrote, and only those are reset.
+    TouchedPages,
+    /// The machine has swap: the kept resident bytes are zeroed whole, the rest discarded.
+    WholeWithSwap,
+    /// The kernel has no `PAGEMAP_SCAN` (Linux before 6.7, or `/proc` unreadable): the same.
+    WholeWithoutPageScan,
+}
+
+impl PageReset {
+    /// What this machine allows: wasmtime's own probe of the ioctl, unless there is swap.
+    pub(crate) fn on_this_machine(swap: bool) -> PageReset {
+        match (swap, PoolingAllocationConfig::is_pagemap_scan_available()) {
+            (true, _) => PageReset::WholeWithSwap,
+            (false, true) => PageReset::TouchedPages,
+            (false, false) => PageReset::WholeWithoutPageScan,
+        }
+    }
+
+    /// Says at start what the reset is when it is not the page scan (slower resets).
+    pub(crate) fn log(self) {
+        match self {
+            PageReset::TouchedPages => {}
+            PageReset::WholeWithSwap => tracing::info!(
+                "this machine has swap: freed guest memory is reset without PAGEMAP_SCAN, which could skip a swapped-out page (slower resets, never a page of another call)"
+            ),
+            PageReset::WholeWithoutPageScan => tracing::info!(
+                "this kernel has no PAGEMAP_SCAN (Linux 6.7 or later has it): freed guest memory is reset whole, not only the pages a call wrote (slower resets)"
+            ),
+        }
+    }
+}
+
 /// Whether `/proc/meminfo` says the machine has swap (`SwapTotal` above 0). Unreadable: yes
 /// (the safe reset only costs time).
 pub fn machine_has_swap() -> bool {
@@ -115,6 +151,14 @@ mod tests {
         assert!(swap_in_meminfo("SwapTotal: lots\n"));
         assert!(matches!(pagemap_scan(true), Enabled::No));
         assert!(matches!(pagemap_scan(false), Enabled::Auto));
+        // What the sandbox says it does: never the page scan with swap; without, what the
+        // kernel offers (wasmtime's probe, the one its pool uses for `Enabled::Auto`).
+        assert_eq!(PageReset::on_this_machine(true), PageReset::WholeWithSwap);
+        let available = PoolingAllocationConfig::is_pagemap_scan_available();
+        assert_eq!(
+            PageReset::on_this_machine(false) == PageReset::TouchedPages,
+            available
+        );
     }
 
     /// Instances of a module with data (42 at byte 64) in reused slots of an engine made with
