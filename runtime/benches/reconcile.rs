@@ -513,15 +513,21 @@ fn no_wasi(sandbox: &Sandbox) -> Arc<GuestPre> {
 /// Another build of `hello_world.wasm` to measure beside the shipped one
 /// (`KUBEWASM_BENCH_CANDIDATE`), loaded into `sandbox`.
 fn candidate(sandbox: &Sandbox) -> Option<Arc<GuestPre>> {
-    std::env::var_os("KUBEWASM_BENCH_CANDIDATE").map(|path| {
-        let bytes = std::fs::read(&path)
-            .unwrap_or_else(|e| panic!("reading KUBEWASM_BENCH_CANDIDATE {path:?}: {e}"));
+    candidate_bytes("KUBEWASM_BENCH_CANDIDATE")
+        .map(|bytes| sandbox.load(&bytes).expect("the candidate loads"))
+}
+
+/// The module the environment variable `var` names, read (its path and size printed), when
+/// it is set.
+fn candidate_bytes(var: &str) -> Option<Vec<u8>> {
+    std::env::var_os(var).map(|path| {
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("reading {var} {path:?}: {e}"));
         println!(
-            "candidate: {} ({} bytes)",
+            "{var}: {} ({} bytes)",
             std::path::Path::new(&path).display(),
             bytes.len()
         );
-        sandbox.load(&bytes).expect("the candidate loads")
+        bytes
     })
 }
 

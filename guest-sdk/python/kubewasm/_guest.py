@@ -9,6 +9,7 @@ later.
 """
 
 import json
+import random
 from typing import Any, Dict, List, Optional
 
 import wit_world
@@ -84,8 +85,6 @@ def warm_up(rounds: int = 8) -> None:
     guest's. ``random.seed`` is warmed too (componentize-py reseeds each instance on its first
     call, from the host's entropy: the snapshot's seed is never used).
     """
-    import random
-
     parent = {
         "apiVersion": "kubewasm.dev/v1",
         "kind": "WarmUp",

@@ -286,14 +286,7 @@ pub fn section(iters: usize) {
         Kind::AheadCopied(python_copied, Ready::new()),
     ));
     // Another build of the Python HelloWorld, beside it (say, the SDK changed).
-    if let Some(path) = std::env::var_os("KUBEWASM_BENCH_PYTHON_CANDIDATE") {
-        let bytes = std::fs::read(&path)
-            .unwrap_or_else(|e| panic!("reading KUBEWASM_BENCH_PYTHON_CANDIDATE {path:?}: {e}"));
-        println!(
-            "Python candidate: {} ({} bytes)",
-            std::path::Path::new(&path).display(),
-            bytes.len()
-        );
+    if let Some(bytes) = super::candidate_bytes("KUBEWASM_BENCH_PYTHON_CANDIDATE") {
         let mapped = sandbox.load(&bytes).expect("the Python candidate loads");
         let copied = copied.load(&bytes).expect("the Python candidate loads");
         ways.push(Way::new(
