@@ -8,8 +8,8 @@ export KUBEWASM_CACHE ?= $(HOME)/.cache/kubewasm
 # Where cargo builds: $CARGO_TARGET_DIR when set (a warm or shared target directory), else ./target.
 TARGET_DIR := $(abspath $(or $(CARGO_TARGET_DIR),target))
 GUEST_DIR := $(TARGET_DIR)/wasm32-wasip2/guest
-GUESTS := hello-world configmap-restarter guitar-reviewer pod-watcher hello-finalizer hostile intruder
-GUEST_WASM := $(GUEST_DIR)/hello_world.wasm $(GUEST_DIR)/configmap_restarter.wasm $(GUEST_DIR)/guitar_reviewer.wasm $(GUEST_DIR)/pod_watcher.wasm $(GUEST_DIR)/hello_finalizer.wasm $(GUEST_DIR)/hostile.wasm $(GUEST_DIR)/intruder.wasm
+GUESTS := hello-world configmap-restarter guitar-reviewer pod-watcher hello-finalizer hostile intruder prepared
+GUEST_WASM := $(GUEST_DIR)/hello_world.wasm $(GUEST_DIR)/configmap_restarter.wasm $(GUEST_DIR)/guitar_reviewer.wasm $(GUEST_DIR)/pod_watcher.wasm $(GUEST_DIR)/hello_finalizer.wasm $(GUEST_DIR)/hostile.wasm $(GUEST_DIR)/intruder.wasm $(GUEST_DIR)/prepared.wasm
 export KUBEWASM_GUEST_DIR := $(GUEST_DIR)
 # Guests built without WASI too (docs/03-writing-a-controller.md, "Guests without WASI"):
 # wasm32-unknown-unknown, made a component by the toolchain's wasm-component-ld

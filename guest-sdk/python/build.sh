@@ -20,7 +20,9 @@ set -euo pipefail
 COMPONENTIZE_PY_VERSION=0.25.1
 PYTEST_VERSION=9.2.0
 PYYAML_VERSION=6.0.4
-WORLD=controller
+# `controller` and `prepare` (guest-sdk/wit/kubewasm.wit): the host calls `prepare` on instances
+# it makes ahead, which moves componentize-py's setup of an instance off the reconcile's path.
+WORLD=prepared-controller
 
 sdk=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$sdk/../.." && pwd)

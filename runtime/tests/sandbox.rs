@@ -9,6 +9,8 @@ mod ahead;
 mod compiler;
 #[path = "sandbox/no_wasi.rs"]
 mod no_wasi;
+#[path = "sandbox/prepare.rs"]
+mod prepare;
 
 use std::sync::mpsc;
 use std::sync::{Arc, LazyLock, Mutex};

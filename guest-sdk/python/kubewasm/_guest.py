@@ -140,7 +140,13 @@ class _Unreachable(Cluster):
 
 
 class WitWorld(wit_world.WitWorld):
-    """The ``reconcile`` export of the ``kubewasm:controller`` world."""
+    """The exports of the ``kubewasm:controller`` world ``prepared-controller``: ``reconcile``,
+    and ``prepare``, which the host calls on an instance it makes ahead of its reconcile."""
+
+    def prepare(self) -> None:
+        """Nothing of the SDK's: being an export call, it makes componentize-py do its setup of
+        the instance (the environment read from the host, ``random`` seeded from the host's
+        entropy) before the reconcile, off the call's path, instead of in the reconcile."""
 
     def reconcile(self, request: wit.Request) -> None:
         response, error = run(request, exported(), HostCluster())

@@ -5,6 +5,7 @@ the generated API (records, enums, Ok/Err) as the component will."""
 import importlib
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -14,6 +15,9 @@ from kubewasm import wire as sdk_wire
 
 WIT = pathlib.Path(__file__).resolve().parents[2] / "wit" / "kubewasm.wit"
 COMPONENTIZE_PY = pathlib.Path(sys.executable).with_name("componentize-py")
+# The world the guests are built against, as build.sh says.
+BUILD_SH = pathlib.Path(__file__).resolve().parents[1] / "build.sh"
+WORLD = re.search(r"^WORLD=(\S+)$", BUILD_SH.read_text(), re.MULTILINE).group(1)
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +28,7 @@ def bindings(tmp_path_factory):
         )
     out = tmp_path_factory.mktemp("bindings")
     subprocess.run(
-        [str(COMPONENTIZE_PY), "-d", str(WIT), "-w", "controller", "bindings", str(out)],
+        [str(COMPONENTIZE_PY), "-d", str(WIT), "-w", WORLD, "bindings", str(out)],
         check=True,
         capture_output=True,
     )
@@ -177,4 +181,21 @@ def test_the_warm_up_asks_the_host_nothing_and_calls_no_guest_function(guest):
     assert sdk_wire._registered == [reconcile]
     # The guest's calls after it are answered as before.
     module.WitWorld().reconcile(request(types, None))
+    assert called and fake.answers == [cpt.Ok('{"actions":[]}')]
+
+
+def test_prepare_asks_the_host_nothing_and_calls_no_guest_function(guest):
+    module, types, cpt, fake = guest
+    called = []
+
+    def reconcile(request, cluster):
+        called.append(request)
+        return Response()
+
+    sdk_wire.reconciler(reconcile)
+    world = module.WitWorld()
+    world.prepare()
+    assert called == []
+    assert (fake.asked, fake.logs, fake.answers) == ([], [], [])
+    world.reconcile(request(types, None))
     assert called and fake.answers == [cpt.Ok('{"actions":[]}')]

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use super::call::Instance;
+use super::call::{Instance, Prepare};
 use super::engine::{Digest, GuestPre};
 use super::limits::Limits;
 use super::output::SharedLines;
@@ -210,7 +210,13 @@ async fn made(make: Make, holding: &Mutex<Holding>) {
     let guest = &make.guest;
     let deadline = MAKE_DEADLINE.min(make.limits.timeout);
     match guest
-        .instantiate(&make.controller, &make.limits, deadline, lines)
+        .instantiate(
+            &make.controller,
+            &make.limits,
+            deadline,
+            lines,
+            Prepare::Ahead,
+        )
         .await
     {
         Ok(instance) => {

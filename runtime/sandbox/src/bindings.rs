@@ -18,6 +18,10 @@ pub use self::kubewasm::controller::types as wit;
 /// built against another version of the contract does not link.
 pub const HOST_INTERFACE: &str = "kubewasm:controller/host@0.3.0";
 
+/// The world of a controller that also exports `prepare`, which the host calls on instances it
+/// makes ahead ([`crate::Ready`]).
+pub const PREPARED_WORLD: &str = "kubewasm:controller/prepared-controller@0.3.0";
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -27,6 +31,11 @@ mod tests {
         assert!(
             wit.contains(&format!("package kubewasm:controller@{version};")),
             "guest-sdk/wit/kubewasm.wit and HOST_INTERFACE disagree on the version"
+        );
+        assert!(
+            super::PREPARED_WORLD.ends_with(&format!("@{version}"))
+                && wit.contains("world prepared-controller {"),
+            "guest-sdk/wit/kubewasm.wit and PREPARED_WORLD disagree"
         );
     }
 }

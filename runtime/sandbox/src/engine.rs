@@ -12,8 +12,7 @@ use wasmtime::component::{Component, Linker};
 
 use super::accept::utf8_strings_only;
 use super::ahead::{Holding, Made, Make, Ready, Tidy, drop_ready, start_sweeper};
-use super::bindings::ControllerPre;
-use super::call::{self, CallOutcome, CallState, Instance, Spent};
+use super::call::{self, CallOutcome, CallState, Instance, Linked, Prepare, Spent};
 use super::compiled::{self, Compilations, CompiledCache};
 use super::compiler::ChildCompiler;
 use super::error::{CallError, LoadError};
@@ -125,7 +124,7 @@ impl std::fmt::Display for Digest {
 pub struct GuestPre {
     digest: Digest,
     size: usize,
-    pre: ControllerPre<CallState>,
+    linked: Linked,
     engine: Engine,
     epoch_tick: Duration,
     /// Its instantiation failed or took too long ahead: made on the call's path only.
@@ -178,25 +177,34 @@ impl GuestPre {
         outcome
     }
 
-    /// Makes an instance of this module (see [`call::instantiate`]).
+    /// Makes an instance of this module (see [`call::instantiate`]), prepared when `prepare`
+    /// says so and the module exports `prepare`.
     pub(crate) async fn instantiate(
         &self,
         controller: &str,
         limits: &Limits,
         deadline: Duration,
         lines: Option<SharedLines>,
+        prepare: Prepare,
     ) -> Result<Instance, CallError> {
         let tick = self.epoch_tick;
         call::instantiate(
             &self.engine,
-            &self.pre,
+            &self.linked,
             tick,
             controller,
             limits,
             deadline,
             lines,
+            prepare,
         )
         .await
+    }
+
+    /// Whether it exports `prepare` (world `prepared-controller`): its instances made ahead are
+    /// prepared before their call.
+    pub fn prepares(&self) -> bool {
+        self.linked.prepares()
     }
 
     /// Marks the module as made on the call's path only; true when it already was.
@@ -230,7 +238,7 @@ impl GuestPre {
             let instance = match made {
                 Some(instance) => instance,
                 None => match self
-                    .instantiate(&controller, limits, limits.timeout, lines)
+                    .instantiate(&controller, limits, limits.timeout, lines, Prepare::Never)
                     .await
                 {
                     Ok(instance) => instance,
@@ -515,11 +523,11 @@ impl Sandbox {
             .linker
             .instantiate_pre(&component)
             .map_err(LoadError::WrongWorld)?;
-        let pre = ControllerPre::new(instance_pre).map_err(LoadError::WrongWorld)?;
+        let linked = Linked::new(&component, instance_pre).map_err(LoadError::WrongWorld)?;
         Ok(GuestPre {
             digest,
             size: bytes.len(),
-            pre,
+            linked,
             engine: self.inner.engine.clone(),
             epoch_tick: self.inner.config.epoch_tick,
             ahead_refused: AtomicBool::new(false),

@@ -77,6 +77,7 @@ const WASIP2: Target = Target {
         "hello-finalizer",
         "hostile",
         "intruder",
+        "prepared",
     ],
 };
 

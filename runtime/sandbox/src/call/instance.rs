@@ -2,17 +2,68 @@
 
 use std::time::{Duration, Instant};
 
-use wasmtime::component::ResourceTable;
+use wasmtime::component::types::ComponentItem;
+use wasmtime::component::{Component, ComponentExportIndex, InstancePre, ResourceTable};
 use wasmtime::{Engine, Store, UpdateDeadline};
 
 use super::{
     About, CallOutcome, CallState, Phases, classify, deadline_ticks, log_dropped_lines, log_output,
 };
-use crate::bindings::{Controller, ControllerPre};
+use crate::bindings::{Controller, ControllerIndices, PREPARED_WORLD};
 use crate::error::CallError;
 use crate::limits::{Limits, MemoryLimiter};
 use crate::output::{BoundedOutput, LogBudget, SharedLines};
 use crate::types::{NoReads, ObjectRef, SharedReads, WireRequest, wire_to_wit};
+
+/// One module made ready to instantiate: linked, its `reconcile` found, and its `prepare` when
+/// it has one (world `prepared-controller`).
+pub(crate) struct Linked {
+    pre: InstancePre<CallState>,
+    indices: ControllerIndices,
+    prepare: Option<ComponentExportIndex>,
+}
+
+impl Linked {
+    /// `pre` of `component`: an error when it does not export the `controller` world, or
+    /// exports a `prepare` that is not `func()`.
+    pub(crate) fn new(
+        component: &Component,
+        pre: InstancePre<CallState>,
+    ) -> wasmtime::Result<Linked> {
+        let indices = ControllerIndices::new(&pre)?;
+        let prepare = match component.get_export(None, "prepare") {
+            None => None,
+            Some((ComponentItem::ComponentFunc(f), index))
+                if f.params().len() == 0 && f.results().len() == 0 =>
+            {
+                Some(index)
+            }
+            Some((item, _)) => {
+                let found = match item {
+                    ComponentItem::ComponentFunc(f) => format!(
+                        "has {} parameter(s) and {} result(s)",
+                        f.params().len(),
+                        f.results().len()
+                    ),
+                    _ => "is not a function".to_owned(),
+                };
+                wasmtime::bail!(
+                    "its export `prepare` {found}, where world `{PREPARED_WORLD}` has `prepare: func()`"
+                )
+            }
+        };
+        Ok(Linked {
+            pre,
+            indices,
+            prepare,
+        })
+    }
+
+    /// Whether it exports `prepare`.
+    pub(crate) fn prepares(&self) -> bool {
+        self.prepare.is_some()
+    }
+}
 
 /// A guest instantiated in a fresh Store for one controller, before its request is known: made
 /// on the call's path, or ahead of it ([`crate::Ready`]). It serves exactly one call
@@ -48,17 +99,29 @@ impl Instance {
 /// touched (the teardown), which the caller may do off the latency path.
 pub(crate) struct Spent(#[allow(dead_code)] Store<CallState>);
 
-/// Makes an [`Instance`] of `pre` for `controller` with `limits`; `deadline` bounds the
-/// instantiation (a component's start function is guest code). Until [`call`], its reads are
-/// none and its log lines name no object.
+/// When an instance of a module with a `prepare` export is to be prepared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Prepare {
+    /// Made ahead of its call: `prepare` runs as part of the making, within its deadline.
+    Ahead,
+    /// Made on the call's path: not prepared (it would only add to the call's time).
+    Never,
+}
+
+/// Makes an [`Instance`] of `linked` for `controller` with `limits`, and prepares it when asked
+/// and the module exports `prepare`; `deadline` bounds the instantiation and the preparing
+/// together (both are guest code: a component's start function, `prepare`). Until [`call`], its
+/// reads are none, its log lines name no object, and what it answers is forgotten.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn instantiate(
     engine: &Engine,
-    pre: &ControllerPre<CallState>,
+    linked: &Linked,
     tick: Duration,
     controller: &str,
     limits: &Limits,
     deadline: Duration,
     lines: Option<SharedLines>,
+    prepare: Prepare,
 ) -> Result<Instance, CallError> {
     let entered = Instant::now();
     let stdout = BoundedOutput::new(limits.output_bytes);
@@ -82,7 +145,11 @@ pub(crate) async fn instantiate(
     store.limiter(|s| &mut s.limiter);
     arm_deadline(&mut store, deadline, tick);
     let started = Instant::now();
-    match pre.instantiate_async(&mut store).await {
+    let prepare = linked
+        .prepare
+        .as_ref()
+        .filter(|_| prepare == Prepare::Ahead);
+    match made(&mut store, linked, prepare).await {
         Ok(guest) => Ok(Instance {
             store,
             guest,
@@ -98,6 +165,25 @@ pub(crate) async fn instantiate(
         }),
         Err(err) => Err(classify(err, store.data(), &stderr.take(), limits)),
     }
+}
+
+/// Instantiates `linked` in `store` and calls `prepare` on it when given. The Store's reads are
+/// none while it runs; an answer it gave and a panic line it logged are forgotten after it.
+async fn made(
+    store: &mut Store<CallState>,
+    linked: &Linked,
+    prepare: Option<&ComponentExportIndex>,
+) -> wasmtime::Result<Controller> {
+    let instance = linked.pre.instantiate_async(&mut *store).await?;
+    let guest = linked.indices.load(&mut *store, &instance)?;
+    if let Some(prepare) = prepare {
+        let prepare = instance.get_typed_func::<(), ()>(&mut *store, prepare)?;
+        prepare.call_async(&mut *store, ()).await?;
+        let state = store.data_mut();
+        state.answer = None;
+        state.panic_line = None;
+    }
+    Ok(guest)
 }
 
 /// Every epoch tick the guest yields to the executor, so that a caller's timeout can drop the

@@ -19,7 +19,7 @@ mod ended;
 mod instance;
 
 use ended::classify;
-pub(crate) use instance::{Instance, Spent, call, instantiate};
+pub(crate) use instance::{Instance, Linked, Prepare, Spent, call, instantiate};
 
 /// What a successful call produced, besides the response.
 #[derive(Debug)]
