@@ -267,6 +267,11 @@ pub fn section(iters: usize) {
         return;
     };
     let request = sized_request(1 << 10);
+    let prepares = |guest: &GuestPre| match guest.prepares() {
+        true => "exports `prepare` (prepared when made ahead)",
+        false => "exports no `prepare`",
+    };
+    println!("  the Python HelloWorld {}", prepares(&python));
     let mut ways = Vec::new();
     if bench.hook.is_some() {
         ways.push(Way::new("Python webhook (http.server)", Kind::PythonHook));
@@ -288,6 +293,7 @@ pub fn section(iters: usize) {
     // Another build of the Python HelloWorld, beside it (say, the SDK changed).
     if let Some(bytes) = super::candidate_bytes("KUBEWASM_BENCH_PYTHON_CANDIDATE") {
         let mapped = sandbox.load(&bytes).expect("the Python candidate loads");
+        println!("  the Python candidate {}", prepares(&mapped));
         let copied = copied.load(&bytes).expect("the Python candidate loads");
         ways.push(Way::new(
             "Python candidate, made ahead",

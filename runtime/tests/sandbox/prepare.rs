@@ -344,3 +344,24 @@ fn a_prepare_of_another_type_is_refused_at_load() {
         "{said}"
     );
 }
+
+/// The Python SDK builds its guests against world `prepared-controller` (componentize-py's
+/// setup of an instance is then done in `prepare`, ahead), the Rust SDK against `controller`.
+#[test]
+fn the_python_guests_export_prepare_and_the_rust_guests_do_not() {
+    use kubewasm::sources::oci::ComponentInfo;
+    for (name, prepares) in [
+        ("python_hello_world", true),
+        ("python_configmap_restarter", true),
+        ("hello_world", false),
+    ] {
+        let bytes = std::fs::read(common::guest(name)).expect("reading the guest");
+        let info = ComponentInfo::of(&bytes).expect("a component");
+        assert_eq!(
+            info.exports.iter().any(|e| e == "prepare"),
+            prepares,
+            "{name}: {:?}",
+            info.exports
+        );
+    }
+}
