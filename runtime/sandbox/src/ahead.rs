@@ -23,7 +23,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use super::call::{Instance, Prepare};
-use super::engine::{Digest, GuestPre};
+use super::digest::Digest;
+use super::engine::GuestPre;
 use super::limits::Limits;
 use super::output::SharedLines;
 use super::slots::{FairSlots, Slot};

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use super::engine::Digest;
+use super::digest::Digest;
 use super::error::LoadError;
 
 /// Where compiled modules are kept, and how much of it.

@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sha2::{Digest as _, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::{Component, Linker};
 
@@ -15,6 +14,7 @@ use super::ahead::{Holding, Made, Make, Ready, Tidy, drop_ready, start_sweeper};
 use super::call::{self, CallOutcome, CallState, Instance, Linked, Prepare, Spent};
 use super::compiled::{self, Compilations, CompiledCache};
 use super::compiler::ChildCompiler;
+use super::digest::Digest;
 use super::error::{CallError, LoadError};
 use super::limits::Limits;
 use super::output::SharedLines;
@@ -95,28 +95,6 @@ impl Default for SandboxConfig {
             copy_memory: false,
             perf_map: false,
         }
-    }
-}
-
-/// sha256 of a module's bytes; modules are compiled once per digest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Digest(pub [u8; 32]);
-
-impl Digest {
-    /// Digest of these bytes.
-    pub fn of(bytes: &[u8]) -> Digest {
-        Digest(Sha256::digest(bytes).into())
-    }
-
-    /// Lowercase hex, without prefix.
-    pub fn hex(&self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
-    }
-}
-
-impl std::fmt::Display for Digest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "sha256:{}", self.hex())
     }
 }
 
