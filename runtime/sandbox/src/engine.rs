@@ -156,7 +156,9 @@ impl GuestPre {
     }
 
     /// Makes an instance of this module (see [`call::instantiate`]), prepared when `prepare`
-    /// says so and the module exports `prepare`.
+    /// says so and the module exports `prepare`. Ended at `deadline` wherever the guest is: the
+    /// epoch deadline traps one that computes, this timeout drops one blocked in a host call
+    /// (a WASI sleep in a start function or in `prepare`), with its Store.
     pub(crate) async fn instantiate(
         &self,
         controller: &str,
@@ -166,7 +168,7 @@ impl GuestPre {
         prepare: Prepare,
     ) -> Result<Instance, CallError> {
         let tick = self.epoch_tick;
-        call::instantiate(
+        let making = call::instantiate(
             &self.engine,
             &self.linked,
             tick,
@@ -175,8 +177,10 @@ impl GuestPre {
             deadline,
             lines,
             prepare,
-        )
-        .await
+        );
+        tokio::time::timeout(deadline + tick * 2, making)
+            .await
+            .unwrap_or(Err(CallError::Timeout { limit: deadline }))
     }
 
     /// Whether it exports `prepare` (world `prepared-controller`): its instances made ahead are

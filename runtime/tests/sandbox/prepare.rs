@@ -264,12 +264,13 @@ async fn what_prepare_does_is_charged_to_its_call_and_reaches_nothing_else() {
     );
 }
 
-/// A `prepare` that computes forever or traps costs one make ahead, cut at [`MAKE_DEADLINE`],
-/// and never another: the module's calls are made on their path (unprepared) and answer.
+/// A `prepare` that computes forever, sleeps in the host or traps costs one make ahead, cut at
+/// [`MAKE_DEADLINE`], and never another: the module's calls are made on their path (unprepared)
+/// and answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_prepare_that_loops_or_traps_makes_its_module_made_on_the_calls_path_only() {
+async fn a_prepare_that_loops_sleeps_or_traps_makes_its_module_made_on_the_calls_path_only() {
     let sandbox = sandbox();
-    for mode in ["loop", "trap"] {
+    for mode in ["loop", "sleep", "trap"] {
         let guest = sandbox
             .load(&prepared(mode))
             .unwrap_or_else(|e| panic!("{mode} loads: {e}"));
@@ -288,7 +289,9 @@ async fn a_prepare_that_loops_or_traps_makes_its_module_made_on_the_calls_path_o
                 .await
                 .expect("the call returned");
             let tidied = std::time::Instant::now();
-            tidy.run().await;
+            tokio::time::timeout(WATCHDOG, tidy.run())
+                .await
+                .unwrap_or_else(|_| panic!("{mode}: tidying (the make ahead) never ended"));
             assert!(
                 tidied.elapsed() < MAKE_DEADLINE + Duration::from_secs(1),
                 "{mode}: tidying took {:?}",

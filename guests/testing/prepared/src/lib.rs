@@ -9,6 +9,7 @@
 //! | `count` | counts the call |
 //! | `loop` | computes forever |
 //! | `trap` | panics |
+//! | `sleep` | sleeps an hour in WASI (blocked in the host, not computing) |
 //! | `respond` | counts, and answers with an apply of ConfigMap [`FROM_PREPARE`] |
 //! | `read` | counts, and reads as `reconcile` does (below): what it found is in the answer |
 //! | `log` | counts, and logs [`PREPARE_LOG_LINES`] lines `prepared <n>` |
@@ -85,6 +86,8 @@ impl Guest for Component {
                 black_box(0u64);
             },
             "trap" => panic!("the prepared test guest panicked in prepare on purpose"),
+            // Blocked in the host (a WASI poll), where no epoch deadline reaches it.
+            "sleep" => std::thread::sleep(std::time::Duration::from_secs(3600)),
             _ => {}
         }
         PREPARED.with_borrow_mut(|p| p.count += 1);
