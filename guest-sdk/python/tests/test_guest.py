@@ -166,25 +166,14 @@ def test_a_message_with_a_lone_surrogate_still_answers(guest):
     assert isinstance(answer, cpt.Err) and answer.value.message == "bad ? byte"
 
 
-def test_the_warm_up_asks_the_host_nothing_and_calls_no_guest_function(guest):
-    module, types, cpt, fake = guest
-    called = []
-
-    def reconcile(request, cluster):
-        called.append(request)
-        return Response()
-
-    sdk_wire.reconciler(reconcile)
-    module.warm_up(rounds=3)
-    assert called == []
-    assert (fake.asked, fake.logs, fake.answers) == ([], [], [])
-    assert sdk_wire._registered == [reconcile]
-    # The guest's calls after it are answered as before.
-    module.WitWorld().reconcile(request(types, None))
-    assert called and fake.answers == [cpt.Ok('{"actions":[]}')]
-
-
-def test_prepare_asks_the_host_nothing_and_calls_no_guest_function(guest):
+@pytest.mark.parametrize(
+    "warm",
+    [
+        pytest.param(lambda module, world: module.warm_up(rounds=3), id="warm_up at build"),
+        pytest.param(lambda module, world: world.prepare(), id="prepare ahead of a call"),
+    ],
+)
+def test_warming_asks_the_host_nothing_and_calls_no_guest_function(guest, warm):
     module, types, cpt, fake = guest
     called = []
 
@@ -194,8 +183,10 @@ def test_prepare_asks_the_host_nothing_and_calls_no_guest_function(guest):
 
     sdk_wire.reconciler(reconcile)
     world = module.WitWorld()
-    world.prepare()
+    warm(module, world)
     assert called == []
     assert (fake.asked, fake.logs, fake.answers) == ([], [], [])
+    assert sdk_wire._registered == [reconcile]
+    # The guest's call after it is answered as before.
     world.reconcile(request(types, None))
     assert called and fake.answers == [cpt.Ok('{"actions":[]}')]
