@@ -35,6 +35,34 @@ static HELLO: LazyLock<Arc<GuestPre>> = LazyLock::new(|| load("hello_world"));
 /// of hanging it.
 const WATCHDOG: Duration = Duration::from_secs(20);
 
+/// A component of world `controller` written by hand, whose `reconcile` returns without doing
+/// anything: its core module (a memory, `reconcile`, `realloc`) has `core` besides, and the
+/// component `exports` besides `reconcile` (the core instance is `$i`).
+fn hand_written_controller(core: &str, exports: &str) -> Vec<u8> {
+    wat::parse_str(format!(
+        r#"(component
+             (core module $m
+               (memory (export "mem") 1)
+               {core}
+               (func (export "reconcile") (param i32))
+               (func (export "realloc") (param i32 i32 i32 i32) (result i32) i32.const 8))
+             (core instance $i (instantiate $m))
+             (type $ref' (record (field "api-version" string) (field "kind" string)
+               (field "namespace" (option string)) (field "name" string)))
+             (export $ref "object-ref" (type $ref'))
+             (type $req' (record (field "controller" string) (field "target" $ref)
+               (field "parent" (option string)) (field "children" (list string))
+               (field "previous" (option string)) (field "state" (option string))
+               (field "finalizing" bool)))
+             (export $req "request" (type $req'))
+             (func (export "reconcile") (param "request" $req)
+               (canon lift (core func $i "reconcile") (memory (core memory $i "mem"))
+                 (realloc (core func $i "realloc"))))
+             {exports})"#
+    ))
+    .expect("the component is valid text")
+}
+
 fn load(name: &str) -> Arc<GuestPre> {
     let bytes = std::fs::read(common::guest(name)).expect("reading the guest");
     SANDBOX

@@ -181,28 +181,7 @@ async fn a_call_that_would_wait_drops_the_instances_made_ahead() {
 /// A component whose core module has a start function (guest code run while instantiating):
 /// `body` is its body.
 fn component_with_start(body: &str) -> Vec<u8> {
-    wat::parse_str(format!(
-        r#"(component
-             (core module $m
-               (memory (export "mem") 1)
-               (func $start {body})
-               (start $start)
-               (func (export "reconcile") (param i32))
-               (func (export "realloc") (param i32 i32 i32 i32) (result i32) i32.const 8))
-             (core instance $i (instantiate $m))
-             (type $ref' (record (field "api-version" string) (field "kind" string)
-               (field "namespace" (option string)) (field "name" string)))
-             (export $ref "object-ref" (type $ref'))
-             (type $req' (record (field "controller" string) (field "target" $ref)
-               (field "parent" (option string)) (field "children" (list string))
-               (field "previous" (option string)) (field "state" (option string))
-               (field "finalizing" bool)))
-             (export $req "request" (type $req'))
-             (func (export "reconcile") (param "request" $req)
-               (canon lift (core func $i "reconcile") (memory (core memory $i "mem"))
-                 (realloc (core func $i "realloc")))))"#
-    ))
-    .expect("the component is valid text")
+    hand_written_controller(&format!("(func $start {body}) (start $start)"), "")
 }
 
 /// The attack: a module whose instantiation computes forever (or traps), named by a busy

@@ -313,29 +313,10 @@ async fn a_prepare_that_loops_sleeps_or_traps_makes_its_module_made_on_the_calls
 /// A component exporting a `prepare` of another type is refused at load, saying so.
 #[test]
 fn a_prepare_of_another_type_is_refused_at_load() {
-    let component = wat::parse_str(
-        r#"(component
-             (core module $m
-               (memory (export "mem") 1)
-               (func (export "reconcile") (param i32))
-               (func (export "prepare") (param i32))
-               (func (export "realloc") (param i32 i32 i32 i32) (result i32) i32.const 8))
-             (core instance $i (instantiate $m))
-             (type $ref' (record (field "api-version" string) (field "kind" string)
-               (field "namespace" (option string)) (field "name" string)))
-             (export $ref "object-ref" (type $ref'))
-             (type $req' (record (field "controller" string) (field "target" $ref)
-               (field "parent" (option string)) (field "children" (list string))
-               (field "previous" (option string)) (field "state" (option string))
-               (field "finalizing" bool)))
-             (export $req "request" (type $req'))
-             (func (export "reconcile") (param "request" $req)
-               (canon lift (core func $i "reconcile") (memory (core memory $i "mem"))
-                 (realloc (core func $i "realloc"))))
-             (func (export "prepare") (param "times" u32)
-               (canon lift (core func $i "prepare"))))"#,
-    )
-    .expect("the component is valid text");
+    let component = hand_written_controller(
+        r#"(func (export "prepare") (param i32))"#,
+        r#"(func (export "prepare") (param "times" u32) (canon lift (core func $i "prepare")))"#,
+    );
     let err = sandbox()
         .load(&component)
         .expect_err("a prepare that takes a u32 is refused");
